@@ -1,0 +1,3 @@
+from nclip.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Datasets (built-in and user data), tokenization and image transforms."""
