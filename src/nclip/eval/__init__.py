@@ -1,0 +1,1 @@
+"""Evaluation: feature extraction, pure metrics (:mod:`nclip.eval.metrics`), protocols and reports."""
