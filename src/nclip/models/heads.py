@@ -1,0 +1,27 @@
+"""Projection heads of Sec. 3.2 of the xCLIP paper."""
+
+from __future__ import annotations
+
+from torch import nn
+
+
+def clip_head(in_dim: int, embed_dim: int) -> nn.Module:
+    """CLIP head: a single linear layer without bias (Sec. 3.2: 512-d)."""
+    return nn.Linear(in_dim, embed_dim, bias=False)
+
+
+class NclipHead(nn.Sequential):
+    """nCLIP head: Linear(d, 4096) → BN → GELU → Linear(4096, K) → BN(affine=False) (Sec. 3.2).
+
+    The final affine-free BatchNorm standardises every prototype logit over the batch, so no
+    prototype can dominate the softmax by a bias alone.
+    """
+
+    def __init__(self, in_dim: int, hidden: int, out_dim: int):
+        super().__init__(
+            nn.Linear(in_dim, hidden),
+            nn.BatchNorm1d(hidden),
+            nn.GELU(),
+            nn.Linear(hidden, out_dim),
+            nn.BatchNorm1d(out_dim, affine=False),
+        )

@@ -1,0 +1,91 @@
+"""Model files: safetensors weights + the resolved run config as JSON. Nothing is unpickled."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from safetensors.torch import load_file, save_file
+
+from nclip.config import RunConfig, validate
+from nclip.errors import NclipError
+
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+
+
+def atomic_dir(final: Path):
+    """A context manager yielding a temporary directory beside ``final`` that replaces it on
+    success (rename is atomic on POSIX), so a crash never leaves a half-written ``final``."""
+    return _AtomicDir(Path(final))
+
+
+class _AtomicDir:
+    def __init__(self, final: Path):
+        self.final = final
+
+    def __enter__(self) -> Path:
+        self.final.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.final.name}.", dir=self.final.parent))
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return False
+        for f in self.tmp.iterdir():  # make the contents durable before the rename
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        old = None
+        if self.final.exists():
+            old = self.final.with_name(f".{self.final.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(self.final, old)
+        os.replace(self.tmp, self.final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return False
+
+
+def save_model(model, cfg: RunConfig, directory: str | Path) -> Path:
+    """Write ``directory``/model.safetensors and config.json atomically."""
+    directory = Path(directory)
+    with atomic_dir(directory) as tmp:
+        state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        save_file(state, str(tmp / WEIGHTS), metadata={"format": "nclip"})
+        (tmp / CONFIG).write_text(json.dumps(cfg.model_dump(mode="json"), indent=2))
+    return directory
+
+
+def read_config(directory: str | Path) -> RunConfig:
+    path = Path(directory) / CONFIG
+    if not path.is_file():
+        raise NclipError(f"not an nclip model directory (no {CONFIG}): {directory}")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise NclipError(f"{path}: invalid JSON ({e.msg}, line {e.lineno})") from None
+    return validate(raw)
+
+
+def load_model(directory: str | Path, device: str = "cpu"):
+    """(model, config) from a directory written by :func:`save_model`, in eval mode."""
+    from nclip.models.dual_encoder import build_model
+
+    directory = Path(directory)
+    cfg = read_config(directory)
+    model = build_model(cfg, pretrained_text=False)
+    weights = directory / WEIGHTS
+    if not weights.is_file():
+        raise NclipError(f"missing weights file: {weights}")
+    try:
+        state = load_file(str(weights), device=device)
+    except Exception as e:  # safetensors raises its own error types for corrupt headers
+        raise NclipError(f"cannot read {weights}: {e}") from None
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise NclipError(f"{weights} does not match its config: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    return model.to(device).eval(), cfg

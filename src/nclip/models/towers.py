@@ -1,0 +1,103 @@
+"""Image and text towers built from ``transformers`` configs (no weights are downloaded).
+
+The image tower is a CLIP vision transformer; its feature is the final-norm [CLS] token. The text
+tower is either a CLIP text transformer from scratch (causal, feature = final-norm [EOS], here the
+WordPiece [SEP]) or a local pretrained encoder such as the bundled MiniLM (feature = its pooled
+output, or the mean/[CLS] token).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModel, CLIPTextConfig, CLIPTextModel, CLIPVisionConfig, CLIPVisionModel
+
+from nclip.config import ModelConfig, TextConfig, VisionConfig
+from nclip.data.tokenization import bundled_model_dir
+from nclip.errors import NclipError
+
+
+def vision_config(cfg: VisionConfig, image_size: int) -> CLIPVisionConfig:
+    return CLIPVisionConfig(
+        hidden_size=cfg.width,
+        intermediate_size=int(cfg.width * cfg.mlp_ratio),
+        num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads,
+        image_size=image_size,
+        patch_size=cfg.patch_size,
+        hidden_act="gelu",
+        attn_implementation="sdpa",
+    )
+
+
+def text_config(cfg: TextConfig, vocab_size: int, length: int, pad_id: int, cls_id: int, eos_id: int) -> CLIPTextConfig:
+    return CLIPTextConfig(
+        vocab_size=vocab_size,
+        hidden_size=cfg.width,
+        intermediate_size=int(cfg.width * cfg.mlp_ratio),
+        num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads,
+        max_position_embeddings=length,
+        hidden_act="gelu",
+        pad_token_id=pad_id,
+        bos_token_id=cls_id,
+        eos_token_id=eos_id,  # CLIPTextModel pools the first position holding this id
+        attn_implementation="sdpa",
+    )
+
+
+class VisionTower(nn.Module):
+    def __init__(self, config: CLIPVisionConfig):
+        super().__init__()
+        self.model = CLIPVisionModel(config)
+        self.width = config.hidden_size
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        """pixels [B, 3, H, W] normalised → final-norm [CLS] feature [B, width]."""
+        return self.model(pixel_values=pixels).pooler_output
+
+
+class ClipTextTower(nn.Module):
+    def __init__(self, config: CLIPTextConfig):
+        super().__init__()
+        self.model = CLIPTextModel(config)
+        self.width = config.hidden_size
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """ids, mask [B, L] → final-norm [EOS] feature [B, width]."""
+        return self.model(input_ids=ids, attention_mask=mask).pooler_output
+
+
+class PretrainedTextTower(nn.Module):
+    """Any local ``transformers`` encoder directory (BERT-style), e.g. the bundled MiniLM."""
+
+    def __init__(self, path: str, pooling: str, pretrained: bool = True):
+        super().__init__()
+        try:
+            config = AutoConfig.from_pretrained(path, local_files_only=True)
+            self.model = (
+                AutoModel.from_pretrained(path, local_files_only=True)
+                if pretrained
+                else AutoModel.from_config(config)
+            )
+        except (OSError, ValueError) as e:
+            raise NclipError(f"cannot load a text encoder from {path}: {str(e).splitlines()[0]}") from None
+        self.pooling = pooling
+        self.width = self.model.config.hidden_size
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        out = self.model(input_ids=ids, attention_mask=mask)
+        if self.pooling == "pooler" and getattr(out, "pooler_output", None) is not None:
+            return out.pooler_output
+        if self.pooling == "mean":
+            m = mask.unsqueeze(-1).to(out.last_hidden_state.dtype)  # [B, L, 1]
+            return (out.last_hidden_state * m).sum(1) / m.sum(1).clamp_min(1)
+        return out.last_hidden_state[:, 0]
+
+
+def build_text_tower(cfg: ModelConfig, tokenizer, length: int, pretrained: bool = True) -> nn.Module:
+    if cfg.text.kind == "pretrained":
+        return PretrainedTextTower(cfg.text.path or str(bundled_model_dir()), cfg.text.pooling, pretrained)
+    return ClipTextTower(
+        text_config(cfg.text, tokenizer.vocab_size, length, tokenizer.pad_id, tokenizer.cls_id, tokenizer.eos_id)
+    )

@@ -1,0 +1,24 @@
+"""Objectives: pure functions in :mod:`functional`, trainer modules registered by name here.
+
+Adding an objective = a functional section + a module with a typed config + one REGISTRY entry.
+"""
+
+from __future__ import annotations
+
+from nclip.objectives.base import EncoderOutput, Objective, ObjectiveConfig
+from nclip.objectives.clip import ClipConfig, ClipObjective
+from nclip.objectives.nclip import NclipConfig, NclipObjective, XclipConfig, XclipObjective
+
+# name -> (typed config, module). The config classes are unioned on ``name`` in nclip.config.
+REGISTRY: dict[str, tuple[type[ObjectiveConfig], type[Objective]]] = {
+    "clip": (ClipConfig, ClipObjective),
+    "nclip": (NclipConfig, NclipObjective),
+    "xclip": (XclipConfig, XclipObjective),
+}
+
+
+def build_objective(cfg: ObjectiveConfig) -> Objective:
+    return REGISTRY[cfg.name][1](cfg)
+
+
+__all__ = ["REGISTRY", "build_objective", "EncoderOutput", "Objective", "ObjectiveConfig"]

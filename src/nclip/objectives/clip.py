@@ -1,0 +1,25 @@
+"""CLIP's symmetric InfoNCE (xCLIP paper Eq. 1) as a trainer objective."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from nclip.objectives import functional as Fn
+from nclip.objectives.base import EncoderOutput, Objective, ObjectiveConfig
+
+
+class ClipConfig(ObjectiveConfig):
+    name: Literal["clip"] = "clip"
+
+
+class ClipObjective(Objective):
+    heads = frozenset({"clip"})
+    zero_shot_head = "clip"
+
+    def __init__(self, cfg: ClipConfig):
+        super().__init__()
+        self.cfg = cfg
+
+    def forward(self, out: EncoderOutput):
+        terms = Fn.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=self.cfg.global_batch)
+        return {"loss": terms["loss"], **{f"clip/{k}": v for k, v in terms.items() if k != "loss"}}
