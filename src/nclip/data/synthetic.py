@@ -1,0 +1,712 @@
+"""Synthetic scenes: procedural image–caption pairs, the default training data (no download).
+
+Each sample is a small RGB picture of 1 to ``max_objects`` flat-coloured shapes on a textured
+low-contrast background, with
+
+* ``captions``: 2–3 *faithful* reference captions, each a different paraphrase (a list of the
+  objects, a counted grouping such as "two red stars and a blue circle", or a spatial relation
+  such as "a red star left of a blue circle"); they are used for retrieval evaluation;
+* ``caption``: the training caption. With probability ``loose_caption_prob`` it is *loose*: it
+  mentions only some objects, only the realm of the main shape ("some curved shapes") or only a
+  colour, like the weak image–text correlation of web data. Otherwise it is one of ``captions``.
+  So ``sample.caption not in sample.captions`` exactly when the caption is loose.
+* labels of the *main* object (the one with most visible pixels, ties to the first drawn),
+  the set of shapes and colours present, and per-object visible-pixel masks.
+
+Sample ``i`` of a split is a pure function of ``(seed, split, i, image_size, max_objects,
+loose_caption_prob)``: it is drawn from ``numpy.random.default_rng([seed, salt, split_id, i])``,
+so any length works, nothing is stored, and the three splits use disjoint random streams. The
+image does not depend on ``loose_caption_prob`` (the caption draws come after the image draws).
+
+``sts_pairs`` builds caption pairs with a graded similarity for a text STS evaluation.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from nclip.data.types import LabelSpace, Sample
+
+# ---------------------------------------------------------------------------------------------
+# Vocabulary. Class names are the exact words the captions use, so zero-shot prompts built from
+# ``label_spaces`` match the training text.
+# ---------------------------------------------------------------------------------------------
+
+SHAPES: tuple[str, ...] = (
+    "triangle", "square", "pentagon", "hexagon", "rectangle",      # realm 0: polygons
+    "circle", "ellipse", "crescent", "ring", "semicircle",         # realm 1: curved shapes
+    "star", "cross", "arrow", "diamond", "heart",                  # realm 2: symbols
+)  # fmt: skip
+REALMS: tuple[str, ...] = ("polygon", "curved shape", "symbol")
+SHAPE_REALM: tuple[int, ...] = (0,) * 5 + (1,) * 5 + (2,) * 5
+COLOURS: tuple[str, ...] = (
+    "red", "orange", "yellow", "green", "cyan", "blue", "purple", "pink", "white", "black",
+)  # fmt: skip
+COUNT_NAMES: tuple[str, ...] = ("one", "two", "three", "four", "five", "six")
+SIZES: tuple[str, ...] = ("small", "large")
+SPLITS: tuple[str, ...] = ("train", "val", "test")
+BACKGROUNDS: tuple[str, ...] = ("noisy", "gradient", "striped")
+
+_PLURAL = {"cross": "crosses"}  # every other noun takes a plain "s"
+# Base RGB of each colour, far from the mid-grey backgrounds so objects stay clearly visible.
+_RGB = np.array(
+    [
+        [220, 35, 35], [245, 140, 20], [235, 215, 40], [40, 170, 60], [40, 210, 220],
+        [35, 70, 215], [140, 50, 190], [245, 130, 190], [240, 240, 240], [25, 25, 25],
+    ],
+    dtype=np.int16,
+)  # fmt: skip
+# Radius (of the shape's bounding circle) as a fraction of the image side, per size class.
+_RADIUS = ((0.10, 0.13), (0.17, 0.22))
+_MIN_SEPARATION = 0.85  # centres at least this times (r1 + r2) apart: small overlaps only
+_MIN_VISIBLE = 0.3  # an object must keep this share of its pixels, else it is dropped
+_SALT = 0x5C3E  # separates this generator's streams from other users of the same seed
+_STS_SALT = 0x575
+
+
+def _plural(noun: str) -> str:
+    """English plural of a shape, realm or "shape" noun ("cross" -> "crosses")."""
+    return _PLURAL.get(noun, noun + "s")
+
+
+def _article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
+# ---------------------------------------------------------------------------------------------
+# Shape geometry: each shape is a few polygons in unit coordinates (x right, y down, inside the
+# unit circle), drawn with fill (True) or cleared (False) in order, so rings and crescents are
+# a disc minus a disc.
+# ---------------------------------------------------------------------------------------------
+
+
+def _arc(n: int, radius: float = 1.0, start_deg: float = 0.0, stop_deg: float = 360.0,
+         centre: tuple[float, float] = (0.0, 0.0), closed: bool = True) -> np.ndarray:
+    """[n, 2] points on a circular arc (``closed``: the end point is left out)."""
+    t = np.deg2rad(np.linspace(start_deg, stop_deg, n, endpoint=not closed))
+    return np.stack([centre[0] + radius * np.cos(t), centre[1] + radius * np.sin(t)], axis=1)
+
+
+def _heart(n: int = 36) -> np.ndarray:
+    """[n, 2] classic parametric heart, scaled into the unit circle and centred."""
+    t = np.linspace(0, 2 * np.pi, n, endpoint=False)
+    x = 16 * np.sin(t) ** 3
+    y = -(13 * np.cos(t) - 5 * np.cos(2 * t) - 2 * np.cos(3 * t) - np.cos(4 * t))
+    pts = np.stack([x, y + 2.5], axis=1)
+    return pts / np.abs(pts).max()
+
+
+def _star(points: int = 5, inner: float = 0.42) -> np.ndarray:
+    radii = np.tile([1.0, inner], points)
+    t = np.deg2rad(-90 + np.arange(2 * points) * 180 / points)
+    return np.stack([radii * np.cos(t), radii * np.sin(t)], axis=1)
+
+
+def _poly(*xy: float) -> np.ndarray:
+    return np.asarray(xy, dtype=np.float64).reshape(-1, 2)
+
+
+_W = 0.33  # half width of a cross arm
+_SHAPE_PARTS: tuple[tuple[tuple[np.ndarray, bool], ...], ...] = (
+    ((_arc(3, start_deg=-90), True),),                                   # triangle
+    ((_arc(4, start_deg=45), True),),                                    # square
+    ((_arc(5, start_deg=-90), True),),                                   # pentagon
+    ((_arc(6), True),),                                                  # hexagon
+    ((_poly(-0.87, -0.48, 0.87, -0.48, 0.87, 0.48, -0.87, 0.48), True),),  # rectangle
+    ((_arc(32), True),),                                                 # circle
+    ((_arc(32) * (1.0, 0.55), True),),                                   # ellipse
+    ((_arc(32), True), (_arc(32, 0.85, centre=(0.5, 0.0)), False)),      # crescent
+    ((_arc(32), True), (_arc(24, 0.55), False)),                         # ring
+    ((_arc(17, 1.0, 180, 360, centre=(0, 0.4), closed=False), True),),   # semicircle
+    ((_star(), True),),                                                  # star
+    ((_poly(-_W, -1, _W, -1, _W, -_W, 1, -_W, 1, _W, _W, _W,
+            _W, 1, -_W, 1, -_W, _W, -1, _W, -1, -_W, -_W, -_W) * 0.95, True),),  # cross
+    ((_poly(-1, -0.25, 0.15, -0.25, 0.15, -0.65, 1, 0,
+            0.15, 0.65, 0.15, 0.25, -1, 0.25), True),),                   # arrow
+    ((_poly(0, -1, 0.62, 0, 0, 1, -0.62, 0), True),),                    # diamond
+    ((_heart(), True),),                                                 # heart
+)  # fmt: skip
+# Base orientations (multiples of 90 degrees) a shape may take before a small jitter. Shapes whose
+# identity survives any quarter turn get 4; shapes that would turn into another one (a square
+# turned 45 degrees is a diamond) only get the jitter.
+_SHAPE_TURNS = (1, 1, 1, 1, 2, 1, 2, 4, 1, 4, 1, 1, 4, 2, 1)
+_JITTER_DEG = 20.0
+
+assert len(SHAPES) == len(_SHAPE_PARTS) == len(SHAPE_REALM) == len(_SHAPE_TURNS)
+assert len(COLOURS) == len(_RGB)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cheap discrete choices. One numpy call per ~64 choices instead of one per choice: per-call
+# overhead of numpy's Generator dominates the generation time otherwise.
+# ---------------------------------------------------------------------------------------------
+
+
+class _Picker:
+    """Uniform draws from a buffered ``numpy.random.Generator`` (deterministic given the rng)."""
+
+    def __init__(self, rng: np.random.Generator, block: int = 64):
+        self._rng, self._block = rng, block
+        self._buf: list[float] = []
+        self._pos = 0
+
+    def uniform(self) -> float:
+        if self._pos == len(self._buf):
+            self._buf, self._pos = self._rng.random(self._block).tolist(), 0
+        self._pos += 1
+        return self._buf[self._pos - 1]
+
+    def chance(self, p: float) -> bool:
+        return self.uniform() < p
+
+    def index(self, n: int) -> int:
+        return min(int(self.uniform() * n), n - 1)
+
+    def choice(self, seq: Sequence):
+        return seq[self.index(len(seq))]
+
+    def sample(self, seq: Sequence, k: int) -> list:
+        """k distinct items of ``seq`` in random order (partial Fisher–Yates)."""
+        items = list(seq)
+        for j in range(k):
+            r = j + self.index(len(items) - j)
+            items[j], items[r] = items[r], items[j]
+        return items[:k]
+
+
+# ---------------------------------------------------------------------------------------------
+# Scene layout and rendering.
+# ---------------------------------------------------------------------------------------------
+
+
+class _Obj(NamedTuple):
+    """One object of a scene, in pixel units."""
+
+    shape: int
+    colour: int
+    size: int  # 0 small, 1 large
+    radius: float
+    cx: float
+    cy: float
+    angle: float  # radians
+
+
+def _place(rng: np.random.Generator, radius: float, centres: np.ndarray, radii: np.ndarray,
+           side: int, tries: int = 32) -> tuple[np.ndarray, bool]:
+    """A centre [2] for a new object that keeps clear of the placed ones (``centres`` [k, 2]).
+
+    Draws ``tries`` candidates at once; returns the first that is far enough from all placed
+    objects and True, or else the candidate with the largest clearance and False.
+    """
+    lo, hi = radius + 0.5, side - 1.5 - radius
+    cand = lo + (hi - lo) * rng.random((tries, 2))  # [T, 2]
+    if len(centres) == 0:
+        return cand[0], True
+    diff = cand[:, None, :] - centres[None, :, :]  # [T, k, 2]
+    dist = np.sqrt((diff * diff).sum(axis=2))  # [T, k]
+    clearance = (dist - _MIN_SEPARATION * (radius + radii)).min(axis=1)  # [T]
+    ok = clearance >= 0
+    if ok.any():
+        return cand[int(ok.argmax())], True
+    return cand[int(clearance.argmax())], False
+
+
+def _layout(rng: np.random.Generator, pick: _Picker, side: int, max_objects: int) -> list[_Obj]:
+    """Random objects with little overlap; a large object that finds no room becomes small."""
+    n = 1 + pick.index(max_objects)
+    objs: list[_Obj] = []
+    centres, radii = np.zeros((n, 2)), np.zeros(n)  # filled as objects are placed
+    for k in range(n):
+        shape, colour, size = pick.index(len(SHAPES)), pick.index(len(COLOURS)), pick.index(2)
+        share = pick.uniform()  # where the radius lies in its size class
+        while True:
+            lo, hi = _RADIUS[size]
+            radius = side * (lo + (hi - lo) * share)
+            centre, ok = _place(rng, radius, centres[:k], radii[:k], side)
+            if ok or size == 0:
+                break
+            size = 0  # no room for a large one: try small before accepting an overlap
+        turns = pick.index(_SHAPE_TURNS[shape])
+        angle = math.radians(90.0 * turns + _JITTER_DEG * (2 * pick.uniform() - 1))
+        objs.append(_Obj(shape, colour, size, radius, float(centre[0]), float(centre[1]), angle))
+        centres[k], radii[k] = centre, radius
+    return objs
+
+
+def _object_mask(obj: _Obj, side: int) -> np.ndarray:
+    """bool [side, side]: the pixels the object covers when nothing hides it."""
+    c, s = math.cos(obj.angle), math.sin(obj.angle)
+    rot = np.array([[c, s], [-s, c]]) * obj.radius  # row-vector convention: p' = p @ rot + centre
+    canvas = Image.new("L", (side, side), 0)
+    draw = ImageDraw.Draw(canvas)
+    for verts, fill in _SHAPE_PARTS[obj.shape]:
+        pts = verts @ rot + (obj.cx, obj.cy)
+        draw.polygon(pts.ravel().tolist(), fill=255 if fill else 0)
+    return np.asarray(canvas) > 0
+
+
+def _visible_masks(full: list[np.ndarray]) -> np.ndarray:
+    """bool [n, H, W] visible pixels of each object; later objects are drawn on top."""
+    owner = np.zeros(full[0].shape, dtype=np.uint8)  # 0 = background, k + 1 = object k
+    for k, mask in enumerate(full):
+        owner[mask] = k + 1
+    return owner[None] == np.arange(1, len(full) + 1, dtype=np.uint8)[:, None, None]
+
+
+class _Grid(NamedTuple):
+    x: np.ndarray  # float32 [S, S] column coordinate in [-0.5, 0.5]
+    y: np.ndarray  # float32 [S, S] row coordinate in [-0.5, 0.5]
+
+
+def _background(rng: np.random.Generator, pick: _Picker, kind: int, grid: _Grid) -> np.ndarray:
+    """int16 [3, S, S] (channel planes) low-contrast background: noise, gradient or stripes.
+
+    Values stay within [50, 205] so no clipping is needed, and objects (saturated colours,
+    black and white) stand out. Planes, not [S, S, 3]: numpy is several times slower on
+    arrays whose last axis has length 3.
+    """
+    side = grid.x.shape[0]
+    grey = 95 + 65 * pick.uniform()
+    base = np.array([grey + 24 * pick.uniform() - 12 for _ in range(3)])  # [3] slight tint
+    if kind == 0:  # noisy: uniform noise of amplitude 12..20
+        amplitude = 12 + 8 * pick.uniform()
+        pattern = (rng.random((side, side), dtype=np.float32) - 0.5) * np.float32(2 * amplitude)
+    else:
+        theta = 2 * math.pi * pick.uniform()
+        along = grid.x * np.float32(math.cos(theta)) + grid.y * np.float32(math.sin(theta))
+        if kind == 1:  # gradient: up to +-30 over the half diagonal (|along| <= 0.71)
+            pattern = along * np.float32(25 + 17 * pick.uniform())
+        else:  # striped: 3 to 8 soft stripes across the image
+            freq, phase = 3 + 5 * pick.uniform(), 2 * math.pi * pick.uniform()
+            pattern = np.sin(along * np.float32(2 * math.pi * freq) + np.float32(phase))
+            pattern *= np.float32(8 + 6 * pick.uniform())
+    return pattern.astype(np.int16)[None] + base.astype(np.int16)[:, None, None]
+
+
+def _render(rng: np.random.Generator, pick: _Picker, objs: list[_Obj], kind: int,
+            grid: _Grid) -> tuple[np.ndarray, list[_Obj], np.ndarray, np.ndarray]:
+    """Draw a scene.
+
+    Returns (uint8 image [S, S, 3], kept objects, visible masks bool [n, S, S], visible pixel
+    counts int [n]). An object hidden below ``_MIN_VISIBLE`` of its own area by later ones is
+    dropped (its caption would lie); that only happens when ``_layout`` accepted an overlap.
+    """
+    side = grid.x.shape[0]
+    full = [_object_mask(o, side) for o in objs]
+    area = np.array([np.count_nonzero(m) for m in full])  # [n]
+    while True:
+        visible = _visible_masks(full)  # [n, S, S]
+        counts = np.count_nonzero(visible, axis=(1, 2))  # [n]
+        keep = counts >= np.maximum(_MIN_VISIBLE * area, 1)
+        if keep.all():
+            break
+        objs = [o for o, k in zip(objs, keep) if k]
+        full = [m for m, k in zip(full, keep) if k]
+        area = area[keep]
+    planes = _background(rng, pick, kind, grid)  # int16 [3, S, S]
+    for k, obj in enumerate(objs):
+        for c in range(3):  # each object's colour jitters by up to +-12 per channel
+            value = _RGB[obj.colour, c] + pick.index(25) - 12
+            planes[c][visible[k]] = min(max(value, 0), 255)
+    image = np.empty((side, side, 3), dtype=np.uint8)
+    for c in range(3):
+        image[:, :, c] = planes[c]
+    return image, objs, visible, counts
+
+
+# ---------------------------------------------------------------------------------------------
+# Caption grammar.
+# ---------------------------------------------------------------------------------------------
+
+_SIZE_WORDS = (("small", "small", "little"), ("large", "large", "big"))
+# Relation of object a to object b, with paraphrases; the first is the canonical word.
+_RELATION_WORDS = {
+    "left of": ("left of", "to the left of"),
+    "right of": ("right of", "to the right of"),
+    "above": ("above", "above"),
+    "below": ("below", "under"),
+}
+_INVERSE = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
+_LIST_TEMPLATES = ("a picture of {}.", "an image showing {}.", "{} on a {bg} background.",
+                   "a drawing of {}.", "there is {}.", "{}.")
+_COUNT_TEMPLATES = ("{n} {noun}: {}.", "a picture of {n} {noun}: {}.", "{}, {n} {noun} in total.",
+                    "{n} {noun} on a {bg} background: {}.")
+_RELATION_TEMPLATES = ("{}.", "a picture of {}.", "an image where {}.", "{} on a {bg} background.")
+_LOOSE_REALM_TEMPLATES = ("a picture with {}.", "{} on a background.", "something with {}.",
+                          "a scene with {}.")
+_LOOSE_OBJECT_TEMPLATES = ("a picture with {}.", "an image that has {} in it.", "{} somewhere.",
+                           "look, {}!")
+_LOOSE_COLOUR_TEMPLATES = ("something {}.", "a picture with something {} in it.",
+                           "a {} thing in a picture.")
+
+
+def _join(items: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _phrase(obj: _Obj, pick: _Picker, size_word: bool = False, colour: bool = True,
+            article: str | None = None) -> str:
+    """Noun phrase of one object: 'a red star', 'the big red star', 'an ellipse'."""
+    words = []
+    if size_word:
+        words.append(pick.choice(_SIZE_WORDS[obj.size]))
+    if colour:
+        words.append(COLOURS[obj.colour])
+    words.append(SHAPES[obj.shape])
+    return f"{article or _article(words[0])} {' '.join(words)}"
+
+
+def _position(obj: _Obj, side: int) -> str:
+    """Where a single object sits, in thirds of the image: 'in the top left corner'."""
+    col = min(int(3 * obj.cx / side), 2)
+    row = min(int(3 * obj.cy / side), 2)
+    horizontal, vertical = ("left", None, "right")[col], ("top", None, "bottom")[row]
+    if horizontal and vertical:
+        return f"in the {vertical} {horizontal} corner"
+    if horizontal:
+        return f"on the {horizontal}"
+    if vertical:
+        return f"at the {vertical}"
+    return "in the centre"
+
+
+def _relation(a: _Obj, b: _Obj) -> str:
+    """Relation of a to b along the axis on which they are further apart (image y points down)."""
+    dx, dy = b.cx - a.cx, b.cy - a.cy
+    if abs(dx) >= abs(dy):
+        return "left of" if dx > 0 else "right of"
+    return "above" if dy > 0 else "below"
+
+
+def _list_caption(objs: list[_Obj], main: int, pick: _Picker, bg: str) -> str:
+    """'a picture of a large red star and a small blue circle.' (main object first)."""
+    others = [o for k, o in enumerate(objs) if k != main]
+    order = [objs[main]] + pick.sample(others, len(others))
+    sized = pick.chance(0.5)
+    items = _join([_phrase(o, pick, size_word=sized) for o in order])
+    return pick.choice(_LIST_TEMPLATES).format(items, bg=bg)
+
+
+def _count_caption(objs: list[_Obj], main: int, pick: _Picker, bg: str) -> str:
+    """'three shapes: two red stars and a blue circle.' (groups of equal shape and colour)."""
+    groups: dict[tuple[int, int], int] = {}
+    for o in [objs[main]] + [o for k, o in enumerate(objs) if k != main]:
+        groups[(o.colour, o.shape)] = groups.get((o.colour, o.shape), 0) + 1
+    parts = []
+    for (colour, shape), count in groups.items():
+        if count == 1:
+            det = "one" if pick.chance(0.3) else _article(COLOURS[colour])
+            parts.append(f"{det} {COLOURS[colour]} {SHAPES[shape]}")
+        else:
+            parts.append(f"{COUNT_NAMES[count - 1]} {COLOURS[colour]} {_plural(SHAPES[shape])}")
+    n = len(objs)
+    noun = pick.choice(("shape", "object")) if n == 1 else pick.choice(("shapes", "objects"))
+    template = pick.choice(_COUNT_TEMPLATES)
+    return template.format(_join(parts), n=COUNT_NAMES[n - 1], noun=noun, bg=bg)
+
+
+def _relation_caption(objs: list[_Obj], main: int, pick: _Picker, bg: str, side: int) -> str:
+    """'a red star left of a blue circle, with a green square.'; alone: 'a red star on the left.'"""
+    a = objs[main]
+    if len(objs) == 1:
+        core = f"{_phrase(a, pick, size_word=pick.chance(0.5))} {_position(a, side)}"
+        return pick.choice(_RELATION_TEMPLATES).format(core, bg=bg)
+    others = [o for k, o in enumerate(objs) if k != main]
+    others = pick.sample(others, len(others))
+    b, rest = others[0], others[1:]
+    rel = _relation(a, b)
+    if pick.chance(0.5):  # say it from the other object's side
+        a, b, rel = b, a, _INVERSE[rel]
+    rel_words = pick.choice(_RELATION_WORDS[rel])
+    if pick.chance(0.3):
+        core = f"{_phrase(a, pick, article='the')} is {rel_words} {_phrase(b, pick, article='the')}"
+    else:
+        core = f"{_phrase(a, pick)} {rel_words} {_phrase(b, pick)}"
+    if rest:
+        core += f", {pick.choice(('with', 'plus'))} {_join([_phrase(o, pick) for o in rest])}"
+    return pick.choice(_RELATION_TEMPLATES).format(core, bg=bg)
+
+
+def _loose_caption(objs: list[_Obj], main: int, pick: _Picker) -> str:
+    """A true but partial caption, never equal to a faithful one (those name every object with
+    its colour): only the main shape's realm, only some objects, or only a colour."""
+    mode = pick.uniform()
+    if mode < 0.4:  # realm of the main object only
+        realm = SHAPE_REALM[objs[main].shape]
+        n_realm = sum(SHAPE_REALM[o.shape] == realm for o in objs)
+        name = REALMS[realm]
+        phrase = f"some {_plural(name)}" if n_realm > 1 else f"{_article(name)} {name}"
+        return pick.choice(_LOOSE_REALM_TEMPLATES).format(phrase)
+    if mode < 0.85:  # some of the objects; all of them only when their colours are left out
+        k = 1 + pick.index(len(objs))
+        chosen = pick.sample(objs, k)
+        with_colour = k < len(objs) and pick.chance(0.5)
+        items = _join([_phrase(o, pick, colour=with_colour) for o in chosen])
+        if k < len(objs) and pick.chance(0.4):
+            return f"{items} {pick.choice(('and more', 'among other shapes', 'and other things'))}."
+        return pick.choice(_LOOSE_OBJECT_TEMPLATES).format(items)
+    colour = COLOURS[pick.choice(objs).colour]
+    return pick.choice(_LOOSE_COLOUR_TEMPLATES).format(colour)
+
+
+def _reference_captions(objs: list[_Obj], main: int, pick: _Picker, bg: str,
+                        side: int) -> tuple[str, ...]:
+    """2–3 faithful captions, each from a different caption kind, so they are distinct."""
+    kinds = pick.sample((0, 1, 2), 2 + pick.index(2))
+    out = []
+    for kind in kinds:
+        if kind == 0:
+            out.append(_list_caption(objs, main, pick, bg))
+        elif kind == 1:
+            out.append(_count_caption(objs, main, pick, bg))
+        else:
+            out.append(_relation_caption(objs, main, pick, bg, side))
+    return tuple(dict.fromkeys(out))  # drop an (unexpected) duplicate, keep order
+
+
+# ---------------------------------------------------------------------------------------------
+# The dataset.
+# ---------------------------------------------------------------------------------------------
+
+SHAPE_TEMPLATES = ("a picture of a {}.", "a {} on a background.", "an image showing a {}.",
+                   "a drawing of the {}.", "the {} in a picture.")
+COLOUR_TEMPLATES = ("a picture of a {} shape.", "something {}.", "a {} object on a background.",
+                    "the {} shape.")
+COUNT_TEMPLATES = ("{} shapes.", "a picture of {} shapes.", "{} objects on a background.",
+                   "an image with {} shapes.")
+REALM_TEMPLATES = ("a picture of a {}.", "some {}s.", "a {} on a background.",
+                   "an image with a {}.")
+SIZE_TEMPLATES = ("a {} shape.", "a picture of a {} object.", "something {} on a background.",
+                  "the {} thing.")
+
+
+def _label_spaces(max_objects: int) -> dict[str, LabelSpace]:
+    return {
+        "shape": LabelSpace(SHAPES, SHAPE_TEMPLATES),
+        "colour": LabelSpace(COLOURS, COLOUR_TEMPLATES),
+        "count": LabelSpace(COUNT_NAMES[:max_objects], COUNT_TEMPLATES),
+        "realm": LabelSpace(REALMS, REALM_TEMPLATES),
+        "size": LabelSpace(SIZES, SIZE_TEMPLATES),
+    }
+
+
+def _check_int(name: str, value, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be {bound}, got {value!r}")
+    return int(value)
+
+
+class SyntheticScenes(Sequence):
+    """Procedural scenes of coloured shapes with captions; see the module docstring.
+
+    Args:
+        split: "train", "val" or "test" (disjoint random streams).
+        length: number of samples (any non-negative size; samples are generated on access).
+        seed: non-negative integer; with ``split`` and the index it fixes each sample.
+        image_size: side S of the square RGB images, >= 16.
+        max_objects: objects per scene are uniform in [1, max_objects], max_objects in [1, 6].
+        loose_caption_prob: share of training captions that are loose, in [0, 1].
+
+    Items are ``Sample``s with image uint8 [S, S, 3]; labels {"shape", "colour", "count",
+    "realm", "size"} of the main object (count = number of objects - 1); multilabels
+    {"shape": bool [len(SHAPES)], "colour": bool [len(COLOURS)]} of all objects present;
+    masks bool [n_objects, S, S] of visible pixels, in drawing order.
+    """
+
+    def __init__(self, split: str = "train", length: int = 10000, seed: int = 0,
+                 image_size: int = 64, max_objects: int = 4, loose_caption_prob: float = 0.3):
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        self.split = split
+        self.length = _check_int("length", length, 0)
+        self.seed = _check_int("seed", seed, 0)
+        self.image_size = _check_int("image_size", image_size, 16)
+        self.max_objects = _check_int("max_objects", max_objects, 1, len(COUNT_NAMES))
+        if not isinstance(loose_caption_prob, (int, float)) or not 0 <= loose_caption_prob <= 1:
+            raise ValueError(f"loose_caption_prob must be in [0, 1], got {loose_caption_prob!r}")
+        self.loose_caption_prob = float(loose_caption_prob)
+        self.label_spaces = _label_spaces(self.max_objects)
+        coords = ((np.arange(self.image_size) + 0.5) / self.image_size - 0.5).astype(np.float32)
+        self._grid = _Grid(*np.meshgrid(coords, coords, indexing="xy"))
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self.length))]
+        i = operator.index(index)
+        if i < 0:
+            i += self.length
+        if not 0 <= i < self.length:
+            raise IndexError(f"index {index} out of range for {self.length} samples")
+        return self._generate(i)
+
+    def __repr__(self) -> str:
+        return (f"SyntheticScenes(split={self.split!r}, length={self.length}, seed={self.seed}, "
+                f"image_size={self.image_size}, max_objects={self.max_objects}, "
+                f"loose_caption_prob={self.loose_caption_prob})")
+
+    def _generate(self, i: int) -> Sample:
+        rng = np.random.default_rng([self.seed, _SALT, SPLITS.index(self.split), i])
+        side = self.image_size
+        # Image first, captions after: the picture does not depend on the caption settings.
+        pick = _Picker(rng)  # scalar draws; array draws (positions, noise) come from rng
+        objs = _layout(rng, pick, side, self.max_objects)
+        bg_kind = pick.index(len(BACKGROUNDS))
+        image, objs, masks, counts = _render(rng, pick, objs, bg_kind, self._grid)
+        main = int(counts.argmax())  # most visible pixels; argmax breaks ties to the first drawn
+
+        captions = _reference_captions(objs, main, pick, BACKGROUNDS[bg_kind], side)
+        if pick.chance(self.loose_caption_prob):
+            caption = _loose_caption(objs, main, pick)
+        else:
+            caption = pick.choice(captions)
+
+        m = objs[main]
+        shapes_present = np.zeros(len(SHAPES), dtype=bool)
+        shapes_present[[o.shape for o in objs]] = True
+        colours_present = np.zeros(len(COLOURS), dtype=bool)
+        colours_present[[o.colour for o in objs]] = True
+        return Sample(
+            image=image,
+            caption=caption,
+            captions=captions,
+            labels={"shape": m.shape, "colour": m.colour, "count": len(objs) - 1,
+                    "realm": SHAPE_REALM[m.shape], "size": m.size},
+            multilabels={"shape": shapes_present, "colour": colours_present},
+            masks=masks,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Text similarity pairs (STS) from the same grammar.
+# ---------------------------------------------------------------------------------------------
+
+
+class _Group(NamedTuple):
+    shape: int
+    colour: int
+    count: int  # >= 1
+
+
+class _Description(NamedTuple):
+    first: _Group
+    relation: str | None  # relation of first to second, None for a single group
+    second: _Group | None
+
+
+# Weights of the attributes compared by the STS score: shapes count most, then colours.
+_STS_WEIGHTS = {"shape": 2.0, "realm": 1.0, "colour": 1.5, "count": 1.0}
+_STS_RELATION_WEIGHT = 1.0
+
+
+def _random_group(pick: _Picker) -> _Group:
+    return _Group(pick.index(len(SHAPES)), pick.index(len(COLOURS)), 1 + pick.index(3))
+
+
+def _random_description(pick: _Picker) -> _Description:
+    if pick.chance(0.3):
+        return _Description(_random_group(pick), None, None)
+    return _Description(_random_group(pick), pick.choice(tuple(_INVERSE)), _random_group(pick))
+
+
+def _mutate(desc: _Description, pick: _Picker, p: float) -> _Description:
+    """Re-draw each attribute of ``desc`` with probability p (p = 0 keeps it)."""
+    def group(g: _Group) -> _Group:
+        shape = pick.index(len(SHAPES)) if pick.chance(p) else g.shape
+        colour = pick.index(len(COLOURS)) if pick.chance(p) else g.colour
+        count = 1 + pick.index(3) if pick.chance(p) else g.count
+        return _Group(shape, colour, count)
+
+    if pick.chance(p / 2):  # change the structure: add or drop the second group
+        if desc.second is None:
+            return _Description(group(desc.first), pick.choice(tuple(_INVERSE)),
+                                _random_group(pick))
+        return _Description(group(desc.first), None, None)
+    if desc.second is None:
+        return _Description(group(desc.first), None, None)
+    relation = pick.choice(tuple(_INVERSE)) if pick.chance(p) else desc.relation
+    return _Description(group(desc.first), relation, group(desc.second))
+
+
+def _group_match(a: _Group | None, b: _Group | None) -> float:
+    """Weighted number of shared attributes of two groups (both absent: all shared)."""
+    if a is None or b is None:
+        return sum(_STS_WEIGHTS.values()) if a is b else 0.0
+    same = {"shape": a.shape == b.shape, "realm": SHAPE_REALM[a.shape] == SHAPE_REALM[b.shape],
+            "colour": a.colour == b.colour, "count": a.count == b.count}
+    return sum(w for key, w in _STS_WEIGHTS.items() if same[key])
+
+
+def _flip(d: _Description) -> _Description:
+    """The same meaning said from the second group's side."""
+    if d.second is None:
+        return d
+    return _Description(d.second, _INVERSE[d.relation], d.first)
+
+
+def _sts_similarity(a: _Description, b: _Description) -> float:
+    """Graded similarity in [0, 5]: 5 x the weighted share of attributes in common.
+
+    Attributes: shape, realm, colour and count of each group, and the relation. "X left of Y"
+    and "Y right of X" say the same thing, so the best reading counts (both ways round, so a
+    single group may match either group of a pair, and the score is symmetric).
+    """
+    total = 2 * sum(_STS_WEIGHTS.values()) + _STS_RELATION_WEIGHT
+
+    def raw(x: _Description, y: _Description) -> float:
+        rel = _STS_RELATION_WEIGHT if x.relation == y.relation else 0.0
+        return _group_match(x.first, y.first) + _group_match(x.second, y.second) + rel
+
+    return 5.0 * max(raw(a, b), raw(a, _flip(b)), raw(_flip(a), b)) / total
+
+
+def _group_text(g: _Group) -> str:
+    if g.count == 1:
+        return f"{_article(COLOURS[g.colour])} {COLOURS[g.colour]} {SHAPES[g.shape]}"
+    return f"{COUNT_NAMES[g.count - 1]} {COLOURS[g.colour]} {_plural(SHAPES[g.shape])}"
+
+
+_STS_TEMPLATES = ("{}.", "a picture of {}.", "an image with {}.", "we see {}.")
+
+
+def _describe(d: _Description, pick: _Picker) -> str:
+    """Caption of a description, in a random paraphrase (relation possibly said backwards)."""
+    if d.second is None:
+        core = _group_text(d.first)
+    else:
+        if pick.chance(0.3):
+            d = _flip(d)
+        core = f"{_group_text(d.first)} {pick.choice(_RELATION_WORDS[d.relation])} " \
+               f"{_group_text(d.second)}"
+    return pick.choice(_STS_TEMPLATES).format(core)
+
+
+def sts_pairs(n: int, seed: int = 0) -> list[tuple[str, str, float]]:
+    """``n`` caption pairs ``(text_a, text_b, score)`` with a graded similarity in [0, 5].
+
+    The second caption describes a copy of the first scene whose attributes were re-drawn with a
+    per-pair probability spread over [0, 1], so scores cover the whole range; about one pair in
+    ten is an unchanged description (score 5.0), said in the same or another paraphrase.
+    Deterministic in ``(n, seed)``; the first k pairs do not depend on n.
+    """
+    n = _check_int("n", n, 0)
+    seed = _check_int("seed", seed, 0)
+    pick = _Picker(np.random.default_rng([seed, _STS_SALT]))
+    pairs = []
+    for _ in range(n):
+        a = _random_description(pick)
+        b = a if pick.chance(0.1) else _mutate(a, pick, pick.uniform())
+        pairs.append((_describe(a, pick), _describe(b, pick), round(_sts_similarity(a, b), 4)))
+    return pairs
