@@ -119,8 +119,6 @@ class TrainConfig(_Section):
             )
         if self.min_lr > self.lr:
             raise ValueError(f"min_lr {self.min_lr} exceeds lr {self.lr}")
-        if self.warmup_steps > self.steps:
-            raise ValueError(f"warmup_steps {self.warmup_steps} exceeds steps {self.steps}")
         if not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"betas must lie in [0, 1), got {self.betas}")
         return self
@@ -146,6 +144,8 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _cross_checks(self):
+        if self.data.source == "synthetic" and self.data.image_size < 16:
+            raise ValueError(f"data.image_size {self.data.image_size} is below 16, too small for synthetic scenes")
         if self.data.image_size % self.model.vision.patch_size:
             raise ValueError(
                 f"data.image_size {self.data.image_size} is not divisible by "

@@ -39,10 +39,11 @@ def to_hf(model) -> CLIPModel:
     )
     hf = CLIPModel(config).eval()
     state = {}
-    for k, v in model.vision.model.state_dict().items():
-        state[k] = v  # already prefixed with vision_model.
-    for k, v in model.text.model.state_dict().items():
-        state[k] = v  # already prefixed with text_model.
+    # CLIPVisionModel/CLIPTextModel name their tensors with or without the vision_model./text_model.
+    # prefix depending on the transformers version; CLIPModel always uses it.
+    for prefix, tower in (("vision_model.", model.vision.model), ("text_model.", model.text.model)):
+        for k, v in tower.state_dict().items():
+            state[k if k.startswith(prefix) else prefix + k] = v
     state["visual_projection.weight"] = model.image_clip_head.weight
     state["text_projection.weight"] = model.text_clip_head.weight
     state["logit_scale"] = model.logit_scale.detach().clamp(max=model.LOGIT_SCALE_MAX)

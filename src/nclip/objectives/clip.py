@@ -22,4 +22,4 @@ class ClipObjective(Objective):
 
     def forward(self, out: EncoderOutput):
         terms = Fn.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=self.cfg.global_batch)
-        return {"loss": terms["loss"], **{f"clip/{k}": v for k, v in terms.items() if k != "loss"}}
+        return {"loss": terms["loss"], **{f"clip/{k}": v for k, v in terms.items()}}

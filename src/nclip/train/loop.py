@@ -124,7 +124,7 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: b
                     "step": done,
                     "lr": lr,
                     **terms_sum,
-                    "logit_scale": float(model.scale()),
+                    "logit_scale": float(model.scale().detach()),
                     "grad_norm": float(grad_norm),
                     "nonfinite_steps": nonfinite_total,
                     "samples_per_s": window_samples / max(now - window_t, 1e-9),

@@ -1,0 +1,30 @@
+# Set-up and entry points. `make demo` and `make test` work on a fresh machine, offline against
+# the package registry: torch==2.13.0 (a local CPU wheel here) is installed first, so that no CUDA
+# build is pulled by the packages that depend on torch.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.nclip-installed
+
+.PHONY: install demo test bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/nclip train --preset tiny --out runs/tiny
+
+test: install
+	$(BIN)/python -m pytest
+
+bench: install
+	$(BIN)/python benchmarks/bench_objectives.py
+	$(BIN)/python benchmarks/bench_data.py
+
+clean:
+	rm -rf $(VENV) runs
