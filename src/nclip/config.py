@@ -40,8 +40,16 @@ class AugmentConfig(_Section):
         return self
 
 
+class ShardSource(_Section):
+    """One WebDataset source: brace-expandable shard pattern(s) and its sampling weight."""
+
+    shards: str | list[str]
+    weight: float = Field(1.0, gt=0, description="share of samples drawn from this source")
+
+
 class DataConfig(_Section):
-    source: Literal["synthetic", "digits"] = "synthetic"
+    # synthetic / digits: built-in; webdataset: tar shards (img2dataset layout); csv: CSV/TSV file
+    source: Literal["synthetic", "digits", "webdataset", "csv"] = "synthetic"
     image_size: int = Field(64, ge=8, le=1024)
     train_length: int = Field(1_000_000, ge=1, description="samples in the (procedural) train split")
     max_objects: int = Field(4, ge=1, le=4)
@@ -49,6 +57,27 @@ class DataConfig(_Section):
     text_length: int = Field(32, ge=4, le=512, description="tokens per caption, [CLS]/[SEP] included")
     num_workers: int = Field(0, ge=0)
     augment: AugmentConfig = AugmentConfig()
+    # --- real data (source: webdataset | csv); see nclip.data.webdataset / nclip.data.csv_source
+    shards: str | list[str] | None = None  # e.g. "/data/cc3m/{00000..00331}.tar" (one source)
+    sources: list[ShardSource] | None = None  # several weighted sources instead of `shards`
+    csv: str | None = None  # CSV (or .tsv) file; image paths are relative to its directory
+    csv_image_key: str = "filepath"
+    csv_caption_key: str = "title"
+    shuffle_buffer: int = Field(1000, ge=0, description="samples in the shuffle buffer (0: none)")
+    resampled: bool = True  # draw shards with replacement (no epochs); False: split and cycle
+    exact_resume: bool = True  # resume replays the shard stream to the exact sample (no decoding)
+    max_bad_fraction: float = Field(0.05, ge=0, le=1, description="stop if more bad samples in a window")
+    bad_window: int = Field(1000, ge=10, description="samples per window of the bad-sample check")
+
+    @model_validator(mode="after")
+    def _real_data(self):
+        if self.source == "webdataset" and (self.shards is None) == (self.sources is None):
+            raise ValueError("data.source webdataset needs exactly one of data.shards or data.sources")
+        if self.source == "webdataset" and self.sources is not None and not self.sources:
+            raise ValueError("data.sources is empty")
+        if self.source == "csv" and not self.csv:
+            raise ValueError("data.source csv needs data.csv (the path of a CSV/TSV file)")
+        return self
 
 
 class VisionConfig(_Section):
@@ -110,6 +139,8 @@ class TrainConfig(_Section):
     checkpoint_every: int = Field(500, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     threads: int | None = Field(None, ge=1, description="torch intra-op threads (None: default)")
+    strategy: Literal["ddp", "fsdp"] = "ddp"  # under torchrun: replicate (DDP) or shard (FSDP2)
+    max_nonfinite_steps: int = Field(10, ge=1, description="stop after this many skipped steps in a row")
 
     @model_validator(mode="after")
     def _consistent(self):
