@@ -8,12 +8,19 @@ from __future__ import annotations
 from nclip.objectives.base import EncoderOutput, Objective, ObjectiveConfig
 from nclip.objectives.clip import ClipConfig, ClipObjective
 from nclip.objectives.nclip import NclipConfig, NclipObjective, XclipConfig, XclipObjective
+from nclip.objectives.siglip import SiglipConfig, SiglipObjective, XsiglipConfig, XsiglipObjective
+from nclip.objectives.unified import UnifiedConfig, UnifiedObjective
+from nclip.objectives.yclip import YclipConfig, YclipObjective
 
 # name -> (typed config, module). The config classes are unioned on ``name`` in nclip.config.
 REGISTRY: dict[str, tuple[type[ObjectiveConfig], type[Objective]]] = {
     "clip": (ClipConfig, ClipObjective),
     "nclip": (NclipConfig, NclipObjective),
     "xclip": (XclipConfig, XclipObjective),
+    "unified": (UnifiedConfig, UnifiedObjective),
+    "yclip": (YclipConfig, YclipObjective),
+    "siglip": (SiglipConfig, SiglipObjective),
+    "xsiglip": (XsiglipConfig, XsiglipObjective),
 }
 
 

@@ -28,6 +28,8 @@ def _nclip_terms(out: EncoderOutput, cfg: NclipConfig) -> dict:
     )
     # L_CE, L_EH, L_HE, L_KL as named in the paper (Fig. B1), each the mean over both modalities.
     named = {"L_CE": terms["ce"], "L_EH": terms["eh"], "L_HE": terms["he"], "L_KL": terms["kl"]}
+    # detached diagnostics (Tab. B2's Acc_nC, Fig. B1's row/column std of P, prototype usage)
+    named.update(Fn.distribution_diagnostics(out.image_logits, out.text_logits, global_batch=cfg.global_batch))
     return {"loss": terms["loss"], **named}
 
 

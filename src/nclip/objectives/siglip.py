@@ -1,0 +1,77 @@
+"""SigLIP (Zhai et al. 2023, "Sigmoid Loss for Language Image Pre-Training") and xSigLIP.
+
+``siglip``: −(1/B) Σ_ij log σ(z_ij·(t·x_i·y_j + b)) on the CLIP head, z = +1 on the diagonal and −1
+elsewhere, with a learnable bias b that is a parameter of this objective (the trainer optimises the
+objective's parameters with the model's). SigLIP initialises t = 10 (t' = log 10) and b = −10; we
+use the dual encoder's learnable logit scale as t, ``out.logit_scale`` (initialised to 1/0.07 ≈
+14.3, i.e. ln(1/0.07) before the exp, clamped at 100), so one temperature parameter serves every
+objective, and b starts at ``bias_init`` (−10 by default). Under DDP the bias's gradient must be
+averaged like any parameter's (it receives each rank's local-rows gradient).
+
+``xsiglip``: SigLIP in place of CLIP in xCLIP's Eq. 5, λ_CLIP·L_SigLIP(g_I, g_T) +
+λ_nCLIP·L_nCLIP(h_I, h_T) on two separate heads, exactly as :class:`XclipObjective` combines them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from nclip.objectives import functional as Fn
+from nclip.objectives.base import EncoderOutput, Objective, ObjectiveConfig
+from nclip.objectives.nclip import _nclip_terms
+
+
+class SiglipConfig(ObjectiveConfig):
+    name: Literal["siglip"] = "siglip"
+    bias_init: float = Field(-10.0, description="initial learnable bias b (SigLIP: -10)")
+
+
+class XsiglipConfig(ObjectiveConfig):
+    name: Literal["xsiglip"] = "xsiglip"
+    bias_init: float = Field(-10.0, description="initial learnable bias b (SigLIP: -10)")
+    lambda1: float = Field(0.5, ge=0, description="weight of L_EH (Eq. 4)")
+    lambda2: float = Field(1.5, ge=0, description="weight of L_HE (Eq. 4)")
+    w_clip: float = Field(0.2, ge=0, description="λ_CLIP of Eq. 5, here the SigLIP loss's weight")
+    w_nclip: float = Field(1.0, ge=0, description="λ_nCLIP of Eq. 5")
+
+
+class SiglipObjective(Objective):
+    heads = frozenset({"clip"})
+    zero_shot_head = "clip"
+
+    def __init__(self, cfg: SiglipConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.logit_bias = nn.Parameter(torch.tensor(float(cfg.bias_init)))
+
+    def _siglip(self, out: EncoderOutput) -> dict[str, torch.Tensor]:
+        t = Fn.siglip_terms(
+            out.image_emb, out.text_emb, out.logit_scale, self.logit_bias, global_batch=self.cfg.global_batch
+        )
+        logged = {f"siglip/{k}": v for k, v in t.items() if k != "loss"}
+        logged["siglip/logit_bias"] = self.logit_bias.detach()
+        return {"loss": t["loss"], **logged}
+
+    def forward(self, out: EncoderOutput):
+        return self._siglip(out)
+
+
+class XsiglipObjective(SiglipObjective):
+    """λ_CLIP·L_SigLIP on the CLIP head + λ_nCLIP·L_nCLIP on the separate nCLIP head (Eq. 5)."""
+
+    heads = frozenset({"clip", "nclip"})
+    zero_shot_head = "clip"
+
+    def __init__(self, cfg: XsiglipConfig):
+        super().__init__(cfg)  # type: ignore[arg-type]
+
+    def forward(self, out: EncoderOutput):
+        sig = self._siglip(out)
+        sig_loss = sig.pop("loss")
+        nclip = _nclip_terms(out, self.cfg)
+        loss = self.cfg.w_clip * sig_loss + self.cfg.w_nclip * nclip.pop("loss")
+        return {"loss": loss, "siglip/L_SigLIP": sig_loss.detach(), **sig, **{f"nclip/{k}": v for k, v in nclip.items()}}

@@ -1,0 +1,174 @@
+"""The unified non-contrastive objective of Appendix A (its Algorithm 1) as a trainer objective.
+
+Algorithm 1 (xCLIP paper, Appendix A; Algorithm 2 in the main-text appendix) casts the
+non-contrastive objectives of visual SSL as one cross-entropy between a target p and a prediction q
+of the other modality, with two knobs for *sharpness* (the temperature ratio τ/τ_s, λ1·L_EH) and two
+for *smoothness* (an explicit ``uniform(·)`` of the target, λ2·L_HE):
+
+    p = uniform(softmax(f / τ_s)),  q = softmax(f / τ)
+    L = (L_CE + λ1·L_EH − λ2·L_HE) / 2   (terms summed over the two modalities)
+
+The formulas live in :func:`nclip.objectives.functional.unified_terms`; this module holds the DINO
+centering state (running mean and running variance of each modality's logits) and logs the terms.
+
+Tab. A1 rows as config overrides (:data:`TABLE_A1_SETTINGS`; ZS/LN: the paper's top-1 zero-shot
+and linear-probing accuracy, ViT-B/16 on CC12M, 25 epochs):
+
+    ============  =========  ====  ==============  ====  =====  =====
+    row           τ / τ_s    λ1    uniform(·)      λ2    ZS     LN
+    ============  =========  ====  ==============  ====  =====  =====
+    CE            1          0     none            0     NaN
+    SwAV          1 / 0.25   0     sinkhorn        1*    27.9   70.3
+    SCSF          1 / 0.5    0     batch_softmax   0     26.5   70.0
+    DINO          1 / 0.7    0     centering†      0     22.9   69.1
+    MSN           1 / 0.8    0     none            1     NaN
+    MSN_0.7       1 / 0.7    0     none            1     37.4   70.8
+    nCLIP_0.8     1 / 0.8    0.2   none            1.2   37.4   70.0
+    nCLIP         1          0.5   none            1.5   37.5   71.0
+    ============  =========  ====  ==============  ====  =====  =====
+
+    * SwAV's original λ2 is 0; the paper needs λ2 = 1 to avoid collapse (so L_HE must carry a
+      gradient: see ``stop_grad_target`` below). † centering is applied to the logits before the
+      softmax, with a running variance in addition to DINO's running mean.
+
+The appendix's table prints the sixth row without a name (the main text's copy labels it MSN) and
+the last two under "nCLIP"; we name them MSN_0.7 and nCLIP_0.8 after their target temperature.
+
+Choices where the paper is silent or ambiguous (each documented at the function that implements it):
+
+- No stop-gradient on the target: Algorithm 1 detaches nothing and Sec. 3.1 says "the target and
+  prediction branch are backpropagated at the same time". ``stop_grad_target=True`` detaches it.
+- The CE is cross-modal (p_I·log q_T + p_T·log q_I), as in the main text's copy of the algorithm;
+  the appendix copy prints p_I·log q_I.
+- ``uniform`` acts on the softmax output (Algorithm 1, lines 29-30), except centering (footnote †).
+  Sinkhorn iterates on detached targets with the per-rank sums reduced without gradient; its
+  output keeps the softmax's gradient with the Sinkhorn scalings held constant.
+- Centering keeps separate statistics per modality (images and texts have different encoders),
+  computes them over the global batch, normalises with the statistics from *before* this batch
+  (as DINO updates its center after the loss), starts at mean 0 / variance 1 (identity), and updates
+  only in training mode with C ← m·C + (1 − m)·batch statistic.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+
+from nclip.objectives import functional as Fn
+from nclip.objectives.base import EncoderOutput, Objective, ObjectiveConfig
+
+# Tab. A1, one entry per row: overrides of UnifiedConfig's fields.
+TABLE_A1_SETTINGS: dict[str, dict[str, Any]] = {
+    "CE": {"tau": 1.0, "tau_s": 1.0, "lambda1": 0.0, "uniform": "none", "lambda2": 0.0},
+    "SwAV": {"tau": 1.0, "tau_s": 0.25, "lambda1": 0.0, "uniform": "sinkhorn", "lambda2": 1.0},
+    "SCSF": {"tau": 1.0, "tau_s": 0.5, "lambda1": 0.0, "uniform": "batch_softmax", "lambda2": 0.0},
+    "DINO": {"tau": 1.0, "tau_s": 0.7, "lambda1": 0.0, "uniform": "centering", "lambda2": 0.0},
+    "MSN": {"tau": 1.0, "tau_s": 0.8, "lambda1": 0.0, "uniform": "none", "lambda2": 1.0},
+    "MSN_0.7": {"tau": 1.0, "tau_s": 0.7, "lambda1": 0.0, "uniform": "none", "lambda2": 1.0},
+    "nCLIP_0.8": {"tau": 1.0, "tau_s": 0.8, "lambda1": 0.2, "uniform": "none", "lambda2": 1.2},
+    "nCLIP": {"tau": 1.0, "tau_s": 1.0, "lambda1": 0.5, "uniform": "none", "lambda2": 1.5},
+}
+
+
+class UnifiedConfig(ObjectiveConfig):
+    """Typed config of Algorithm 1 (defaults: the nCLIP row, i.e. exactly nCLIP's Eq. 4)."""
+
+    name: Literal["unified"] = "unified"
+    tau_s: float = Field(1.0, gt=0, description="target temperature τ_s")
+    tau: float = Field(1.0, gt=0, description="prediction temperature τ")
+    uniform: Literal["none", "sinkhorn", "batch_softmax", "centering"] = "none"
+    lambda1: float = Field(0.5, ge=0, description="weight of L_EH (sharpness)")
+    lambda2: float = Field(1.5, ge=0, description="weight of L_HE (smoothness)")
+    sinkhorn_iters: int = Field(3, ge=1, le=100, description="Sinkhorn iterations (SwAV: 3)")
+    center_momentum: float = Field(0.9, ge=0, le=1, description="EMA momentum of the centering statistics (DINO: 0.9)")
+    center_eps: float = Field(1e-5, gt=0, description="added to the running variance before the rsqrt")
+    stop_grad_target: bool = Field(False, description="detach p (Algorithm 1 does not)")
+
+    @classmethod
+    def from_table_a1(cls, row: str, **overrides: Any) -> "UnifiedConfig":
+        """The config of one Tab. A1 row (a key of TABLE_A1_SETTINGS), with extra overrides."""
+        if row not in TABLE_A1_SETTINGS:
+            raise ValueError(f"unknown Tab. A1 row {row!r}; rows: {', '.join(TABLE_A1_SETTINGS)}")
+        return cls(**{**TABLE_A1_SETTINGS[row], **overrides})
+
+
+_CENTER_BUFFERS = ("center_mean_image", "center_var_image", "center_mean_text", "center_var_text")
+
+
+class UnifiedObjective(Objective):
+    """Algorithm 1 on the nCLIP head; holds the centering statistics when uniform='centering'.
+
+    The centering buffers are [K], created on the first batch (the config does not know K) with
+    mean 0 and variance 1, and restored from checkpoints whatever their size.
+    """
+
+    heads = frozenset({"nclip"})
+    zero_shot_head = "nclip"
+
+    def __init__(self, cfg: UnifiedConfig):
+        super().__init__()
+        self.cfg = cfg
+        if cfg.uniform == "centering":
+            for name in _CENTER_BUFFERS:
+                self.register_buffer(name, torch.zeros(0))
+
+    def _ensure_centers(self, logits: torch.Tensor) -> None:
+        k = logits.shape[1]
+        if self.center_mean_image.numel() == k:
+            return
+        if self.center_mean_image.numel() != 0:
+            raise ValueError(f"centering statistics are for K={self.center_mean_image.numel()}, got logits with K={k}")
+        dtype = torch.promote_types(logits.dtype, torch.float32)
+        for name in _CENTER_BUFFERS:
+            init = torch.zeros if name.startswith("center_mean") else torch.ones
+            setattr(self, name, init(k, dtype=dtype, device=logits.device))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # lazily sized buffers: take the checkpoint's shape before the strict shape check
+        for name in _CENTER_BUFFERS:
+            key = prefix + name
+            if key in state_dict and name in self._buffers and self._buffers[name].shape != state_dict[key].shape:
+                self._buffers[name] = torch.empty_like(state_dict[key], device=self._buffers[name].device)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    @torch.no_grad()
+    def _update_centers(self, image_logits: torch.Tensor, text_logits: torch.Tensor) -> None:
+        m = self.cfg.center_momentum
+        for side, logits in (("image", image_logits), ("text", text_logits)):
+            mean, var = getattr(self, f"center_mean_{side}"), getattr(self, f"center_var_{side}")
+            b_mean, b_var = Fn.batch_moments(logits.to(mean.dtype), global_batch=self.cfg.global_batch)
+            new_mean, new_var = Fn.ema_moments(mean, var, b_mean, b_var, m)
+            mean.copy_(new_mean)
+            var.copy_(new_var)
+
+    def forward(self, out: EncoderOutput) -> dict[str, torch.Tensor]:
+        cfg = self.cfg
+        centers: dict[str, Any] = {}
+        if cfg.uniform == "centering":
+            self._ensure_centers(out.image_logits)
+            # clones: the loss uses this batch's pre-update statistics (DINO updates after the loss)
+            centers = {
+                "image_center": (self.center_mean_image.clone(), self.center_var_image.clone()),
+                "text_center": (self.center_mean_text.clone(), self.center_var_text.clone()),
+            }
+        terms = Fn.unified_terms(
+            out.image_logits,
+            out.text_logits,
+            cfg.tau_s,
+            cfg.tau,
+            cfg.lambda1,
+            cfg.lambda2,
+            uniform=cfg.uniform,
+            sinkhorn_iters=cfg.sinkhorn_iters,
+            center_eps=cfg.center_eps,
+            stop_grad_target=cfg.stop_grad_target,
+            global_batch=cfg.global_batch,
+            **centers,
+        )
+        if cfg.uniform == "centering" and self.training:
+            self._update_centers(out.image_logits, out.text_logits)
+        named = {"L_CE": terms["ce"], "L_EH": terms["eh"], "L_HE": terms["he"], "L_KL": terms["kl"]}
+        named.update({k: terms[k] for k in ("acc_nC", "row_std", "col_std", "usage")})
+        return {"loss": terms["loss"], **{f"unified/{k}": v for k, v in named.items()}}
