@@ -45,6 +45,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="export a trained model")
     p.add_argument("--checkpoint", required=True, type=Path, help="run directory or model directory")
     p.add_argument("--hf", required=True, type=Path, help="write a transformers CLIPModel directory here")
+
+    p = sub.add_parser("data", help="export built-in data to shards, inspect a data source")
+    data = p.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
+    q = data.add_parser("write-shards", help="write a built-in dataset as img2dataset-style tar shards")
+    _add_config_args(q)
+    q.add_argument("--split", default="train", choices=["train", "val", "test"])
+    q.add_argument("--count", required=True, type=int, help="samples to write")
+    q.add_argument("--out", required=True, type=Path, help="directory for 00000.tar, 00001.tar, ...")
+    q.add_argument("--shard-size", type=int, default=1000, help="samples per shard")
+    q.add_argument("--format", default="jpg", choices=["jpg", "png", "webp"], help="image encoding")
+    q = data.add_parser("inspect", help="summarise a shard pattern, shard directory or CSV/TSV file")
+    q.add_argument("source", help="e.g. '/data/{00000..00009}.tar', a directory of .tar, or pairs.csv")
+    q.add_argument("--limit", type=int, default=10000, help="read at most this many samples")
+    q.add_argument("--csv-image-key", default="filepath")
+    q.add_argument("--csv-caption-key", default="title")
+    q.add_argument("--json", action="store_true", help="print the summary as JSON")
     return parser
 
 
@@ -55,7 +71,8 @@ def _cmd_train(args) -> int:
     cfg = resolve(args.preset, args.overrides)
     result = train(cfg, args.out, resume=args.resume == "auto", progress=not args.no_progress,
                    evaluate=not args.no_eval)
-    print(_summary(result))
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 reports
+        print(_summary(result))
     return 0
 
 
@@ -94,7 +111,28 @@ def _cmd_export(args) -> int:
     return 0
 
 
-COMMANDS = {"train": _cmd_train, "config": _cmd_config, "presets": _cmd_presets, "export": _cmd_export}
+def _cmd_data(args) -> int:
+    from nclip.data import tools
+
+    if args.data_command == "write-shards":
+        from nclip.config import resolve
+
+        cfg = resolve(args.preset, args.overrides)
+        n, paths, pattern = tools.write_shards(cfg, args.split, args.count, args.out, args.shard_size, args.format)
+        print(f"wrote {n} samples to {len(paths)} shard{'s' * (len(paths) != 1)}: {pattern}")
+        return 0
+    summary = tools.inspect_source(args.source, args.limit, csv_image_key=args.csv_image_key,
+                                   csv_caption_key=args.csv_caption_key)
+    if args.json:
+        import json
+
+        print(json.dumps(summary, indent=2))
+    else:
+        print(tools.format_summary(summary))
+    return 0
+
+
+COMMANDS = {"train": _cmd_train, "config": _cmd_config, "presets": _cmd_presets, "export": _cmd_export, "data": _cmd_data}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,17 +1,30 @@
 """Training checkpoints: atomic, the last N kept, loaded without unpickling code.
 
-Layout: ``RUN/checkpoints/step_XXXXXXXX/`` holding ``model.safetensors`` (the weights) and
-``state.pt`` (optimizer, objective state, RNG states, counters), which is read with
-``torch.load(weights_only=True)``: tensors and plain containers only, so a file that would execute
-code on unpickling is refused.
+Layout: ``RUN/checkpoints/step_XXXXXXXX/`` holding
+
+- ``model.safetensors`` — the model weights (full, also under FSDP);
+- ``state.pt`` — everything else needed to continue *exactly*: the step (which is also the
+  position of the learning-rate schedule and of the step-indexed data), the optimizer state, the
+  objective's state (queues, centers, prototypes, learnable biases), every rank's RNG states
+  (torch, CUDA, NumPy, Python), every rank's data position (for streamed shards: records consumed
+  and bad samples skipped per loader worker), and the loop's counters. There is no gradient
+  scaler: mixed precision is bf16, which needs none.
+
+``state.pt`` holds tensors and plain containers only and is read with
+``torch.load(weights_only=True)``, so a file that would execute code on unpickling is refused with
+a one-line :class:`NclipError`. A directory is complete once it has both files (it is written to a
+temporary name and renamed), so a run killed at any moment leaves only complete checkpoints behind.
 """
 
 from __future__ import annotations
 
 import pickle
+import random
 import shutil
+import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -19,6 +32,7 @@ from nclip.errors import NclipError
 from nclip.models.io import atomic_dir
 
 PREFIX = "step_"
+FORMAT = 2  # state.pt layout version
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -30,39 +44,97 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.name.startswith(PREFIX) and (p / "state.pt").is_file()
-             and (p / "model.safetensors").is_file()]
+    found = [p for p in root.iterdir() if p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit()
+             and (p / "state.pt").is_file() and (p / "model.safetensors").is_file()]
     return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
 
 
-def save_checkpoint(run_dir: Path, step: int, model, objective, optimizer, extra: dict, keep: int) -> Path:
+def save_checkpoint(run_dir: Path, step: int, weights: dict[str, torch.Tensor], state: dict, keep: int) -> Path:
+    """Write ``weights`` (model.safetensors) and ``state`` (state.pt) atomically; keep the last
+    ``keep`` checkpoints. ``state`` must hold tensors and plain containers only."""
     final = checkpoint_dir(run_dir, step)
     with atomic_dir(final) as tmp:
-        weights = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-        save_file(weights, str(tmp / "model.safetensors"))
-        state = {
-            "step": step,
-            "optimizer": optimizer.state_dict(),
-            "objective": objective.state_dict(),
-            "rng_torch": torch.get_rng_state(),
-            **extra,
-        }
-        torch.save(state, tmp / "state.pt")
+        save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(tmp / "model.safetensors"))
+        torch.save({"format": FORMAT, "step": step, **state}, tmp / "state.pt")
     for old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def load_checkpoint(path: Path, model, objective, optimizer) -> dict:
-    """Restore model, objective and optimizer from ``path``; return the state dict (step, extras)."""
+def read_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """(weights, state) of the checkpoint directory ``path``, read without unpickling code."""
+    path = Path(path)
     try:
         state = torch.load(path / "state.pt", weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as e:
-        raise NclipError(f"refusing to load {path / 'state.pt'}: it holds more than tensors ({str(e).splitlines()[0]})") from None
-    except (RuntimeError, EOFError, OSError) as e:
-        raise NclipError(f"cannot read checkpoint {path}: {str(e).splitlines()[0]}") from None
-    model.load_state_dict(load_file(str(path / "model.safetensors")))
-    objective.load_state_dict(state["objective"])
-    optimizer.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["rng_torch"])
+        raise NclipError(f"refusing to load {path / 'state.pt'}: it holds more than tensors and plain "
+                         f"containers ({str(e).splitlines()[0][:160]})") from None
+    except FileNotFoundError:
+        raise NclipError(f"checkpoint {path} has no state.pt") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        raise NclipError(f"cannot read checkpoint {path / 'state.pt'}: {str(e).splitlines()[0]}") from None
+    if not isinstance(state, dict) or "step" not in state:
+        raise NclipError(f"{path / 'state.pt'} is not an nclip training state")
+    try:
+        weights = load_file(str(path / "model.safetensors"))
+    except FileNotFoundError:
+        raise NclipError(f"checkpoint {path} has no model.safetensors") from None
+    except Exception as e:  # safetensors raises its own error types for corrupt headers
+        raise NclipError(f"cannot read {path / 'model.safetensors'}: {str(e).splitlines()[0]}") from None
+    return weights, state
+
+
+def newest_good_checkpoint(run_dir: Path, warn=None) -> tuple[Path, dict[str, torch.Tensor], dict] | None:
+    """The newest checkpoint of ``run_dir`` that reads cleanly, as (path, weights, state); older
+    ones are tried when a newer one is damaged (``warn`` is told why). None if there is no
+    checkpoint at all; an :class:`NclipError` (the newest one's problem) if none reads cleanly,
+    rather than silently starting over."""
+    first_error = None
+    for path in reversed(list_checkpoints(run_dir)):
+        try:
+            weights, state = read_checkpoint(path)
+        except NclipError as e:
+            (warn or _stderr)(f"skipping damaged checkpoint: {e}")
+            first_error = first_error or e
+            continue
+        return path, weights, state
+    if first_error is not None:
+        raise NclipError(f"no usable checkpoint in {Path(run_dir) / 'checkpoints'}: {first_error}")
+    return None
+
+
+def _stderr(msg: str) -> None:
+    print(f"nclip: warning: {msg}", file=sys.stderr)
+
+
+# --------------------------------------------------------------------------------------------
+# RNG states as tensors and plain containers (weights_only-loadable)
+# --------------------------------------------------------------------------------------------
+
+
+def rng_state() -> dict:
+    """This process's RNG states: torch (CPU), CUDA (if initialised), NumPy's and Python's global
+    generators."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, py_state, py_gauss = random.getstate()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
+        "python": {"version": version, "state": list(py_state), "gauss": py_gauss},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    n = state.get("numpy")
+    if n is not None:
+        np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    p = state.get("python")
+    if p is not None:
+        random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])

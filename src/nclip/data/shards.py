@@ -1,0 +1,248 @@
+"""Tar shards in the img2dataset / WebDataset layout: listing, reading, decoding, writing.
+
+A shard is a tar file whose members are grouped into samples by key: ``{key}.jpg`` (or ``.jpeg``,
+``.png``, ``.webp``), ``{key}.txt`` (the caption, UTF-8) and optionally ``{key}.json`` (metadata,
+e.g. labels). The key is the member path up to the first dot of its file name, as in WebDataset.
+
+Shard specifications are brace patterns (``/data/cc3m/{00000..00331}.tar``), lists of them, or
+``pipe:COMMAND`` URLs whose command writes a tar to stdout (e.g. ``pipe:aws s3 cp s3://b/x.tar -``).
+
+Reading never raises on bad data: a sample whose image does not decode, whose caption is empty, or
+which is missing a part comes out as a :class:`Bad` record with a reason, and a tar that breaks
+mid-way (truncated, corrupt header) ends its shard with one :class:`Bad` record. Callers count them.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import tarfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+from PIL import Image
+
+from nclip.errors import NclipError
+
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+
+
+# --------------------------------------------------------------------------------------------
+# shard lists
+# --------------------------------------------------------------------------------------------
+
+
+def expand_shards(spec: str | list[str]) -> list[str]:
+    """Brace-expand a shard pattern or a list of them (order kept; ``::`` also separates)."""
+    from braceexpand import braceexpand
+
+    items = [spec] if isinstance(spec, str) else list(spec)
+    urls: list[str] = []
+    for item in items:
+        for part in str(item).split("::"):
+            part = part.strip()
+            if not part:
+                continue
+            try:
+                urls.extend(braceexpand(part))
+            except Exception as e:  # unbalanced braces and the like
+                raise NclipError(f"cannot expand shard pattern {part!r}: {e}") from None
+    return urls
+
+
+def check_shards(urls: list[str], what: str) -> list[str]:
+    """Fail with one line if the list is empty or a local shard does not exist (pipes are trusted)."""
+    if not urls:
+        raise NclipError(f"{what}: the shard list is empty")
+    missing = [u for u in urls if not u.startswith("pipe:") and not Path(u).is_file()]
+    if missing:
+        more = f" (and {len(missing) - 1} more of {len(urls)})" if len(missing) > 1 else ""
+        raise NclipError(f"{what}: shard not found: {missing[0]}{more}")
+    return urls
+
+
+# --------------------------------------------------------------------------------------------
+# records
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Record:
+    """One raw sample: its key, the shard it came from, and its members' bytes by extension."""
+
+    key: str
+    url: str
+    parts: dict[str, bytes]
+
+
+@dataclass
+class Bad:
+    """A sample that cannot be used (or the broken rest of a shard), with the reason."""
+
+    key: str
+    url: str
+    reason: str
+
+
+def _split_key(name: str) -> tuple[str, str]:
+    directory, _, base = name.rpartition("/")
+    stem, dot, ext = base.partition(".")
+    key = f"{directory}/{stem}" if directory else stem
+    return key, ext.lower() if dot else ""
+
+
+def _open(url: str):
+    if url.startswith("pipe:"):
+        proc = subprocess.Popen(url[5:], shell=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        return proc.stdout, proc
+    return open(url, "rb"), None
+
+
+def iter_records(url: str) -> Iterator[Record | Bad]:
+    """The samples of one shard in tar order; a broken tar yields one :class:`Bad` and ends."""
+    try:
+        stream, proc = _open(url)
+    except OSError as e:
+        yield Bad("", url, f"cannot open shard: {e.strerror or e}")
+        return
+    key, parts = None, {}
+    try:
+        try:
+            with tarfile.open(fileobj=stream, mode="r|*") as tar:
+                for member in tar:
+                    if not member.isfile():
+                        continue
+                    k, ext = _split_key(member.name)
+                    if k != key:
+                        if key is not None:
+                            yield Record(key, url, parts)
+                        key, parts = k, {}
+                    f = tar.extractfile(member)
+                    parts[ext] = f.read() if f is not None else b""
+        except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
+            yield Bad(key or "", url, f"broken tar after member {key!r}: {type(e).__name__}: {e}")
+            return
+        if key is not None:
+            yield Record(key, url, parts)
+    finally:
+        stream.close()
+        if proc is not None:
+            proc.wait()
+
+
+def decode(rec: Record | Bad) -> tuple[np.ndarray, str, dict] | Bad:
+    """(image uint8 [H, W, 3] RGB, caption, json metadata) or :class:`Bad` with the reason."""
+    if isinstance(rec, Bad):
+        return rec
+    ext = next((e for e in IMAGE_EXTS if e in rec.parts), None)
+    if ext is None:
+        return Bad(rec.key, rec.url, "no image member (.jpg/.jpeg/.png/.webp)")
+    if "txt" not in rec.parts:
+        return Bad(rec.key, rec.url, "no caption member (.txt)")
+    try:
+        caption = rec.parts["txt"].decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return Bad(rec.key, rec.url, "caption is not UTF-8")
+    if not caption:
+        return Bad(rec.key, rec.url, "empty caption")
+    try:
+        with Image.open(io.BytesIO(rec.parts[ext])) as img:
+            image = np.asarray(img.convert("RGB"))
+    except Exception as e:  # PIL raises many types for corrupt/truncated/bomb images
+        return Bad(rec.key, rec.url, f"image does not decode: {type(e).__name__}: {str(e)[:80]}")
+    if image.ndim != 3 or image.shape[0] < 1 or image.shape[1] < 1:
+        return Bad(rec.key, rec.url, f"image has shape {image.shape}")
+    meta = {}
+    if "json" in rec.parts:
+        try:
+            meta = json.loads(rec.parts["json"])
+        except (ValueError, UnicodeDecodeError):
+            meta = {}  # metadata is optional: a broken .json does not spoil the pair
+    return image, caption, meta
+
+
+# --------------------------------------------------------------------------------------------
+# writing
+# --------------------------------------------------------------------------------------------
+
+
+def encode_image(image: np.ndarray, fmt: str) -> bytes:
+    buf = io.BytesIO()
+    pil_fmt = {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}[fmt]
+    kwargs = {"quality": 95} if pil_fmt in ("JPEG", "WEBP") else {}
+    Image.fromarray(image).save(buf, format=pil_fmt, **kwargs)
+    return buf.getvalue()
+
+
+class ShardWriter:
+    """Write samples to ``DIR/{00000,00001,...}.tar``, ``shard_size`` samples per shard, with
+    img2dataset keys (5-digit shard id + 4-digit index). Each shard is written under a temporary
+    name and renamed when complete."""
+
+    def __init__(self, directory: str | Path, shard_size: int = 1000, image_format: str = "jpg"):
+        if shard_size < 1:
+            raise NclipError(f"shard size must be >= 1, got {shard_size}")
+        if image_format not in IMAGE_EXTS:
+            raise NclipError(f"image format must be one of {', '.join(IMAGE_EXTS)}, got {image_format!r}")
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.shard_size, self.fmt = shard_size, image_format
+        self.shard, self.index, self.count, self._tar, self._tmp = 0, 0, 0, None, None
+        self.paths: list[Path] = []
+
+    def write(self, image: np.ndarray, caption: str, meta: dict | None = None) -> str:
+        if self._tar is None:
+            self._tmp = self.dir / f".{self.shard:05d}.tar.tmp"
+            self._tar = tarfile.open(self._tmp, "w")
+        key = f"{self.shard:05d}{self.index:04d}"
+        meta = {"key": key, "caption": caption, "width": int(image.shape[1]), "height": int(image.shape[0]),
+                **(meta or {})}
+        self._add(f"{key}.{self.fmt}", encode_image(image, self.fmt))
+        self._add(f"{key}.txt", caption.encode("utf-8"))
+        self._add(f"{key}.json", json.dumps(meta, sort_keys=True).encode("utf-8"))
+        self.index += 1
+        self.count += 1
+        if self.index == self.shard_size:
+            self._finish()
+        return key
+
+    def _add(self, name: str, data: bytes) -> None:
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime, info.mode = len(data), 0, 0o644
+        self._tar.addfile(info, io.BytesIO(data))
+
+    def _finish(self) -> None:
+        if self._tar is None:
+            return
+        self._tar.close()
+        final = self.dir / f"{self.shard:05d}.tar"
+        self._tmp.replace(final)
+        self.paths.append(final)
+        self._tar, self.shard, self.index = None, self.shard + 1, 0
+
+    def close(self) -> list[Path]:
+        self._finish()
+        return self.paths
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if exc[0] is not None and self._tar is not None:
+            self._tar.close()
+            self._tmp.unlink(missing_ok=True)
+            self._tar = None
+            return False
+        self.close()
+        return False
+
+    def pattern(self) -> str:
+        """The brace pattern naming every shard written."""
+        n = len(self.paths)
+        if n == 1:
+            return str(self.paths[0])
+        return str(self.dir / f"{{00000..{n - 1:05d}}}.tar")

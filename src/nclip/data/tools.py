@@ -1,0 +1,121 @@
+"""``nclip data``: export a built-in dataset to shards, and summarise a data source."""
+
+from __future__ import annotations
+
+import collections
+import statistics
+from pathlib import Path
+
+from nclip.config import RunConfig
+from nclip.data.csv_source import load_pair, read_rows
+from nclip.data.shards import Bad, ShardWriter, check_shards, decode, expand_shards, iter_records
+from nclip.errors import NclipError
+
+
+def write_shards(cfg: RunConfig, split: str, count: int, out: str | Path, shard_size: int = 1000,
+                 image_format: str = "jpg") -> tuple[int, list[Path], str]:
+    """Write the first ``count`` samples of a built-in dataset's ``split`` as img2dataset-style
+    shards (``.json`` holds the labels and reference captions). Returns (samples, paths, pattern)."""
+    from nclip.data.loader import build_dataset
+
+    if cfg.data.source not in ("synthetic", "digits"):
+        raise NclipError(f"write-shards exports the built-in datasets (synthetic, digits), not {cfg.data.source}")
+    if count < 1:
+        raise NclipError(f"--count must be >= 1, got {count}")
+    data = build_dataset(cfg, split, length=count)
+    n = min(count, len(data))
+    with ShardWriter(out, shard_size, image_format) as writer:
+        for i in range(n):
+            s = data[i]
+            meta = {"source": cfg.data.source, "split": split, "index": i, "captions": list(s.captions),
+                    "labels": {k: int(v) for k, v in s.labels.items()}}
+            writer.write(s.image, s.caption, meta)
+    return n, writer.paths, writer.pattern()
+
+
+def _shard_urls(source: str) -> list[str]:
+    path = Path(source)
+    if path.is_dir():
+        urls = sorted(str(p) for p in path.glob("*.tar"))
+        if not urls:
+            raise NclipError(f"{source}: no .tar shards in this directory")
+        return urls
+    return check_shards(expand_shards(source), source)
+
+
+def inspect_source(source: str, limit: int = 10000, examples: int = 3, csv_image_key: str = "filepath",
+                   csv_caption_key: str = "title") -> dict:
+    """Summary of a shard pattern / shard directory / CSV-TSV file: samples read, bad ones by
+    reason, image sizes, caption lengths, a few examples. Reads at most ``limit`` samples."""
+    sizes: list[tuple[int, int]] = []
+    chars: list[int] = []
+    words: list[int] = []
+    reasons: collections.Counter = collections.Counter()
+    shown: list[dict] = []
+    seen = 0
+    summary: dict = {"source": source}
+
+    def take(key: str, image, caption: str) -> None:
+        sizes.append((int(image.shape[1]), int(image.shape[0])))
+        chars.append(len(caption))
+        words.append(len(caption.split()))
+        if len(shown) < examples:
+            shown.append({"key": key, "size": f"{image.shape[1]}x{image.shape[0]}", "caption": caption})
+
+    if source.lower().endswith((".csv", ".tsv")):
+        images, captions = read_rows(source, csv_image_key, csv_caption_key)
+        summary.update(kind="csv", rows=len(images))
+        for path, caption in zip(images[:limit], captions[:limit]):
+            seen += 1
+            out = load_pair(path, caption)
+            if isinstance(out, str):
+                reasons[out] += 1
+            else:
+                take(Path(path).name, *out)
+    else:
+        urls = _shard_urls(source)
+        summary.update(kind="webdataset", shards=len(urls))
+        for url in urls:
+            for rec in iter_records(url):
+                if seen >= limit:
+                    break
+                seen += 1
+                out = decode(rec)
+                if isinstance(out, Bad):
+                    reasons[out.reason.split(":")[0]] += 1
+                else:
+                    take(rec.key, out[0], out[1])
+            if seen >= limit:
+                break
+    good = len(sizes)
+    summary.update(read=seen, good=good, bad=seen - good, bad_reasons=dict(reasons.most_common()),
+                   truncated=seen >= limit)
+    if good:
+        ws, hs = [w for w, _ in sizes], [h for _, h in sizes]
+        summary["image_width"] = {"min": min(ws), "median": statistics.median(ws), "max": max(ws)}
+        summary["image_height"] = {"min": min(hs), "median": statistics.median(hs), "max": max(hs)}
+        summary["caption_chars"] = {"min": min(chars), "mean": round(statistics.fmean(chars), 1), "max": max(chars)}
+        summary["caption_words"] = {"min": min(words), "mean": round(statistics.fmean(words), 1), "max": max(words)}
+    summary["examples"] = shown
+    return summary
+
+
+def format_summary(s: dict) -> str:
+    lines = [f"source        {s['source']} ({s['kind']})"]
+    if "shards" in s:
+        lines.append(f"shards        {s['shards']}")
+    if "rows" in s:
+        lines.append(f"rows          {s['rows']}")
+    more = " (stopped at --limit)" if s["truncated"] else ""
+    lines.append(f"samples read  {s['read']}{more}: {s['good']} good, {s['bad']} bad")
+    for reason, n in s["bad_reasons"].items():
+        lines.append(f"  bad: {n} × {reason}")
+    for key, label in (("image_width", "width"), ("image_height", "height"),
+                       ("caption_chars", "caption chars"), ("caption_words", "caption words")):
+        if key in s:
+            v = s[key]
+            mid = f"median {v['median']}" if "median" in v else f"mean {v['mean']}"
+            lines.append(f"{label:<14}min {v['min']}, {mid}, max {v['max']}")
+    for ex in s["examples"]:
+        lines.append(f"  {ex['key']}  {ex['size']}  {ex['caption']!r}")
+    return "\n".join(lines)

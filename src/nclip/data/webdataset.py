@@ -1,0 +1,225 @@
+"""Streaming training data from WebDataset tar shards: weighted sources, rank/worker splits,
+shuffle buffer, resampling, bad-sample accounting, and an exact, decode-free resume.
+
+One *stream* per (rank, loader worker) produces this rank's local batches. A stream is a pure
+function of (seed, rank, stream id) and is built in three stages, all on raw (undecoded) records:
+
+1. per source, an endless sequence of shards: drawn with replacement (``data.resampled: true``,
+   the default: no epochs, every rank/worker independent) or, without resampling, this stream's
+   slice ``shards[slot::slots]`` (slot = rank · workers + stream) in a fresh permutation per pass;
+2. the sources mixed *per sample* with probabilities ∝ ``weight`` (so the mix holds whatever the
+   shard sizes);
+3. a shuffle buffer of ``data.shuffle_buffer`` records.
+
+Records are then decoded (Pillow), checked (image decodes, caption non-empty) and augmented with
+randomness seeded by (seed, rank, stream, record number), and collated into batches of
+``batch_size / world_size`` good pairs. Bad records are skipped and counted; if more than
+``data.max_bad_fraction`` of a window of ``data.bad_window`` records is bad, the stream stops with
+an :class:`NclipError` naming the shard most of them came from.
+
+Resume: every batch carries (stream id, records consumed, bad records so far). The trainer keeps
+the latest of each stream and checkpoints them. On resume each stream replays stages 1-3 for its
+consumed count *without decoding a single image* and continues exactly where it stopped, so a
+resumed run sees the very batches an uninterrupted one would have (``data.exact_resume``; off, or
+with a different world size or worker count, the streams are re-seeded from the resume step
+instead: valid data, different order). Batch ``b`` of a DataLoader comes from worker ``b mod W``;
+stream ids are rotated by the resume step so that step ``s`` is always served by stream ``s mod W``.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from nclip.config import RunConfig
+from nclip.data.shards import Bad, Record, check_shards, decode, expand_shards, iter_records
+from nclip.data.transforms import augment, to_tensor
+from nclip.errors import NclipError
+
+_STREAM_TAG = 0x5EED5  # separates the shard/mix/shuffle draws from other users of the seed
+_AUG_TAG = 0xA06
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str
+    urls: tuple[str, ...]
+    weight: float
+
+
+def sources_from_config(cfg: RunConfig) -> list[Source]:
+    """The configured shard sources, expanded and checked (missing local shards are an error)."""
+    d = cfg.data
+    if d.sources is not None:
+        specs = [(f"data.sources[{i}]", s.shards, s.weight) for i, s in enumerate(d.sources)]
+    else:
+        specs = [("data.shards", d.shards, 1.0)]
+    return [Source(name, tuple(check_shards(expand_shards(spec), name)), w) for name, spec, w in specs]
+
+
+def _shard_sequence(src: Source, slot: int, slots: int, resampled: bool, rng: np.random.Generator) -> Iterator[str]:
+    if resampled:
+        while True:
+            yield src.urls[int(rng.integers(len(src.urls)))]
+    mine = src.urls[slot::slots]
+    if not mine:
+        raise NclipError(f"{src.name}: {len(src.urls)} shard(s) cannot be split over {slots} rank×worker "
+                         "streams without resampling; set data.resampled=true or use fewer workers")
+    while True:
+        for i in rng.permutation(len(mine)):
+            yield mine[int(i)]
+
+
+def _source_records(src: Source, shards: Iterator[str]) -> Iterator[Record | Bad]:
+    empty_in_a_row, limit = 0, 2 * len(src.urls) + 10
+    for url in shards:
+        n = 0
+        for rec in iter_records(url):
+            n += 1
+            yield rec
+        empty_in_a_row = 0 if n else empty_in_a_row + 1
+        if empty_in_a_row >= limit:
+            raise NclipError(f"{src.name}: no samples in {empty_in_a_row} shard reads in a row (e.g. {url}); "
+                             "are the shards empty?")
+
+
+def raw_stream(sources: list[Source], seed: int, rank: int, stream: int, slot: int, slots: int,
+               resampled: bool, shuffle_buffer: int, reseed: int = 0) -> Iterator[Record | Bad]:
+    """Stages 1-3 of the module docstring: an endless, deterministic sequence of raw records."""
+    base = [seed, _STREAM_TAG, reseed, rank, stream]
+    iters = [
+        _source_records(src, _shard_sequence(src, slot, slots, resampled, np.random.default_rng(base + [1, i])))
+        for i, src in enumerate(sources)
+    ]
+    if len(iters) == 1:
+        mixed = iters[0]
+    else:
+        weights = np.array([s.weight for s in sources], dtype=np.float64)
+        cdf = np.cumsum(weights / weights.sum())
+        mix_rng = np.random.default_rng(base + [2])
+
+        def _mix():
+            while True:
+                i = min(int(np.searchsorted(cdf, mix_rng.random(), side="right")), len(iters) - 1)
+                yield next(iters[i])
+
+        mixed = _mix()
+    if shuffle_buffer <= 1:
+        yield from mixed
+        return
+    rng = np.random.default_rng(base + [3])
+    buf: list = []
+    for rec in mixed:
+        if len(buf) < shuffle_buffer:
+            buf.append(rec)
+            continue
+        j = int(rng.integers(shuffle_buffer))
+        buf[j], rec = rec, buf[j]
+        yield rec
+
+
+class BadWindow:
+    """Share of bad records among the last ``window`` ones; raises when it passes ``max_fraction``."""
+
+    def __init__(self, window: int, max_fraction: float):
+        self.window, self.limit = window, max_fraction * window
+        self.outcomes: collections.deque = collections.deque()
+        self.bad_urls: collections.Counter = collections.Counter()
+        self.examples: dict[str, str] = {}
+
+    def add(self, bad: Bad | None, url: str) -> None:
+        self.outcomes.append(url if bad is not None else None)
+        if bad is not None:
+            self.bad_urls[url] += 1
+            self.examples[url] = f"{bad.key}: {bad.reason}" if bad.key else bad.reason
+        if len(self.outcomes) > self.window:
+            old = self.outcomes.popleft()
+            if old is not None:
+                self.bad_urls[old] -= 1
+        n_bad = sum(self.bad_urls.values())
+        if n_bad > self.limit:
+            worst, count = self.bad_urls.most_common(1)[0]
+            raise NclipError(
+                f"too many bad samples: {n_bad} of the last {len(self.outcomes)} "
+                f"(more than {self.limit / self.window:.0%} of a window of {self.window}); "
+                f"{count} from shard {worst} (e.g. {self.examples.get(worst, '?')})"
+            )
+
+
+class ShardStreamDataset(IterableDataset):
+    """This rank's endless sequence of local batches (see the module docstring).
+
+    Yields (pixels [b, 3, S, S], ids [b, L], mask [b, L], info) with info = {"stream": id,
+    "consumed": raw records consumed by that stream, "skipped": bad records skipped by it}.
+    """
+
+    def __init__(self, cfg: RunConfig, collate: Callable, local_batch: int, rank: int = 0, world_size: int = 1,
+                 start_step: int = 0, resume: dict | None = None):
+        self.cfg, self.collate, self.local_batch = cfg, collate, local_batch
+        self.rank, self.world = rank, world_size
+        self.start_step = start_step
+        self.sources = sources_from_config(cfg)
+        self.resume = resume  # {"streams": [[consumed, skipped], ...]} in stream order, or None
+        self.reseed = 0
+
+    def num_streams(self) -> int:
+        return max(self.cfg.data.num_workers, 1)
+
+    def plan_resume(self, saved: dict | None, exact: bool) -> None:
+        """Continue from the checkpointed stream positions if they match this run's layout (world
+        size, worker count) and ``exact``; otherwise re-seed every stream from the resume step,
+        keeping only the count of bad samples."""
+        n = self.num_streams()
+        streams = saved.get("streams", []) if saved and saved.get("kind") == "stream" else []
+        if exact and len(streams) == n and saved.get("world_size") == self.world:
+            self.resume, self.reseed = {"streams": [[int(c), int(k)] for c, k in streams]}, 0
+        elif self.start_step > 0:
+            skipped = sum(int(k) for _, k in streams)
+            self.resume = {"streams": [[0, skipped if i == 0 else 0] for i in range(n)]}
+            self.reseed = self.start_step
+
+    def initial_streams(self) -> list[list[int]]:
+        """[records consumed, bad skipped] of every stream before its first batch."""
+        if self.resume is None:
+            return [[0, 0] for _ in range(self.num_streams())]
+        return [list(s) for s in self.resume["streams"]]
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if workers != self.num_streams():
+            raise NclipError(f"internal: {workers} loader workers for {self.num_streams()} streams")
+        stream = (worker + self.start_step) % workers
+        consumed, skipped = 0, 0
+        if self.resume is not None:
+            consumed, skipped = self.resume["streams"][stream]
+        d = self.cfg.data
+        records = raw_stream(self.sources, self.cfg.seed, self.rank, stream, self.rank * workers + stream,
+                             self.world * workers, d.resampled, d.shuffle_buffer, self.reseed)
+        if consumed:
+            next(itertools.islice(records, consumed - 1, None))  # fast-forward, nothing decoded
+        window = BadWindow(d.bad_window, d.max_bad_fraction)
+        aug = d.augment
+        items: list[tuple[torch.Tensor, str]] = []
+        for rec in records:
+            index = consumed
+            consumed += 1
+            out = decode(rec)
+            window.add(out if isinstance(out, Bad) else None, rec.url)
+            if isinstance(out, Bad):
+                skipped += 1
+                continue
+            image, caption, _ = out
+            rng = np.random.default_rng([self.cfg.seed, _AUG_TAG, self.reseed, self.rank, stream, index])
+            crop = augment(image, d.image_size, aug, rng)
+            items.append((to_tensor(crop), caption, []))
+            if len(items) == self.local_batch:
+                pixels, ids, mask, _ = self.collate(items)
+                items = []
+                yield pixels, ids, mask, {"stream": stream, "consumed": consumed, "skipped": skipped}

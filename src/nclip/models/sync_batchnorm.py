@@ -1,0 +1,75 @@
+"""BatchNorm over the global batch, on any device (CPU/gloo included), through the audited collectives.
+
+``torch.nn.SyncBatchNorm`` refuses CPU tensors, so the 2-process gloo test that settles
+distributed correctness (DESIGN.md) could not run it. :class:`GlobalBatchNorm1d` computes the same
+thing with :mod:`nclip.distributed`: the batch mean and the (biased) batch variance over the union
+of all ranks' rows, differentiably, with gradients that are exact under DDP's gradient averaging
+(``all_reduce_mean_with_grad``). It is a ``BatchNorm1d`` subclass with the same parameters and
+buffers, so checkpoints and exported weights are interchangeable with the plain layer, and it *is*
+the plain layer whenever there is no process group, in eval mode, or with world size 1.
+
+Variance is computed about the *global* mean (two small all-reduces of [C] vectors, one after the
+other) rather than as E[x²] − E[x]², which cancels catastrophically in float32 when |mean| ≫ std.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from nclip import distributed as D
+
+__all__ = ["GlobalBatchNorm1d", "convert_sync_batchnorm"]
+
+
+class GlobalBatchNorm1d(nn.BatchNorm1d):
+    """BatchNorm1d whose training-mode statistics are those of the global batch (all ranks).
+
+    Input [B, C] or [B, C, L]; ranks may hold different B (the statistics are count-weighted).
+    Running statistics are updated from the global statistics, identically on every rank.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (self.training and D.is_distributed()):
+            return super().forward(x)
+        if x.ndim not in (2, 3):
+            raise ValueError(f"GlobalBatchNorm1d expects [B, C] or [B, C, L], got {tuple(x.shape)}")
+        dims = (0,) if x.ndim == 2 else (0, 2)
+        shape = (1, -1) if x.ndim == 2 else (1, -1, 1)
+        # statistics in (at least) float32 even under bf16 autocast, like cuDNN BN
+        x32 = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        n_local = x32.numel() // x32.shape[1]
+        count = D.all_reduce_sum_no_grad(torch.tensor(float(n_local), device=x.device, dtype=torch.float64))
+        n_total = float(count)  # rows over all ranks
+        n_mean = n_total / D.world_size()
+        # count-weighted means: mean_r(n_r · m_r) / mean_r(n_r) = Σ n_r m_r / Σ n_r
+        mean = D.all_reduce_mean_with_grad(x32.mean(dims) * n_local) / n_mean  # [C]
+        centred = x32 - mean.view(shape)
+        var = D.all_reduce_mean_with_grad(centred.pow(2).mean(dims) * n_local) / n_mean  # [C], biased
+        y = centred * torch.rsqrt(var + self.eps).view(shape)
+        if self.affine:
+            y = y * self.weight.view(shape) + self.bias.view(shape)
+        if self.track_running_stats:
+            with torch.no_grad():
+                self.num_batches_tracked.add_(1)
+                factor = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked)
+                unbiased = var * (n_total / max(n_total - 1.0, 1.0))
+                self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), factor)
+                self.running_var.lerp_(unbiased.detach().to(self.running_var.dtype), factor)
+        return y.to(x.dtype)
+
+
+def convert_sync_batchnorm(module: nn.Module) -> nn.Module:
+    """Replace every ``nn.BatchNorm1d`` in ``module`` by a :class:`GlobalBatchNorm1d` holding the
+    same parameters and buffers (in place for children; returns the possibly new root)."""
+    if type(module) is nn.BatchNorm1d:
+        ref = module.weight if module.affine else module.running_mean
+        kw = {"device": ref.device, "dtype": ref.dtype} if ref is not None else {}
+        new = GlobalBatchNorm1d(module.num_features, module.eps, module.momentum, module.affine,
+                                module.track_running_stats, **kw)
+        new.load_state_dict(module.state_dict())
+        new.train(module.training)
+        return new
+    for name, child in module.named_children():
+        setattr(module, name, convert_sync_batchnorm(child))
+    return module

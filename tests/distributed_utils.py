@@ -1,0 +1,115 @@
+"""A reusable harness for multi-process (gloo, CPU) tests.
+
+    results = run_ranks(fn, world_size=2, args=(...))
+
+runs ``fn(rank, world_size, *args)`` in ``world_size`` freshly spawned processes that share a gloo
+process group, and returns the values ``fn`` returned, in rank order. ``fn`` must be a module-level
+function (the children import it by name). A failure on any rank fails the caller with that
+rank's traceback; a hang fails after ``timeout`` seconds.
+
+For losses, :func:`split_rows` and :func:`compare_with_single_process` implement the check that
+settles distributed correctness (DESIGN.md): W ranks with 1/W of the batch each must give the
+same loss (mean of the per-rank losses) and the same gradients as one process with the whole
+batch, under DDP's convention (the effective objective is the mean of the per-rank losses).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import queue as queue_mod
+import tempfile
+import traceback
+from typing import Callable
+
+import torch
+import torch.multiprocessing as mp
+
+
+def _child(fn, rank: int, world_size: int, init_file: str, args: tuple, results) -> None:
+    import torch.distributed as dist
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+        out = fn(rank, world_size, *args)
+        buf = io.BytesIO()  # plain bytes: shared-memory tensors would die with this process
+        torch.save(out, buf)
+        results.put((rank, "ok", buf.getvalue()))
+    except BaseException:  # noqa: BLE001 - report everything to the parent
+        results.put((rank, "error", traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_ranks(fn: Callable, world_size: int = 2, args: tuple = (), timeout: float = 240.0) -> list:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return their results."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "rendezvous")
+        procs = [ctx.Process(target=_child, args=(fn, r, world_size, init_file, args, results), daemon=True)
+                 for r in range(world_size)]
+        for p in procs:
+            p.start()
+        got: dict[int, object] = {}
+        errors: list[str] = []
+        try:
+            for _ in range(world_size):
+                rank, status, value = results.get(timeout=timeout)
+                if status == "ok":
+                    got[rank] = torch.load(io.BytesIO(value), weights_only=False)  # our own objects
+                else:
+                    errors.append(f"rank {rank} failed:\n{value}")
+                    break  # the other ranks may be stuck in a collective
+        except queue_mod.Empty:
+            errors.append(f"timed out after {timeout:.0f} s waiting for {world_size - len(got)} rank(s)")
+        finally:
+            for p in procs:
+                p.join(timeout=5 if not errors else 0.5)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+    if errors:
+        raise AssertionError("\n".join(errors))
+    return [got[r] for r in range(world_size)]
+
+
+# --------------------------------------------------------------------------------------------
+# losses: W ranks with a slice each against one process with the whole batch
+# --------------------------------------------------------------------------------------------
+
+
+def split_rows(inputs: dict[str, torch.Tensor], row_keys, rank: int, world_size: int) -> dict[str, torch.Tensor]:
+    """This rank's contiguous slice of the row tensors; shared tensors (scales, biases) whole.
+    Every returned tensor is a fresh leaf that requires grad."""
+    out = {}
+    for k, v in inputs.items():
+        if k in row_keys:
+            n = v.shape[0] // world_size
+            v = v[rank * n : (rank + 1) * n]
+        out[k] = v.detach().clone().requires_grad_(True)
+    return out
+
+
+def loss_and_grads(loss_fn: Callable, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    loss = loss_fn(inputs)
+    loss.backward()
+    grads = {k: (v.grad.detach().clone() if v.grad is not None else torch.zeros_like(v)) for k, v in inputs.items()}
+    return loss.detach(), grads
+
+
+def combine_ranks(per_rank: list[tuple[torch.Tensor, dict]], row_keys) -> tuple[torch.Tensor, dict]:
+    """The effective loss and gradients of W ranks under DDP's convention: loss = mean of the
+    per-rank losses; a row tensor's gradient = its per-rank gradients concatenated / W (DDP's
+    averaging of what flows into the parameters); a shared tensor's = the mean of per-rank ones."""
+    world = len(per_rank)
+    loss = torch.stack([l for l, _ in per_rank]).mean()
+    grads = {}
+    for k in per_rank[0][1]:
+        parts = [g[k] for _, g in per_rank]
+        grads[k] = torch.cat(parts) / world if k in row_keys else torch.stack(parts).mean(0)
+    return loss, grads
