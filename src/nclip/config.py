@@ -29,9 +29,18 @@ class AugmentConfig(_Section):
     crop_scale: tuple[float, float] = (0.5, 1.0)
     crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
     horizontal_flip: bool = False  # captions say "left of": flipping would contradict them
+    # SimCLR colour jitter (brightness, contrast, saturation, hue strengths) applied with
+    # probability color_jitter_prob, then grayscale with grayscale_prob. ProtoCLIP's light
+    # augmentation (its App. A.3): crop scale (0.5, 1), jitter p = 0.2, grayscale p = 0.2.
+    color_jitter_prob: float = Field(0.0, ge=0, le=1)
+    color_jitter: tuple[float, float, float, float] = (0.4, 0.4, 0.4, 0.1)
+    grayscale_prob: float = Field(0.0, ge=0, le=1)
 
     @model_validator(mode="after")
     def _ranges(self):
+        b, c, s, h = self.color_jitter
+        if min(b, c, s, h) < 0 or h > 0.5:
+            raise ValueError(f"color_jitter strengths must be >= 0 with hue <= 0.5, got {self.color_jitter}")
         lo, hi = self.crop_scale
         if not 0 < lo <= hi <= 1:
             raise ValueError(f"crop_scale must satisfy 0 < lo <= hi <= 1, got {self.crop_scale}")
@@ -81,16 +90,26 @@ class DataConfig(_Section):
 
 
 class VisionConfig(_Section):
-    kind: Literal["vit"] = "vit"
+    # "vit": a CLIP vision transformer (patch_size, width, layers, heads, mlp_ratio);
+    # "resnet": a transformers ResNetModel from config (depths, hidden_sizes, embedding_size;
+    # ResNet-50 by default), feature = its globally pooled last stage.
+    kind: Literal["vit", "resnet"] = "vit"
     patch_size: int = Field(8, ge=1)
     width: int = Field(128, ge=8)
     layers: int = Field(4, ge=1)
     heads: int = Field(4, ge=1)
     mlp_ratio: float = Field(4.0, gt=0)
+    depths: tuple[int, ...] = (3, 4, 6, 3)  # resnet: bottleneck blocks per stage
+    hidden_sizes: tuple[int, ...] = (256, 512, 1024, 2048)  # resnet: output channels per stage
+    embedding_size: int = Field(64, ge=8, description="resnet: stem channels")
 
     @model_validator(mode="after")
     def _divisible(self):
-        if self.width % self.heads:
+        if self.kind == "resnet" and (len(self.depths) != len(self.hidden_sizes) or not self.depths
+                                      or min(self.depths) < 1):
+            raise ValueError(f"resnet depths {self.depths} and hidden_sizes {self.hidden_sizes} must be "
+                             "non-empty, positive and of the same length")
+        if self.kind == "vit" and self.width % self.heads:
             raise ValueError(f"vision width {self.width} is not divisible by heads {self.heads}")
         return self
 
@@ -119,6 +138,8 @@ class ModelConfig(_Section):
     embed_dim: int = Field(512, ge=1, description="CLIP head output (Sec. 3.2: 512)")
     nclip_hidden: int = Field(4096, ge=1, description="nCLIP head hidden width (Sec. 3.2: 4096)")
     nclip_dim: int = Field(32768, ge=2, description="nCLIP head output K (Sec. 3.2: 32768)")
+    proto_hidden: int = Field(2048, ge=1, description="ProtoCLIP head hidden width (App. A.1: 2048)")
+    proto_dim: int = Field(128, ge=2, description="ProtoCLIP head output d_h (App. A.1: 128)")
     sync_batchnorm: bool = True  # under DDP, BatchNorm statistics over the global batch
 
 
@@ -177,7 +198,7 @@ class RunConfig(_Section):
     def _cross_checks(self):
         if self.data.source == "synthetic" and self.data.image_size < 16:
             raise ValueError(f"data.image_size {self.data.image_size} is below 16, too small for synthetic scenes")
-        if self.data.image_size % self.model.vision.patch_size:
+        if self.model.vision.kind == "vit" and self.data.image_size % self.model.vision.patch_size:
             raise ValueError(
                 f"data.image_size {self.data.image_size} is not divisible by "
                 f"model.vision.patch_size {self.model.vision.patch_size}"

@@ -28,6 +28,7 @@ __all__ = [
     "all_reduce_sum_no_grad",
     "all_reduce_mean_no_grad",
     "broadcast_no_grad",
+    "all_gather_no_grad",
 ]
 
 
@@ -119,3 +120,14 @@ def broadcast_no_grad(x: torch.Tensor, src: int = 0) -> torch.Tensor:
         x = x.contiguous()
         dist.broadcast(x, src=src)
     return x
+
+
+@torch.no_grad()
+def all_gather_no_grad(x: torch.Tensor) -> torch.Tensor:
+    """[B, ...] of every rank concatenated along dim 0 in rank order, without gradient (features
+    extracted for clustering). Every rank must hold the same shape."""
+    if not is_distributed():
+        return x
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts, dim=0)

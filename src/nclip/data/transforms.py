@@ -54,6 +54,82 @@ def random_resized_crop(
     return np.asarray(Image.fromarray(image).resize((size, size), Image.BILINEAR, box=box))
 
 
+# ---------------------------------------------------------------------------------------------
+# colour augmentations (SimCLR's, at ProtoCLIP's light probabilities); float RGB in [0, 1]
+# ---------------------------------------------------------------------------------------------
+
+_GRAY = np.array([0.299, 0.587, 0.114], dtype=np.float32)  # ITU-R 601-2 luma, as PIL and torchvision
+
+
+def grayscale(x: np.ndarray) -> np.ndarray:
+    """float [H, W, 3] → float [H, W, 1] luma."""
+    return (x @ _GRAY)[..., None]
+
+
+def rgb_to_hsv(x: np.ndarray) -> np.ndarray:
+    """float RGB [H, W, 3] in [0, 1] → HSV [H, W, 3] in [0, 1] (hue as a fraction of a turn)."""
+    r, g, b = x[..., 0], x[..., 1], x[..., 2]
+    maxc, minc = x.max(-1), x.min(-1)
+    delta = maxc - minc
+    safe = np.where(delta > 0, delta, 1.0)
+    h = np.where(maxc == r, (g - b) / safe, np.where(maxc == g, 2.0 + (b - r) / safe, 4.0 + (r - g) / safe))
+    h = np.where(delta > 0, (h / 6.0) % 1.0, 0.0)
+    sat = np.where(maxc > 0, delta / np.where(maxc > 0, maxc, 1.0), 0.0)
+    return np.stack([h, sat, maxc], -1).astype(np.float32)
+
+
+def hsv_to_rgb(x: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`rgb_to_hsv`."""
+    h, s, v = x[..., 0], x[..., 1], x[..., 2]
+    i = np.floor(h * 6.0)
+    f = h * 6.0 - i
+    p, q, t = v * (1 - s), v * (1 - s * f), v * (1 - s * (1 - f))
+    i = i.astype(np.int64) % 6
+    choices = [np.stack(c, -1) for c in ((v, t, p), (q, v, p), (p, v, t), (p, q, v), (t, p, v), (v, p, q))]
+    return np.choose(i[..., None], choices).astype(np.float32)
+
+
+def color_jitter(
+    image: np.ndarray, strengths: tuple[float, float, float, float], rng: np.random.Generator
+) -> np.ndarray:
+    """SimCLR/torchvision ColorJitter on uint8 [H, W, 3]: brightness, contrast, saturation factors
+    drawn uniformly in [max(0, 1 − s), 1 + s] and a hue shift in [−h, h] turns, applied in a random
+    order, each result clipped to [0, 1]."""
+    b, c, s, h = strengths
+    x = image.astype(np.float32) / 255.0
+    for op in rng.permutation(4):
+        if op == 0 and b > 0:
+            x = np.clip(x * rng.uniform(max(0.0, 1 - b), 1 + b), 0, 1)
+        elif op == 1 and c > 0:
+            f = rng.uniform(max(0.0, 1 - c), 1 + c)
+            x = np.clip(f * x + (1 - f) * grayscale(x).mean(), 0, 1)
+        elif op == 2 and s > 0:
+            f = rng.uniform(max(0.0, 1 - s), 1 + s)
+            x = np.clip(f * x + (1 - f) * grayscale(x), 0, 1)
+        elif op == 3 and h > 0:
+            hsv = rgb_to_hsv(x)
+            hsv[..., 0] = (hsv[..., 0] + rng.uniform(-h, h)) % 1.0
+            x = hsv_to_rgb(hsv)
+    return np.round(x * 255.0).astype(np.uint8)
+
+
+def augment(image: np.ndarray, size: int, aug, rng: np.random.Generator) -> np.ndarray:
+    """The training augmentation of ``data.augment`` (an AugmentConfig) on uint8 [H, W, 3]:
+    random resized crop, optional horizontal flip, colour jitter with ``color_jitter_prob``, then
+    grayscale with ``grayscale_prob`` (ProtoCLIP App. A.3 uses 0.2 and 0.2). The colour steps draw
+    from ``rng`` only when their probability is non-zero, so the crops of a config without them
+    are unchanged."""
+    image = random_resized_crop(image, size, aug.crop_scale, aug.crop_ratio, rng)
+    if aug.horizontal_flip and rng.random() < 0.5:
+        image = image[:, ::-1]
+    if aug.color_jitter_prob > 0 and rng.random() < aug.color_jitter_prob:
+        image = color_jitter(image, aug.color_jitter, rng)
+    if aug.grayscale_prob > 0 and rng.random() < aug.grayscale_prob:
+        gray = np.round(grayscale(image.astype(np.float32))).clip(0, 255).astype(np.uint8)
+        image = np.repeat(gray, 3, axis=-1)
+    return image
+
+
 def resize_center_crop(image: np.ndarray, size: int) -> np.ndarray:
     """Evaluation pre-processing: shorter side to ``size`` (bicubic), then a centre crop."""
     h, w = image.shape[:2]

@@ -1,4 +1,5 @@
-"""The dual encoder: two towers, a CLIP head and/or an nCLIP head per modality, a logit scale."""
+"""The dual encoder: two towers, a CLIP head and/or an nCLIP head (and/or a ProtoCLIP head on top of
+the CLIP head) per modality, a logit scale."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from torch import nn
 
 from nclip.config import RunConfig
 from nclip.data.tokenization import CaptionTokenizer
-from nclip.models.heads import NclipHead, clip_head
-from nclip.models.towers import VisionTower, build_text_tower, vision_config
+from nclip.models.heads import NclipHead, ProtoHead, clip_head
+from nclip.models.towers import build_text_tower, build_vision_tower
 from nclip.objectives import REGISTRY
 from nclip.objectives.base import EncoderOutput
 
@@ -29,7 +30,7 @@ class DualEncoder(nn.Module):
         m = cfg.model
         self.cfg_text_kind = m.text.kind
         self.tokenizer = CaptionTokenizer(cfg.data.text_length)
-        self.vision = VisionTower(vision_config(m.vision, cfg.data.image_size))
+        self.vision = build_vision_tower(m.vision, cfg.data.image_size)
         self.text = build_text_tower(m, self.tokenizer, cfg.data.text_length, pretrained_text)
         if "clip" in self.heads:
             self.image_clip_head = clip_head(self.vision.width, m.embed_dim)
@@ -37,6 +38,11 @@ class DualEncoder(nn.Module):
         if "nclip" in self.heads:
             self.image_nclip_head = NclipHead(self.vision.width, m.nclip_hidden, m.nclip_dim)
             self.text_nclip_head = NclipHead(self.text.width, m.nclip_hidden, m.nclip_dim)
+        if "proto" in self.heads:  # ProtoCLIP: h = g(z) on the CLIP embedding z (its Fig. 2)
+            if "clip" not in self.heads:
+                raise ValueError("the proto head sits on the CLIP head: heads must include 'clip'")
+            self.image_proto_head = ProtoHead(m.embed_dim, m.proto_hidden, m.proto_dim)
+            self.text_proto_head = ProtoHead(m.embed_dim, m.proto_hidden, m.proto_dim)
         # learnable s with σ = exp(-s), initialised to ln(1/0.07) and clamped to ln(100) (CLIP)
         self.logit_scale = nn.Parameter(torch.tensor(LOGIT_SCALE_INIT))
 
@@ -44,7 +50,8 @@ class DualEncoder(nn.Module):
         return self.logit_scale.clamp(max=LOGIT_SCALE_MAX).exp()
 
     def encode_image(self, pixels: torch.Tensor) -> dict[str, torch.Tensor]:
-        """pixels [B, 3, H, W] → {"features": f [B, d], "emb": g [B, D], "logits": h [B, K]}."""
+        """pixels [B, 3, H, W] → {"features": f [B, d], "emb": g [B, D], "logits": h [B, K],
+        "proto": [B, d_h]} (the keys of the heads the model has)."""
         f = self.vision(pixels)
         return self._project(f, "image")
 
@@ -59,6 +66,8 @@ class DualEncoder(nn.Module):
             out["emb"] = getattr(self, f"{modality}_clip_head")(f)
         if "nclip" in self.heads:
             out["logits"] = getattr(self, f"{modality}_nclip_head")(f)
+        if "proto" in self.heads:
+            out["proto"] = getattr(self, f"{modality}_proto_head")(out["emb"])
         return out
 
     def forward(self, pixels: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> EncoderOutput:
@@ -71,6 +80,8 @@ class DualEncoder(nn.Module):
             image_logits=img.get("logits"),
             text_logits=txt.get("logits"),
             logit_scale=self.scale(),
+            image_proto=img.get("proto"),
+            text_proto=txt.get("proto"),
         )
 
 

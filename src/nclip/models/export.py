@@ -27,9 +27,10 @@ def model_dir(path: Path) -> Path:
 
 
 def to_hf(model) -> CLIPModel:
-    if model.cfg_text_kind != "transformer" or "clip" not in model.heads:
-        raise NclipError("export --hf needs a CLIP text transformer and a CLIP head "
-                         f"(this model: text tower {model.cfg_text_kind!r}, heads {sorted(model.heads)})")
+    if model.cfg_text_kind != "transformer" or "clip" not in model.heads or model.vision.kind != "vit":
+        raise NclipError("export --hf needs a ViT image tower, a CLIP text transformer and a CLIP head "
+                         f"(this model: image tower {model.vision.kind!r}, text tower {model.cfg_text_kind!r}, "
+                         f"heads {sorted(model.heads)})")
     text_cfg = model.text.model.config
     vision_cfg = model.vision.model.config
     config = CLIPConfig(

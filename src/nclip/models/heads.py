@@ -25,3 +25,17 @@ class NclipHead(nn.Sequential):
             nn.Linear(hidden, out_dim),
             nn.BatchNorm1d(out_dim, affine=False),
         )
+
+
+class ProtoHead(nn.Sequential):
+    """ProtoCLIP projection head g (ProtoCLIP paper, App. A.1: SwAV's head):
+    Linear(d, 2048) → BN → ReLU → Linear(2048, 128). Its outputs h are L2-normalised by the
+    objective (Algorithm 1 clusters and scores normalised projections)."""
+
+    def __init__(self, in_dim: int, hidden: int = 2048, out_dim: int = 128):
+        super().__init__(
+            nn.Linear(in_dim, hidden),
+            nn.BatchNorm1d(hidden),
+            nn.ReLU(inplace=True),
+            nn.Linear(hidden, out_dim),
+        )

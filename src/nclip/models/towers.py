@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModel, CLIPTextConfig, CLIPTextModel, CLIPVisionConfig, CLIPVisionModel
+from transformers import (AutoConfig, AutoModel, CLIPTextConfig, CLIPTextModel, CLIPVisionConfig, CLIPVisionModel,
+                          ResNetConfig, ResNetModel)
 
 from nclip.config import ModelConfig, TextConfig, VisionConfig
 from nclip.data.tokenization import bundled_model_dir
@@ -47,6 +48,8 @@ def text_config(cfg: TextConfig, vocab_size: int, length: int, pad_id: int, cls_
 
 
 class VisionTower(nn.Module):
+    kind = "vit"
+
     def __init__(self, config: CLIPVisionConfig):
         super().__init__()
         self.model = CLIPVisionModel(config)
@@ -55,6 +58,41 @@ class VisionTower(nn.Module):
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         """pixels [B, 3, H, W] normalised → final-norm [CLS] feature [B, width]."""
         return self.model(pixel_values=pixels).pooler_output
+
+
+def resnet_config(cfg: VisionConfig) -> ResNetConfig:
+    return ResNetConfig(
+        num_channels=3,
+        embedding_size=cfg.embedding_size,
+        hidden_sizes=list(cfg.hidden_sizes),
+        depths=list(cfg.depths),
+        layer_type="bottleneck",
+        hidden_act="relu",
+        downsample_in_first_stage=False,
+    )
+
+
+class ResNetTower(nn.Module):
+    """A ``transformers`` ResNetModel built from config (the standard ResNet; ProtoCLIP's paper
+    uses CLIP's modified ResNet-50 with a 3-conv stem, blur pooling and attention pooling, which
+    transformers does not provide). Feature = the global average pool of the last stage."""
+
+    kind = "resnet"
+
+    def __init__(self, config: ResNetConfig):
+        super().__init__()
+        self.model = ResNetModel(config)
+        self.width = config.hidden_sizes[-1]
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        """pixels [B, 3, H, W] normalised → pooled feature [B, width]."""
+        return self.model(pixel_values=pixels).pooler_output.flatten(1)
+
+
+def build_vision_tower(cfg: VisionConfig, image_size: int) -> nn.Module:
+    if cfg.kind == "resnet":
+        return ResNetTower(resnet_config(cfg))
+    return VisionTower(vision_config(cfg, image_size))
 
 
 class ClipTextTower(nn.Module):

@@ -8,6 +8,7 @@ from __future__ import annotations
 from nclip.objectives.base import EncoderOutput, Objective, ObjectiveConfig
 from nclip.objectives.clip import ClipConfig, ClipObjective
 from nclip.objectives.nclip import NclipConfig, NclipObjective, XclipConfig, XclipObjective
+from nclip.objectives.protoclip import ProtoclipConfig, ProtoclipObjective
 from nclip.objectives.siglip import SiglipConfig, SiglipObjective, XsiglipConfig, XsiglipObjective
 from nclip.objectives.unified import UnifiedConfig, UnifiedObjective
 from nclip.objectives.yclip import YclipConfig, YclipObjective
@@ -21,6 +22,7 @@ REGISTRY: dict[str, tuple[type[ObjectiveConfig], type[Objective]]] = {
     "yclip": (YclipConfig, YclipObjective),
     "siglip": (SiglipConfig, SiglipObjective),
     "xsiglip": (XsiglipConfig, XsiglipObjective),
+    "protoclip": (ProtoclipConfig, ProtoclipObjective),
 }
 
 

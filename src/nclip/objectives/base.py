@@ -18,6 +18,8 @@ class EncoderOutput:
     image_emb, text_emb: CLIP-head outputs g [B, D], or None when the model has no CLIP head.
     image_logits, text_logits: nCLIP-head outputs h [B, K], or None without an nCLIP head.
     logit_scale: the InfoNCE multiplier 1/σ = exp(s), already clamped (scalar tensor).
+    image_proto, text_proto: ProtoCLIP projection-head outputs [B, d_h] (not normalised), computed
+        from the CLIP embeddings; None without a "proto" head.
     """
 
     image_features: torch.Tensor
@@ -27,6 +29,8 @@ class EncoderOutput:
     image_logits: torch.Tensor | None
     text_logits: torch.Tensor | None
     logit_scale: torch.Tensor
+    image_proto: torch.Tensor | None = None
+    text_proto: torch.Tensor | None = None
 
 
 class ObjectiveConfig(BaseModel):
@@ -44,8 +48,10 @@ class Objective(nn.Module):
     objective it runs.
     """
 
-    heads: ClassVar[frozenset[str]]  # which projection heads the model must build: clip, nclip
+    heads: ClassVar[frozenset[str]]  # which projection heads the model must build: clip, nclip, proto
     zero_shot_head: ClassVar[str]  # the head used for zero-shot transfer (paper's default)
+    # True: trained by nclip.train.episodic (per-episode prototypes; forward takes per-row targets)
+    episodic: ClassVar[bool] = False
 
     def forward(self, out: EncoderOutput) -> dict[str, torch.Tensor]:  # pragma: no cover
         raise NotImplementedError

@@ -663,3 +663,12 @@ def siglip_loss(
 ) -> torch.Tensor:
     """SigLIP's sigmoid loss (Zhai et al. 2023); image_emb, text_emb: [B, D]. See :func:`siglip_terms`."""
     return siglip_terms(image_emb, text_emb, logit_scale, logit_bias, global_batch=global_batch)["loss"]
+
+
+# --------------------------------------------------------------------------------------------
+# ProtoCLIP: Prototype Back Translation and the prototypical loss (implemented in prototype.py)
+# --------------------------------------------------------------------------------------------
+
+from nclip.objectives.prototype import pbt, proto_loss, proto_terms  # noqa: E402
+
+__all__ += ["pbt", "proto_loss", "proto_terms"]

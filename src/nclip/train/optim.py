@@ -10,19 +10,31 @@ from torch import nn
 from nclip.config import TrainConfig
 
 
+IMAGE_TOWER_PREFIXES = ("vision.", "image_")  # the DualEncoder's image tower and image heads
+
+
 def param_groups(modules: list[nn.Module], weight_decay: float) -> list[dict]:
     """Decay only matrices (linear/attention/conv/embedding weights): biases, norms, the logit
-    scale and other 0/1-D parameters are excluded, as in CLIP and the xCLIP paper's Tab. F5."""
-    decay, no_decay, seen = [], [], set()
-    for module in modules:
-        for p in module.parameters():
+    scale and other 0/1-D parameters are excluded, as in CLIP and the xCLIP paper's Tab. F5.
+
+    The first module's (the model's) image tower and image heads form their own groups, tagged
+    ``tower: image`` (the rest ``tower: rest``), so that a run can scale their learning rate alone:
+    the loop multiplies the scheduled lr by a group's ``lr_scale`` (default 1), and locked-image
+    tuning (ProtoCLIP App. A.1, LiT) sets it to 0."""
+    buckets: dict[tuple[str, bool], list] = {("rest", True): [], ("rest", False): [],
+                                             ("image", True): [], ("image", False): []}
+    seen: set[int] = set()
+    for i, module in enumerate(modules):
+        for name, p in module.named_parameters():
             if not p.requires_grad or id(p) in seen:
                 continue
             seen.add(id(p))
-            (decay if p.ndim >= 2 else no_decay).append(p)
+            tower = "image" if i == 0 and name.startswith(IMAGE_TOWER_PREFIXES) else "rest"
+            buckets[(tower, p.ndim >= 2)].append(p)
     return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
+        {"params": params, "weight_decay": weight_decay if decay else 0.0, "tower": tower}
+        for (tower, decay), params in buckets.items()
+        if params
     ]
 
 

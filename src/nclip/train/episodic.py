@@ -1,0 +1,359 @@
+"""Episodic training (ProtoCLIP Sec. 3.3, Algorithm 1) on top of :mod:`nclip.train.loop`.
+
+An *episode* samples m = ``objective.episode_size`` training pairs with replacement
+(``np.random.choice(M, m)`` in Algorithm 1, seeded by (seed, episode)) and then
+
+1. **feature extraction**: the projections h^I, h^T (L2-normalised outputs of the ProtoCLIP heads)
+   of all m pairs with the current model in eval mode, each rank encoding a contiguous 1/W of them,
+   gathered on every rank;
+2. **prototype construction**: on rank 0, K-Means of each modality (and of the external teacher's
+   PCA-reduced caption features) into K clusters (:mod:`nclip.train.kmeans`), the cluster
+   assignments, and Prototype Back Translation (``Fn.pbt``); the results are broadcast to every
+   rank (``nclip.distributed.broadcast_no_grad``) and loaded into the objective
+   (:meth:`ProtoclipObjective.set_episode`);
+3. **model training**: ⌊m / B⌋ optimizer steps over a seeded permutation of the episode's pairs
+   (an incomplete last batch is dropped, as in the authors' code), by the loop's own step
+   machinery (optimizer, schedule, non-finite handling, checkpoints, metrics.jsonl, final eval).
+   Each batch carries the episode positions of its rows, from which the objective reads the
+   rows' cluster assignments.
+
+Budget: ``train.steps`` optimizer steps of ``train.batch_size`` pairs, as for every objective, so
+n_episode = ⌈steps / ⌊m / B⌋⌉ ≈ n_epoch · M / m (Sec. 3.3). Extraction is extra compute (the
+paper's Fig. A.9: 31 % of an episode), as in the paper.
+
+Augmentation: each image is augmented independently in steps 1 and 3 (seeded by (seed, episode,
+step, position)), which gives the implicit contrast of App. A.3; ``data.augment`` holds the light
+augmentation (``color_jitter_prob``, ``grayscale_prob``).
+
+Warm-up and locked-image episodes train with L_CLIP alone and skip steps 1-2. From
+``objective.lit_episode`` on, the image tower's param groups get ``lr_scale`` 0.
+
+Per-episode timings of the three steps (the paper's Fig. A.9) and the K-Means objectives go to
+``RUN/episodes.jsonl`` (rank 0), one line per finished episode.
+
+Resume: a checkpoint holds the objective's episode state (labels and prototypes), so a run resumed
+in the middle of an episode continues with the same prototypes; a run resumed at an episode
+boundary builds the next episode as an uninterrupted run would.
+
+Limitations: map-style built-in sources only (synthetic, digits: episodes need random access);
+``train.strategy: fsdp`` is refused (extraction calls the model outside the sharded wrapper).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+from nclip import distributed as D
+from nclip.config import RunConfig
+from nclip.data.loader import build_dataset
+from nclip.data.transforms import augment, to_tensor
+from nclip.errors import NclipError
+from nclip.objectives import REGISTRY
+from nclip.objectives import functional as Fn
+from nclip.train.kmeans import kmeans
+
+EPISODE_STREAM = 0xE915  # separates episode sampling/augmentation from other random streams
+EXTRACT, TRAIN = 0, 1  # phases (seeds of the two independent augmentations)
+EPISODES_LOG = "episodes.jsonl"
+
+
+def steps_per_episode(cfg: RunConfig) -> int:
+    return max(cfg.objective.episode_size // cfg.train.batch_size, 1)
+
+
+def num_episodes(cfg: RunConfig) -> int:
+    return math.ceil(cfg.train.steps / steps_per_episode(cfg))
+
+
+def episode_indices(seed: int, dataset_size: int, episode_size: int, episode: int) -> np.ndarray:
+    """The dataset indices of an episode's m pairs, drawn uniformly *with replacement* (Alg. 1)."""
+    return np.random.default_rng([seed, EPISODE_STREAM, episode, 0]).integers(0, dataset_size, episode_size)
+
+
+def episode_order(seed: int, episode_size: int, episode: int) -> np.ndarray:
+    """The order in which step 3 visits the episode's positions (a seeded permutation)."""
+    return np.random.default_rng([seed, EPISODE_STREAM, episode, 1]).permutation(episode_size)
+
+
+class EpisodePairs(Dataset):
+    """key (episode, phase, position, index) → (augmented image [3, S, S], caption); the
+    augmentation of a key is a pure function of (seed, episode, phase, position)."""
+
+    def __init__(self, samples, cfg: RunConfig):
+        self.samples, self.cfg = samples, cfg
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, key):
+        episode, phase, position, index = key
+        s = self.samples[int(index)]
+        rng = np.random.default_rng([self.cfg.seed, EPISODE_STREAM, episode, 2 + phase, position])
+        return to_tensor(augment(s.image, self.cfg.data.image_size, self.cfg.data.augment, rng)), s.caption
+
+
+class _Collate:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __call__(self, items):
+        images, captions = zip(*items)
+        ids, mask = self.tokenizer(list(captions))
+        return torch.stack(images), ids, mask
+
+
+def _check(cfg: RunConfig, world_size: int) -> None:
+    if not getattr(REGISTRY[cfg.objective.name][1], "episodic", False):
+        raise NclipError(f"objective {cfg.objective.name!r} is not episodic")
+    if cfg.data.source not in ("synthetic", "digits"):
+        raise NclipError(f"episodic training needs random access to the training set: data.source "
+                         f"{cfg.data.source} is not supported (use synthetic or digits)")
+    if world_size > 1 and cfg.train.strategy == "fsdp":
+        raise NclipError("episodic training does not support train.strategy fsdp; use ddp")
+
+
+class EpisodicData:
+    """The loop's data source for an episodic objective: this rank's batches (pixels, ids, mask,
+    rows) from ``start`` to ``train.steps``, building each episode's prototypes first."""
+
+    skipped = 0  # built-in samples are never bad
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, model, objective, optimizer, ctx, start: int,
+                 state: dict | None = None):
+        _check(cfg, ctx.world_size)
+        self.cfg, self.oc, self.run_dir = cfg, cfg.objective, Path(run_dir)
+        self.model, self.objective, self.optimizer, self.ctx = model, objective, optimizer, ctx
+        self.start, self.steps = start, cfg.train.steps
+        self.samples = build_dataset(cfg, "train")
+        if len(self.samples) == 0:
+            raise NclipError("the training dataset is empty")
+        self.dataset = EpisodePairs(self.samples, cfg)
+        self.collate = _Collate(model.tokenizer)
+        self.spe = steps_per_episode(cfg)
+        self.device = ctx.device
+        self.teacher: torch.Tensor | None = None  # [M, D'] PCA-reduced teacher features, rank 0
+        self.timings: dict = {}
+
+    def state(self) -> dict:
+        return {"kind": "map", "skipped": 0}
+
+    def __len__(self) -> int:
+        return self.steps - self.start
+
+    # ---- the three steps --------------------------------------------------------------------
+
+    def _loader(self, keys: list[list[tuple]]) -> DataLoader:
+        workers = self.cfg.data.num_workers
+        return DataLoader(self.dataset, batch_sampler=keys, collate_fn=self.collate, num_workers=workers)
+
+    @torch.no_grad()
+    def _extract(self, episode: int, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step 1: (h^I, h^T) [m, d_h] of the episode, normalised, float32, on every rank."""
+        m, world, rank = len(indices), self.ctx.world_size, self.ctx.rank
+        per_rank = math.ceil(m / world)
+        mine = np.minimum(np.arange(rank * per_rank, (rank + 1) * per_rank), m - 1)  # padded with the last
+        local_batch = max((self.oc.extract_batch_size or self.cfg.train.batch_size) // world, 1)
+        keys = [[(episode, EXTRACT, int(p), int(indices[p])) for p in mine[i : i + local_batch]]
+                for i in range(0, per_rank, local_batch)]
+        amp = _amp(self.cfg, self.device)
+        was_training = self.model.training
+        self.model.eval()
+        img, txt = [], []
+        try:
+            for pixels, ids, mask in self._loader(keys):
+                with torch.autocast(self.device.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
+                    hi = self.model.encode_image(pixels.to(self.device))["proto"]
+                    ht = self.model.encode_text(ids.to(self.device), mask.to(self.device))["proto"]
+                img.append(F.normalize(hi.float(), dim=-1))
+                txt.append(F.normalize(ht.float(), dim=-1))
+        finally:
+            self.model.train(was_training)
+        h_i = D.all_gather_no_grad(torch.cat(img))[:m]  # [m, d_h] in position order
+        h_t = D.all_gather_no_grad(torch.cat(txt))[:m]
+        return h_i, h_t
+
+    def _prototypes(self, episode: int, indices: np.ndarray, h_i: torch.Tensor, h_t: torch.Tensor) -> dict:
+        """Step 2 on rank 0: K-Means per modality (and of the teacher), labels, PBT."""
+        oc, m = self.oc, len(indices)
+        k, ke = oc.clusters, oc.k_ext
+        seed = (self.cfg.seed * 1_000_003 + episode * 7) % (2**31 - 1)
+        t0 = time.perf_counter()
+        run = lambda x, kk, j: kmeans(x, kk, niter=oc.kmeans_iters, nredo=oc.kmeans_nredo,  # noqa: E731
+                                      seed=seed + j, method=oc.kmeans_method)
+        km_i, km_t = run(h_i, k, 0), run(h_t, k, 1)
+        km_e = run(self.teacher[torch.from_numpy(indices)], ke, 2) if oc.use_ext else None
+        t1 = time.perf_counter()
+        dev = h_i.device
+        lab_i, lab_t = km_i.labels.to(dev), km_t.labels.to(dev)
+        lab_e = km_e.labels.to(dev) if km_e is not None else torch.zeros(m, dtype=torch.long, device=dev)
+        state = {"labels": torch.stack([lab_i, lab_t, lab_e], 1)}  # [m, 3]
+        if oc.pbt:  # Sec. 3.2: teacher clusters → centroids of the student's own features
+            state["i2t_centroids"], state["i2t_valid"] = Fn.pbt(h_i, lab_t, k, return_mask=True)  # C_PBT→I
+            state["t2i_centroids"], state["t2i_valid"] = Fn.pbt(h_t, lab_i, k, return_mask=True)  # C_PBT→T
+        else:  # "w/o PBT": the teacher's prototypes themselves (C^T for images, C^I for texts)
+            state["i2t_centroids"], state["i2t_valid"] = km_t.centroids.to(dev), torch.bincount(lab_t, minlength=k) > 0
+            state["t2i_centroids"], state["t2i_valid"] = km_i.centroids.to(dev), torch.bincount(lab_i, minlength=k) > 0
+        if oc.soft_targets_from == "teacher":
+            state["i2t_targets"], state["t2i_targets"] = km_t.centroids.to(dev), km_i.centroids.to(dev)
+        if km_e is not None:  # the external prototypes live in another space: always PBT
+            state["i2e_centroids"], state["i2e_valid"] = Fn.pbt(h_i, lab_e, ke, return_mask=True)
+            state["t2e_centroids"], state["t2e_valid"] = Fn.pbt(h_t, lab_e, ke, return_mask=True)
+            if oc.soft_targets_from == "teacher":
+                state["i2e_targets"] = state["t2e_targets"] = km_e.centroids.to(dev)
+        t2 = time.perf_counter()
+        self.timings.update(kmeans_s=t1 - t0, pbt_s=t2 - t1, kmeans_method=km_i.method,
+                            kmeans_obj_image=km_i.objective, kmeans_obj_text=km_t.objective,
+                            empty_image=int(k - (torch.bincount(lab_i, minlength=k) > 0).sum()),
+                            empty_text=int(k - (torch.bincount(lab_t, minlength=k) > 0).sum()))
+        if km_e is not None:
+            self.timings.update(kmeans_obj_ext=km_e.objective,
+                                empty_ext=int(ke - (torch.bincount(lab_e, minlength=ke) > 0).sum()))
+        return state
+
+    def _prepare(self, episode: int) -> None:
+        """Steps 1-2 of ``episode`` (or nothing in warm-up/LiT episodes), then its lr scales."""
+        obj = self.objective
+        self.timings = {"extract_s": 0.0, "kmeans_s": 0.0, "pbt_s": 0.0}
+        if obj.proto_active(episode):
+            indices = episode_indices(self.cfg.seed, len(self.samples), self.oc.episode_size, episode)
+            t0 = time.perf_counter()
+            h_i, h_t = self._extract(episode, indices)
+            self.timings["extract_s"] = time.perf_counter() - t0
+            state = self._prototypes(episode, indices, h_i, h_t) if self.ctx.is_main else None
+            t1 = time.perf_counter()
+            state = _broadcast(state, self.device)
+            self.timings["pbt_s"] = self.timings.get("pbt_s", 0.0) + time.perf_counter() - t1
+            obj.set_episode(episode, state.pop("labels"), **state)
+        else:
+            obj.set_episode(episode)
+        self.timings.update(proto=obj.proto_active(episode), lit=self._set_lr_scales(episode))
+
+    def _load_teacher(self) -> None:
+        if not (self.oc.use_ext and self.ctx.is_main) or self.teacher is not None:
+            return
+        from nclip.train.teacher import pca, teacher_features
+
+        feats, cached = teacher_features(self.cfg, self.device, log=lambda s: print(f"nclip: {s}", file=sys.stderr))
+        if feats.shape[0] != len(self.samples):
+            raise NclipError(f"teacher features cover {feats.shape[0]} captions, the training set has {len(self.samples)}")
+        self.teacher = pca(feats, self.oc.ext_pca_dim)
+        self.teacher_cached = cached
+
+    # ---- iteration ----------------------------------------------------------------------------
+
+    def __iter__(self):
+        cfg, world, rank = self.cfg, self.ctx.world_size, self.ctx.rank
+        batch, local = cfg.train.batch_size, cfg.train.batch_size // world
+        log = _EpisodeLog(self.run_dir / EPISODES_LOG, self.ctx.is_main)
+        first_episode = self.start // self.spe
+        log.truncate(first_episode)
+        if any(self.objective.proto_active(e) for e in range(first_episode, num_episodes(cfg))):
+            self._load_teacher()
+        step = self.start
+        while step < self.steps:
+            episode, j0 = divmod(step, self.spe)
+            resumed = j0 > 0 and int(self.objective.episode) == episode
+            if resumed:  # mid-episode resume: the checkpoint restored this episode's state
+                self.timings = {"resumed": True, "lit": self._set_lr_scales(episode)}
+            else:
+                self._prepare(episode)
+            last = min((episode + 1) * self.spe, self.steps)
+            indices = episode_indices(cfg.seed, len(self.samples), self.oc.episode_size, episode)
+            order = episode_order(cfg.seed, self.oc.episode_size, episode)
+            rows = [order[j * batch + rank * local : j * batch + (rank + 1) * local]
+                    for j in range(j0, last - episode * self.spe)]
+            keys = [[(episode, TRAIN, int(p), int(indices[p])) for p in r] for r in rows]
+            t_train = time.perf_counter()
+            for r, (pixels, ids, mask) in zip(rows, self._loader(keys)):
+                yield pixels, ids, mask, torch.from_numpy(r.astype(np.int64))
+                step += 1
+            log.write({"episode": episode, "first_step": episode * self.spe + j0, "steps": last - episode * self.spe - j0,
+                       **self.timings, "train_s": time.perf_counter() - t_train})
+
+    def _set_lr_scales(self, episode: int) -> bool:
+        """Locked-image tuning: the image tower's lr is 0 from ``lit_episode`` on. Returns lit."""
+        lit = self.oc.lit_episode is not None and episode >= self.oc.lit_episode
+        for group in self.optimizer.param_groups:
+            if group.get("tower") == "image":
+                group["lr_scale"] = 0.0 if lit else 1.0
+        return lit
+
+
+def _amp(cfg: RunConfig, device: torch.device):
+    from nclip.train.loop import autocast_dtype
+
+    return autocast_dtype(cfg, device)
+
+
+# (name, dtype) of the episode state broadcast from rank 0, in a fixed order
+_STATE = [("labels", torch.long)] + [(f"{d}_{p}", dt) for d in ("i2t", "t2i", "i2e", "t2e")
+                                     for p, dt in (("centroids", torch.float32), ("valid", torch.bool),
+                                                   ("targets", torch.float32))]
+
+
+def _broadcast(state: dict | None, device: torch.device) -> dict:
+    """Rank 0's episode state on every rank: per entry a shape header [3] (−1: absent), then the
+    tensor (bools travel as uint8)."""
+    if not D.is_distributed():
+        return {k: v for k, v in state.items() if v is not None}
+    out = {}
+    for name, dtype in _STATE:
+        value = state.get(name) if state is not None else None
+        header = torch.full((3,), -1, dtype=torch.long, device=device)
+        if value is not None:
+            header[: value.ndim] = torch.tensor(value.shape, dtype=torch.long)
+            header[2] = value.ndim
+        header = D.broadcast_no_grad(header)
+        if int(header[2]) < 0:
+            continue
+        shape = tuple(int(s) for s in header[: int(header[2])])
+        wire = torch.uint8 if dtype == torch.bool else dtype
+        buf = value.to(device=device, dtype=wire) if value is not None else torch.empty(shape, dtype=wire, device=device)
+        out[name] = D.broadcast_no_grad(buf).to(dtype)
+    return out
+
+
+class _EpisodeLog:
+    """RUN/episodes.jsonl on rank 0: one JSON line per finished episode."""
+
+    def __init__(self, path: Path, enabled: bool):
+        self.path, self.enabled = path, enabled
+
+    def truncate(self, first_episode: int) -> None:
+        if not self.enabled or not self.path.exists():
+            return
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and row.get("episode", math.inf) < first_episode:
+                kept.append(line)
+        self.path.write_text("".join(line + "\n" for line in kept))
+
+    def write(self, row: dict) -> None:
+        if not self.enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+
+def train_episodic(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: bool = True,
+                   evaluate: bool = True):
+    """Train an episodic objective (ProtoCLIP): :func:`nclip.train.loop.train` with
+    :class:`EpisodicData` as its data source."""
+    from nclip.train.loop import train
+
+    _check(cfg, 1)
+    return train(cfg, run_dir, resume=resume, progress=progress, evaluate=evaluate, data_source=EpisodicData)

