@@ -13,16 +13,19 @@ that the objective's own parameters (learnable biases, prototypes) are averaged 
 - ``train.strategy: ddp`` — DistributedDataParallel: every rank holds the full model, gradients
   are averaged over ranks (the convention that :mod:`nclip.distributed` is written against).
 - ``train.strategy: fsdp`` — FSDP2 (``torch.distributed.fsdp.fully_shard``): every entry of the
-  towers' layer lists and every projection head is its own shard unit, then the root; parameters,
+  towers' layer lists and every ``*_head`` of the model is its own shard unit, then the root
+  (0-d parameters such as the logit scale stay replicated, see :func:`sync_replicated_grads`); parameters,
   gradients and optimizer state are sharded over ranks. Gradients are averaged exactly like DDP's,
   so the objectives need no change. Works with gloo on CPU as well (tested on 2 ranks).
-- ``model.sync_batchnorm`` — every ``BatchNorm1d`` of the model *and* the objective (in practice:
-  the nCLIP heads, the only BatchNorm in nclip's towers/heads) becomes a
-  :class:`nclip.models.sync_batchnorm.GlobalBatchNorm1d`, whose statistics are those of the global
-  batch. We convert the whole module rather than only the heads so that a BatchNorm added anywhere
-  later is covered too; the towers themselves use LayerNorm and are unaffected.
+- ``model.sync_batchnorm`` — every BatchNorm of the model *and* the objective (the nCLIP and
+  ProtoCLIP heads, and a ResNet image tower's BatchNorm2d) computes its statistics over the global
+  batch: ``nn.SyncBatchNorm`` on CUDA, :class:`nclip.models.sync_batchnorm.GlobalBatchNorm1d`/``2d``
+  elsewhere (``nn.SyncBatchNorm`` refuses CPU tensors). We convert the whole module rather than
+  only the heads so that a BatchNorm added anywhere later is covered too; transformer towers use
+  LayerNorm and are unaffected.
 
-DDP runs with ``broadcast_buffers=False``: BatchNorm running statistics are already identical on
+DDP does not re-broadcast buffers at every forward (``forward_sync_buffers=False``, formerly
+``broadcast_buffers=False``): BatchNorm running statistics are already identical on
 every rank (global statistics), and objective buffers (queues, centers) must be kept identical by
 the objective through :mod:`nclip.distributed`; rank 0's copies are the ones checkpointed.
 """
@@ -138,7 +141,7 @@ def wrap(step: TrainStep, ctx: DistContext, cfg: RunConfig) -> nn.Module:
     if not ctx.distributed:
         return step
     if cfg.model.sync_batchnorm:
-        convert_sync_batchnorm(step)
+        convert_sync_batchnorm(step, ctx.device)
     if cfg.train.strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -156,9 +159,8 @@ def wrap(step: TrainStep, ctx: DistContext, cfg: RunConfig) -> nn.Module:
             for layer in module:
                 if any(True for _ in layer.parameters()):
                     fully_shard(layer, ignored_params=scalars)
-    for name in ("image_clip_head", "text_clip_head", "image_nclip_head", "text_nclip_head"):
-        head = getattr(step.model, name, None)
-        if head is not None:
+    for name, head in step.model.named_children():  # projection heads (the nCLIP ones are large)
+        if name.endswith("_head") and any(True for _ in head.parameters()):
             fully_shard(head, ignored_params=scalars)
     fully_shard(step, ignored_params=scalars)
     # in registration order, the same on every rank (a set's order is not)

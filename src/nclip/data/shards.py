@@ -122,7 +122,10 @@ def iter_records(url: str) -> Iterator[Record | Bad]:
                             yield Record(key, url, parts)
                         key, parts = k, {}
                     f = tar.extractfile(member)
-                    parts[ext] = f.read() if f is not None else b""
+                    data = f.read() if f is not None else b""
+                    if len(data) != member.size:  # stream mode returns short reads at a cut
+                        raise tarfile.ReadError(f"member {member.name} truncated ({len(data)} of {member.size} bytes)")
+                    parts[ext] = data
         except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
             yield Bad(key or "", url, f"broken tar after member {key!r}: {type(e).__name__}: {e}")
             return

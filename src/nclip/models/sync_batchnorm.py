@@ -1,7 +1,8 @@
 """BatchNorm over the global batch, on any device (CPU/gloo included), through the audited collectives.
 
 ``torch.nn.SyncBatchNorm`` refuses CPU tensors, so the 2-process gloo test that settles
-distributed correctness (DESIGN.md) could not run it. :class:`GlobalBatchNorm1d` computes the same
+distributed correctness (DESIGN.md) could not run it (and CPU-only multi-process training could not
+use it). :class:`GlobalBatchNorm1d` (and ``2d``) computes the same
 thing with :mod:`nclip.distributed`: the batch mean and the (biased) batch variance over the union
 of all ranks' rows, differentiably, with gradients that are exact under DDP's gradient averaging
 (``all_reduce_mean_with_grad``). It is a ``BatchNorm1d`` subclass with the same parameters and
@@ -19,28 +20,22 @@ from torch import nn
 
 from nclip import distributed as D
 
-__all__ = ["GlobalBatchNorm1d", "convert_sync_batchnorm"]
+__all__ = ["GlobalBatchNorm1d", "GlobalBatchNorm2d", "convert_sync_batchnorm"]
 
 
-class GlobalBatchNorm1d(nn.BatchNorm1d):
-    """BatchNorm1d whose training-mode statistics are those of the global batch (all ranks).
-
-    Input [B, C] or [B, C, L]; ranks may hold different B (the statistics are count-weighted).
-    Running statistics are updated from the global statistics, identically on every rank.
-    """
+class _GlobalStats:
+    """The forward shared by the 1-d and 2-d layers: statistics over every dim but the channel (1)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (self.training and D.is_distributed()):
             return super().forward(x)
-        if x.ndim not in (2, 3):
-            raise ValueError(f"GlobalBatchNorm1d expects [B, C] or [B, C, L], got {tuple(x.shape)}")
-        dims = (0,) if x.ndim == 2 else (0, 2)
-        shape = (1, -1) if x.ndim == 2 else (1, -1, 1)
+        dims = tuple(d for d in range(x.ndim) if d != 1)  # [B, C] / [B, C, L] / [B, C, H, W]
+        shape = tuple(-1 if d == 1 else 1 for d in range(x.ndim))
         # statistics in (at least) float32 even under bf16 autocast, like cuDNN BN
         x32 = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
         n_local = x32.numel() // x32.shape[1]
         count = D.all_reduce_sum_no_grad(torch.tensor(float(n_local), device=x.device, dtype=torch.float64))
-        n_total = float(count)  # rows over all ranks
+        n_total = float(count)  # rows (× positions) over all ranks
         n_mean = n_total / D.world_size()
         # count-weighted means: mean_r(n_r · m_r) / mean_r(n_r) = Σ n_r m_r / Σ n_r
         mean = D.all_reduce_mean_with_grad(x32.mean(dims) * n_local) / n_mean  # [C]
@@ -59,14 +54,33 @@ class GlobalBatchNorm1d(nn.BatchNorm1d):
         return y.to(x.dtype)
 
 
-def convert_sync_batchnorm(module: nn.Module) -> nn.Module:
-    """Replace every ``nn.BatchNorm1d`` in ``module`` by a :class:`GlobalBatchNorm1d` holding the
-    same parameters and buffers (in place for children; returns the possibly new root)."""
-    if type(module) is nn.BatchNorm1d:
+class GlobalBatchNorm1d(_GlobalStats, nn.BatchNorm1d):
+    """BatchNorm1d whose training-mode statistics are those of the global batch (all ranks).
+
+    Input [B, C] or [B, C, L]; ranks may hold different B (the statistics are count-weighted).
+    Running statistics are updated from the global statistics, identically on every rank.
+    """
+
+
+class GlobalBatchNorm2d(_GlobalStats, nn.BatchNorm2d):
+    """BatchNorm2d over the global batch (ResNet towers); see :class:`GlobalBatchNorm1d`."""
+
+
+_GLOBAL = {nn.BatchNorm1d: GlobalBatchNorm1d, nn.BatchNorm2d: GlobalBatchNorm2d}
+
+
+def convert_sync_batchnorm(module: nn.Module, device: torch.device | None = None) -> nn.Module:
+    """Make every BatchNorm of ``module`` use global-batch statistics; returns the (possibly new)
+    root. On CUDA this is PyTorch's own ``nn.SyncBatchNorm`` (fused kernels); elsewhere
+    ``BatchNorm1d``/``2d`` become :class:`GlobalBatchNorm1d`/``2d`` holding the same parameters and
+    buffers. Both keep the plain layer's state-dict keys."""
+    if device is not None and device.type == "cuda":
+        return nn.SyncBatchNorm.convert_sync_batchnorm(module)
+    cls = _GLOBAL.get(type(module))
+    if cls is not None:
         ref = module.weight if module.affine else module.running_mean
         kw = {"device": ref.device, "dtype": ref.dtype} if ref is not None else {}
-        new = GlobalBatchNorm1d(module.num_features, module.eps, module.momentum, module.affine,
-                                module.track_running_stats, **kw)
+        new = cls(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats, **kw)
         new.load_state_dict(module.state_dict())
         new.train(module.training)
         return new

@@ -1,0 +1,128 @@
+"""Faults: non-finite steps are skipped and counted (and stop the run after too many in a row),
+unsafe checkpoints are refused, and user mistakes give one line and exit code 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import nclip.train.loop as loop_mod
+from nclip.cli import main
+from nclip.config import resolve
+from nclip.errors import NclipError
+from nclip.train.checkpoint import list_checkpoints, read_checkpoint
+from nclip.train.loop import train
+
+OVERRIDES = [
+    "data.image_size=16", "data.text_length=12", "model.vision.patch_size=8", "model.vision.width=16",
+    "model.vision.layers=1", "model.vision.heads=2", "model.text.width=16", "model.text.layers=1",
+    "model.text.heads=2", "model.embed_dim=16", "model.nclip_hidden=32", "model.nclip_dim=32",
+    "train.steps=8", "train.batch_size=16", "train.warmup_steps=1", "train.log_every=1",
+    "train.checkpoint_every=2", "train.keep_checkpoints=10", "train.threads=1", "data.train_length=128",
+]
+
+
+def _poison_batches(monkeypatch, bad_steps):
+    """Make the pixels of the given (0-based) steps NaN: the towers, the BatchNorm statistics of the
+    nCLIP heads and the loss all go non-finite, as with a corrupt batch."""
+    real = loop_mod.train_loader
+
+    class Poisoned:
+        def __init__(self, data, start):
+            self.data, self.start = data, start
+
+        def __getattr__(self, name):
+            return getattr(self.data, name)
+
+        def __iter__(self):
+            for step, (pixels, ids, mask) in enumerate(self.data, start=self.start):
+                if step in bad_steps:
+                    pixels = torch.full_like(pixels, float("nan"))
+                yield pixels, ids, mask
+
+    def fake(cfg, tokenizer, start_step=0, **kw):
+        return Poisoned(real(cfg, tokenizer, start_step=start_step, **kw), start_step)
+
+    monkeypatch.setattr(loop_mod, "train_loader", fake)
+
+
+def _rows(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_nonfinite_steps_are_skipped_and_counted(tmp_path, monkeypatch):
+    _poison_batches(monkeypatch, {2, 3})
+    train(resolve("micro", OVERRIDES), tmp_path, progress=False, evaluate=False)
+    rows = _rows(tmp_path)
+    assert [r["nonfinite_steps"] for r in rows] == [0, 0, 1, 2, 2, 2, 2, 2]
+    assert all(r["loss"] == r["loss"] for i, r in enumerate(rows) if i not in (2, 3))  # finite elsewhere
+    # the skipped steps left no trace: weights, optimizer state and BatchNorm statistics are finite
+    weights, state = read_checkpoint(list_checkpoints(tmp_path)[-1])
+    assert all(torch.isfinite(v.float()).all() for v in weights.values())
+    assert any("running_var" in k for k in weights)
+    assert state["counters"] == {"nonfinite_total": 2, "nonfinite_row": 0}
+
+
+def test_too_many_nonfinite_steps_in_a_row_stop_the_run(tmp_path, monkeypatch):
+    _poison_batches(monkeypatch, set(range(5, 100)))
+    cfg = resolve("micro", OVERRIDES + ["train.max_nonfinite_steps=3"])
+    with pytest.raises(NclipError, match=r"3 steps in a row had a non-finite loss .*step 8.*last good checkpoint"):
+        train(cfg, tmp_path, progress=False, evaluate=False)
+    # checkpoints 2 and 4 are kept; none was written during the streak (step 6)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000002", "step_00000004"]
+    assert _rows(tmp_path)[-1]["nonfinite_steps"] == 3
+
+
+class Payload:
+    """Any custom class: unpickling it would import and run code from this module."""
+
+    def __init__(self):
+        self.note = "not a tensor"
+
+
+def test_a_checkpoint_that_would_unpickle_code_is_refused(tmp_path, capsys):
+    cfg = resolve("micro", OVERRIDES + ["train.steps=2"])
+    train(cfg, tmp_path, progress=False, evaluate=False)
+    ckpt = list_checkpoints(tmp_path)[-1]
+    state = torch.load(ckpt / "state.pt", weights_only=True)
+    torch.save({**state, "extra": Payload()}, ckpt / "state.pt")
+    with pytest.raises(NclipError, match="refusing to load .*state.pt"):
+        read_checkpoint(ckpt)
+    # through the CLI: one line, exit code 2, nothing resumed from it
+    args = ["train", "--preset", "micro", "--out", str(tmp_path), "--resume", "auto", "--no-progress",
+            "--no-eval"] + [x for o in OVERRIDES + ["train.steps=4"] for x in ("--set", o)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("nclip: error: no usable checkpoint") and "refusing to load" in err[-1]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["data.source=webdataset", "data.shards=/nonexistent/{00000..00003}.tar"],
+     "data.shards: shard not found: /nonexistent/00000.tar (and 3 more of 4)"),
+    (["data.source=webdataset", "data.shards=/tmp/{0..3.tar"], "cannot expand shard pattern"),
+    (["data.source=webdataset"], "needs exactly one of data.shards or data.sources"),
+    (["data.source=csv", "data.csv=/nonexistent/pairs.csv"], "data.csv: file not found"),
+])
+def test_bad_data_paths_give_one_line_and_exit_2(tmp_path, capsys, overrides, message):
+    args = ["train", "--preset", "micro", "--out", str(tmp_path / "run"), "--no-progress"]
+    args += [x for o in overrides for x in ("--set", o)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_empty_or_malformed_csv_give_one_line(tmp_path, capsys):
+    empty = tmp_path / "empty.csv"
+    empty.write_text("filepath,title\n")
+    wrong = tmp_path / "wrong.csv"
+    wrong.write_text("path,caption\na.jpg,hello\n")
+    missing = tmp_path / "missing.csv"
+    missing.write_text("filepath,title\nnope/a.jpg,hello\n")
+    for path, message in ((empty, "no rows"), (wrong, "no column 'filepath'"), (missing, "none of the first 1 images exist")):
+        args = ["train", "--preset", "micro", "--out", str(tmp_path / "run"), "--no-progress",
+                "--set", "data.source=csv", "--set", f"data.csv={path}"]
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
