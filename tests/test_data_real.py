@@ -272,3 +272,12 @@ def test_csv_source_skips_bad_rows_and_trains(tmp_path, tokenizer):
     later = list(train_loader(cfg, tokenizer, start_step=5, state=data.state()))
     assert all(torch.equal(a[0], b[0]) for a, b in zip(batches[5:], later))
     assert main(["data", "inspect", str(tsv), "--csv-image-key", "path", "--csv-caption-key", "caption"]) == 0
+
+
+def test_empty_shards_stop_with_a_clear_error(tmp_path, tokenizer):
+    for i in range(2):
+        with tarfile.open(tmp_path / f"{i}.tar", "w"):
+            pass
+    cfg = _cfg("data.source=webdataset", f"data.shards={tmp_path}/{{0..1}}.tar", "train.steps=2")
+    with pytest.raises(NclipError, match=r"data.shards: no samples in \d+ shard reads in a row .*are the shards empty"):
+        list(train_loader(cfg, tokenizer))

@@ -147,7 +147,6 @@ def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progre
                            ctx=ctx, start=start, state=data_state)
     accum = t.accumulation
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    buffers = [b for b in step_module.buffers()]
     bar = tqdm(total=t.steps, initial=start, unit="step", disable=not (progress and ctx.is_main), dynamic_ncols=True)
     window_t, window_samples, last = time.perf_counter(), 0, {}
     module.train()
@@ -159,7 +158,7 @@ def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progre
             lr = lr_at(step, t)
             for group in optimizer.param_groups:
                 group["lr"] = lr * group.get("lr_scale", 1.0)  # lr_scale: e.g. 0 for a locked tower
-            snapshot = [b.detach().clone() for b in buffers]  # restored if the step is skipped
+            snapshot = _buffers(step_module)  # restored if the step is skipped
             sums: dict[str, torch.Tensor] = {}
             nonfinite_loss = torch.zeros((), device=device)
             chunks = list(zip(pixels.chunk(accum), ids.chunk(accum), mask.chunk(accum), *(r.chunk(accum) for r in rows)))
@@ -191,9 +190,7 @@ def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progre
                 optimizer.step()
                 counters["nonfinite_row"] = 0
             else:  # skip the step: weights, optimizer state and buffers stay as they were
-                with torch.no_grad():
-                    for b, s in zip(buffers, snapshot):
-                        b.copy_(s)
+                _restore_buffers(step_module, snapshot)
                 counters["nonfinite_total"] += 1
                 counters["nonfinite_row"] += 1
             optimizer.zero_grad(set_to_none=True)
@@ -308,6 +305,25 @@ def _save(run_dir: Path, step: int, module, optimizer, data, counters: dict, ctx
         "counters": dict(counters),
     }
     save_checkpoint(run_dir, step, _strip(full, "model."), state, keep)
+
+
+def _buffers(module) -> dict[str, torch.Tensor]:
+    """Copies of every registered buffer (BatchNorm statistics, objective queues and centers)."""
+    return {name: b.detach().clone() for name, b in module.named_buffers()}
+
+
+@torch.no_grad()
+def _restore_buffers(module, snapshot: dict[str, torch.Tensor]) -> None:
+    """Put the buffers back as they were before a skipped step (re-registering any that the step
+    replaced by a new tensor, e.g. a lazily sized one)."""
+    current = dict(module.named_buffers())
+    for name, saved in snapshot.items():
+        b = current.get(name)
+        if b is not None and b.shape == saved.shape and b.dtype == saved.dtype:
+            b.copy_(saved)
+        else:
+            owner, _, attr = name.rpartition(".")
+            module.get_submodule(owner).register_buffer(attr, saved)
 
 
 def _strip(state: dict, prefix: str) -> dict:
