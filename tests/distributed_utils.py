@@ -3,7 +3,8 @@
     results = run_ranks(fn, world_size=2, args=(...))
 
 runs ``fn(rank, world_size, *args)`` in ``world_size`` freshly spawned processes that share a gloo
-process group, and returns the values ``fn`` returned, in rank order. ``fn`` must be a module-level
+process group (from a file rendezvous, or from torchrun's environment variables through
+:func:`nclip.launch.setup` with ``init="torchrun"``), and returns the values ``fn`` returned, in rank order. ``fn`` must be a module-level
 function (the children import it by name). A failure on any rank fails the caller with that
 rank's traceback; a hang fails after ``timeout`` seconds.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import io
 import os
 import queue as queue_mod
+import socket
 import tempfile
 import traceback
 from typing import Callable
@@ -26,14 +28,23 @@ import torch
 import torch.multiprocessing as mp
 
 
-def _child(fn, rank: int, world_size: int, init_file: str, args: tuple, results) -> None:
+def _child(fn, rank: int, world_size: int, init: str, port: int, init_file: str, args: tuple, results) -> None:
     import torch.distributed as dist
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+        if init == "torchrun":  # what torchrun puts in the environment, then nclip's own set-up
+            from nclip.config import resolve
+            from nclip.launch import setup
+
+            os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                              LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            ctx = setup(resolve("micro", ["train.device=cpu"]))
+            assert ctx.owns_group and (ctx.rank, ctx.world_size) == (rank, world_size), ctx
+        else:
+            dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
         out = fn(rank, world_size, *args)
         buf = io.BytesIO()  # plain bytes: shared-memory tensors would die with this process
         torch.save(out, buf)
@@ -45,13 +56,25 @@ def _child(fn, rank: int, world_size: int, init_file: str, args: tuple, results)
             dist.destroy_process_group()
 
 
-def run_ranks(fn: Callable, world_size: int = 2, args: tuple = (), timeout: float = 240.0) -> list:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return their results."""
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(fn: Callable, world_size: int = 2, args: tuple = (), timeout: float = 240.0,
+              init: str = "file") -> list:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return their results.
+
+    ``init="file"``: the process group comes from a file rendezvous; ``init="torchrun"``: each
+    child gets torchrun's environment variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT)
+    and :func:`nclip.launch.setup` creates the group, as under ``torchrun``."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
+    port = _free_port() if init == "torchrun" else 0
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "rendezvous")
-        procs = [ctx.Process(target=_child, args=(fn, r, world_size, init_file, args, results), daemon=True)
+        procs = [ctx.Process(target=_child, args=(fn, r, world_size, init, port, init_file, args, results), daemon=True)
                  for r in range(world_size)]
         for p in procs:
             p.start()

@@ -93,7 +93,8 @@ def _all_rank(rank: int, world: int, root: str):
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     root = tmp_path_factory.mktemp("dist")
-    return root, run_ranks(_all_rank, WORLD, args=(str(root),))
+    # the process group is created as under torchrun: env variables + nclip.launch.setup
+    return root, run_ranks(_all_rank, WORLD, args=(str(root),), init="torchrun")
 
 
 @pytest.fixture(scope="module")
