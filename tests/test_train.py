@@ -31,3 +31,20 @@ def test_warmup_then_cosine():
     assert lr_at(99, cfg) == pytest.approx(1e-5)
     lrs = [lr_at(s, cfg) for s in range(10, 100)]
     assert all(a >= b for a, b in zip(lrs, lrs[1:]))
+
+
+def test_collapse_warnings_reach_the_log_and_stderr(tmp_path, micro_overrides, monkeypatch, capsys):
+    from nclip.train import monitors
+
+    seen = []
+
+    def fake_update(self, step, metrics):
+        seen.append(metrics["nclip/L_HE"])  # the monitor is fed the logged nCLIP terms
+        return ["uniform collapse: set λ1 = λ2 − 1 > 0"] if step == 4 else []
+
+    monkeypatch.setattr(monitors.CollapseMonitor, "update", fake_update)
+    train(resolve("micro", micro_overrides), tmp_path, progress=False, evaluate=False)
+    logs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(seen) == len(logs)
+    assert [x.get("monitor/warnings") for x in logs] == [None, ["uniform collapse: set λ1 = λ2 − 1 > 0"], None]
+    assert "nclip: warning: uniform collapse" in capsys.readouterr().err

@@ -46,6 +46,7 @@ from nclip.models.io import save_model
 from nclip.objectives import REGISTRY, build_objective
 from nclip.train.checkpoint import (checkpoint_dir, newest_good_checkpoint, read_checkpoint, rng_state,
                                     save_checkpoint, set_rng_state)
+from nclip.train.monitors import CollapseMonitor
 from nclip.train.optim import build_optimizer, lr_at
 
 BUILTIN_SOURCES = ("synthetic", "digits")
@@ -147,6 +148,7 @@ def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progre
                            ctx=ctx, start=start, state=data_state)
     accum = t.accumulation
     params = [p for g in optimizer.param_groups for p in g["params"]]
+    monitor = _collapse_monitor(cfg)
     bar = tqdm(total=t.steps, initial=start, unit="step", disable=not (progress and ctx.is_main), dynamic_ncols=True)
     window_t, window_samples, last = time.perf_counter(), 0, {}
     module.train()
@@ -209,6 +211,10 @@ def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progre
                     "data/skipped": int(stats[-1]),
                     "samples_per_s": window_samples / max(now - window_t, 1e-9),
                 }
+                if monitor is not None and ctx.is_main:
+                    for warning in monitor.update(done, last):
+                        last.setdefault("monitor/warnings", []).append(warning)
+                        tqdm.write(f"nclip: warning: {warning}", file=sys.stderr)
                 if log is not None:
                     log.write(json.dumps(last) + "\n")
                     log.flush()
@@ -248,6 +254,15 @@ def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progre
         result.eval = evaluate_run(final, cfg, device)
         (run_dir / "eval.json").write_text(json.dumps(result.eval, indent=2, sort_keys=True))
     return result
+
+
+def _collapse_monitor(cfg: RunConfig) -> CollapseMonitor | None:
+    """A collapse monitor (Appendix B.1) for objectives with an nCLIP head, else None."""
+    if "nclip" not in REGISTRY[cfg.objective.name][1].heads:
+        return None
+    return CollapseMonitor(cfg.model.nclip_dim, batch_size=cfg.train.batch_size,
+                           lambda1=getattr(cfg.objective, "lambda1", None),
+                           lambda2=getattr(cfg.objective, "lambda2", None))
 
 
 def _find_resume_point(run_dir: Path, ctx: DistContext) -> tuple[int, dict | None, dict | None]:
