@@ -61,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--csv-image-key", default="filepath")
     q.add_argument("--csv-caption-key", default="title")
     q.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+    from nclip.eval.command import add_eval_parser  # light: the eval machinery loads when it runs
+
+    add_eval_parser(sub)
     return parser
 
 
@@ -133,6 +137,15 @@ def _cmd_data(args) -> int:
 
 
 COMMANDS = {"train": _cmd_train, "config": _cmd_config, "presets": _cmd_presets, "export": _cmd_export, "data": _cmd_data}
+
+
+def _cmd_eval(args) -> int:
+    from nclip.eval.command import run_eval_command
+
+    return run_eval_command(args)
+
+
+COMMANDS["eval"] = _cmd_eval
 
 
 def main(argv: list[str] | None = None) -> int:

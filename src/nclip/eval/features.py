@@ -53,19 +53,23 @@ def encode_images(model, images: Sequence[np.ndarray], size: int, device, batch_
 
 
 @torch.no_grad()
-def extract(model, samples: Sequence[Sample], image_size: int, device, batch_size: int = 256) -> Features:
+def extract(model, samples: Sequence[Sample], image_size: int, device, batch_size: int = 256,
+            texts: bool = True) -> Features:
+    """Every head's output for the images (and, with ``texts``, the reference captions) of ``samples``."""
     model.eval()
     items = [samples[i] for i in range(len(samples))]
     captions, owner = [], []
-    for n, s in enumerate(items):
-        captions.extend(s.captions)
-        owner.extend([n] * len(s.captions))
+    if texts:
+        for n, s in enumerate(items):
+            captions.extend(s.captions)
+            owner.extend([n] * len(s.captions))
     return Features(
         image=encode_images(model, [s.image for s in items], image_size, device, batch_size),
-        text=encode_texts(model, captions, device, batch_size),
+        text=encode_texts(model, captions, device, batch_size) if captions else {},
         text_to_image=torch.tensor(owner, dtype=torch.long),
-        labels={k: torch.tensor([s.labels[k] for s in items]) for k in items[0].labels},
-        multilabels={k: torch.from_numpy(np.stack([s.multilabels[k] for s in items])) for k in items[0].multilabels},
+        labels={k: torch.tensor([s.labels[k] for s in items]) for k in items[0].labels} if items else {},
+        multilabels={k: torch.from_numpy(np.stack([s.multilabels[k] for s in items])) for k in items[0].multilabels}
+        if items else {},
     )
 
 
@@ -79,21 +83,36 @@ def similarity(image: dict[str, torch.Tensor], text: dict[str, torch.Tensor], he
 
 
 @torch.no_grad()
-def class_text_outputs(model, space: LabelSpace, device) -> dict[str, torch.Tensor]:
-    """One text output per class from its prompt ensemble.
-
-    CLIP head: each prompt embedding normalised, averaged per class, renormalised (CLIP's
-    ensemble). nCLIP head: the class distribution is the mean of its prompts' distributions, whose
-    log is returned as logits (a log-distribution is a valid logit vector: softmax(log p̄) = p̄).
-    """
+def prompt_outputs(model, space: LabelSpace, device) -> dict[str, torch.Tensor]:
+    """Every prompt's text output, class-major: [C * T, ...] for C classes and T templates."""
     prompts = [p for c in range(len(space)) for p in space.prompts(c)]
-    out = encode_texts(model, prompts, device)
-    n_cls, n_tpl = len(space), len(space.templates)
+    return encode_texts(model, prompts, device)
+
+
+def ensemble(prompts: dict[str, torch.Tensor], num_classes: int) -> dict[str, torch.Tensor]:
+    """One output per class from its prompts' outputs ``prompts[key]`` [C * T, ...] (class-major).
+
+    CLIP head ("emb"): each prompt embedding normalised, averaged per class, renormalised (CLIP's
+    ensemble, :func:`metrics.zero_shot_classifier`). nCLIP head ("logits"): the class distribution
+    is the mean of its prompts' distributions, whose log is returned as logits (a log-distribution
+    is a valid logit vector: softmax(log p̄) = p̄). Backbone "features" are averaged.
+    """
+    from nclip.eval.metrics import zero_shot_classifier
+
     classes = {}
-    if "emb" in out:
-        e = F.normalize(out["emb"], dim=-1).view(n_cls, n_tpl, -1).mean(1)
-        classes["emb"] = F.normalize(e, dim=-1)
-    if "logits" in out:
-        p = F.softmax(out["logits"], dim=-1).view(n_cls, n_tpl, -1).mean(1)
-        classes["logits"] = p.clamp_min(1e-30).log()
+    for key, value in prompts.items():
+        v = value.view(num_classes, -1, *value.shape[1:])  # [C, T, ...]
+        if key == "emb":
+            classes[key] = zero_shot_classifier(v)
+        elif key == "logits":
+            p = F.softmax(v, dim=-1).mean(1)
+            classes[key] = p.clamp_min(1e-30).log()
+        else:
+            classes[key] = v.mean(1)
     return classes
+
+
+@torch.no_grad()
+def class_text_outputs(model, space: LabelSpace, device) -> dict[str, torch.Tensor]:
+    """One text output per class from its prompt ensemble (see :func:`ensemble`)."""
+    return ensemble(prompt_outputs(model, space, device), len(space))

@@ -1,5 +1,10 @@
 """The end-of-training evaluation written to RUN/eval.json: zero-shot classification and retrieval
-on held-out synthetic pairs (or digits), scored with the objective's zero-shot head."""
+on held-out synthetic pairs (or digits), scored with the objective's zero-shot head.
+
+A small, uncached subset of ``nclip eval`` (protocols 1 and 2 of :mod:`nclip.eval.zeroshot` and
+:mod:`nclip.eval.retrieval`) on ``eval.samples`` held-out pairs; keys are ``zeroshot/<kind>/top1``,
+``zeroshot/<kind>/chance`` and ``retrieval/{i2t,t2i}@{1,5}`` plus ``retrieval/mean_recall``.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,8 @@ import torch
 
 from nclip.config import RunConfig
 from nclip.data.loader import build_dataset
+from nclip.eval import retrieval, zeroshot
 from nclip.eval.features import class_text_outputs, extract, similarity
-from nclip.eval.metrics import recall_at_k, topk_accuracy
 from nclip.objectives import REGISTRY
 
 
@@ -22,11 +27,11 @@ def evaluate_run(model, cfg: RunConfig, device) -> dict[str, float]:
     for kind, space in data.label_spaces.items():
         if kind not in feats.labels:
             continue
-        scores = similarity(feats.image, class_text_outputs(model, space, device), head)
-        acc = topk_accuracy(scores, feats.labels[kind], ks=(1,))
-        results[f"zeroshot/{kind}/top1"] = acc["top1"]
-        results[f"zeroshot/{kind}/chance"] = 1.0 / len(space)
+        scores = zeroshot.scores(feats.image, class_text_outputs(model, space, device), head)
+        m, _ = zeroshot.evaluate(scores, feats.labels[kind])
+        results[f"zeroshot/{kind}/top1"] = m["top1"]
+        results[f"zeroshot/{kind}/chance"] = m["chance"]
     sim = similarity(feats.image, feats.text, head)
-    for k, v in recall_at_k(sim, feats.text_to_image, ks=(1, 5)).items():
+    for k, v in retrieval.evaluate(sim, feats.text_to_image, ks=(1, 5)).items():
         results[f"retrieval/{k}"] = v
     return results

@@ -1,0 +1,103 @@
+"""The ``nclip eval`` subcommand (registered by :mod:`nclip.cli`).
+
+    nclip eval --checkpoint RUN_DIR --out DIR [--tasks zeroshot,linear,...] [--dataset SPEC ...]
+               [--head clip|nclip] [--baseline RUN_DIR] [--cache-dir DIR | --no-cache] [--no-report]
+    nclip eval compare EVAL_A EVAL_B ... [--out FILE.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from nclip.errors import NclipError
+
+_DATASET_HELP = ("synthetic | digits | folder:DIR | realms:DIR | captions:FILE.csv|.jsonl | sts:FILE.csv "
+                 "(repeatable; default: synthetic and digits)")
+
+
+def add_eval_parser(sub) -> argparse.ArgumentParser:
+    from nclip.eval.settings import TASKS, EvalSettings
+
+    d = EvalSettings()
+    p = sub.add_parser("eval", help="evaluate a checkpoint with the papers' protocols (results.json + report.html)",
+                       description="Evaluate a checkpoint: zero-shot classification / retrieval / multi-label, "
+                                   "linear probe, k-NN, clustering, realm-wise probing, text STS, mask probing and "
+                                   "representation diagnostics. `nclip eval compare A B ...` tabulates evaluations.")
+    p.add_argument("--checkpoint", type=Path, help="run directory, model directory or RUN/checkpoints/step_N")
+    p.add_argument("--out", type=Path, help="output directory for results.json and report.html")
+    p.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated subset of: {','.join(TASKS)}")
+    p.add_argument("--dataset", dest="datasets", action="append", metavar="SPEC", help=_DATASET_HELP)
+    p.add_argument("--head", choices=["clip", "nclip"], help="zero-shot head (default: the objective's)")
+    p.add_argument("--baseline", metavar="RUN_DIR", help="run or eval directory for relative realm accuracy")
+    p.add_argument("--cache-dir", type=Path, help="feature cache (default: OUT/../.nclip-cache)")
+    p.add_argument("--no-cache", action="store_true", help="extract features afresh and store nothing")
+    p.add_argument("--no-report", action="store_true", help="write results.json only")
+    p.add_argument("--samples", type=int, default=d.test_samples, help="synthetic test scenes")
+    p.add_argument("--train-samples", type=int, default=d.train_samples, help="synthetic scenes to train probes on")
+    p.add_argument("--sts-pairs", type=int, default=d.sts_pairs, help="built-in STS sentence pairs")
+    p.add_argument("--mask-samples", type=int, default=d.mask_samples, help="scenes for mask probing")
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of the evaluation data and the probes")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=d.device)
+    p.add_argument("--quiet", action="store_true", help="no progress messages")
+
+    sub2 = p.add_subparsers(dest="eval_command", metavar="compare")
+    c = sub2.add_parser("compare", help="side-by-side markdown table of several evaluations")
+    c.add_argument("runs", nargs="+", help="eval directories, results.json files or run directories (eval.json)")
+    c.add_argument("--out", dest="compare_out", type=Path, help="write the markdown here (default: stdout)")
+    return p
+
+
+def run_eval_command(args) -> int:
+    if getattr(args, "eval_command", None) == "compare":
+        from nclip.eval.compare import markdown
+
+        text = markdown(args.runs)
+        if args.compare_out:
+            args.compare_out.parent.mkdir(parents=True, exist_ok=True)
+            args.compare_out.write_text(text)
+            print(args.compare_out)
+        else:
+            print(text, end="")
+        return 0
+    if args.checkpoint is None or args.out is None:
+        raise NclipError("eval: --checkpoint and --out are required (or use `nclip eval compare`)")
+
+    from dataclasses import replace
+
+    from nclip.eval.runner import run_eval
+    from nclip.eval.settings import EvalSettings
+
+    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    settings = replace(EvalSettings(), tasks=tasks, datasets=tuple(args.datasets or EvalSettings().datasets),
+                       head=args.head, baseline=args.baseline, test_samples=args.samples,
+                       train_samples=args.train_samples, sts_pairs=args.sts_pairs, mask_samples=args.mask_samples,
+                       batch_size=args.batch_size, seed=args.seed, device=args.device)
+    cache = None if args.no_cache else (args.cache_dir if args.cache_dir else "default")
+    log = None if args.quiet else (lambda msg: print(f"eval: {msg}", file=sys.stderr, flush=True))
+    doc = run_eval(args.checkpoint, args.out, settings=settings, cache_dir=cache, report=not args.no_report, log=log)
+    print(summary(doc, args.out, report=not args.no_report))
+    return 0
+
+
+_SUMMARY = ("/top1", "/mean_recall", "/mAP", "/mean_top1", "/spearman", "/jaccard", "/ari")
+
+
+def summary(doc: dict, out: Path, report: bool = True) -> str:
+    from nclip.eval.report import fmt
+
+    r = doc["results"]
+    rows = [(k, fmt(k.rsplit("/", 1)[1], v)) for k, v in r.items() if k.endswith(_SUMMARY)]
+    rows = rows[:40]
+    width = max([len(k) for k, _ in rows] + [10])
+    c = doc["cache"]
+    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    lines.append(f"{'(percent; STS: Spearman x 100)':<{width}}")
+    lines.append(f"{'results':<{width}}  {Path(out) / 'results.json'}")
+    if report:
+        lines.append(f"{'report':<{width}}  {Path(out) / 'report.html'}")
+    lines.append(f"{'time':<{width}}  {doc['timing']['total_s']:.1f} s (feature cache: {len(c['hits'])} hits, "
+                 f"{len(c['misses'])} misses)")
+    return "\n".join(lines)

@@ -1,0 +1,94 @@
+"""``nclip eval compare``: several evaluations side by side, as the papers print them.
+
+One markdown table per task, one row per run, columns per dataset (and metric) -- the layout of
+xCLIP Tab. 1 (zero-shot, with an Average column), Tab. 4 (retrieval: I→T and T→I R@1/5/10 per
+dataset) and Tab. 5 (linear probe, with Average). Every run after the first shows its delta to the
+first run in parentheses. Values are percentages (STS: Spearman x 100), as in the papers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nclip.errors import NclipError
+from nclip.eval.report import fmt
+from nclip.eval.runner import load_results
+
+# (title, task, metrics per dataset (label, metric), add an Average column)
+TABLES = [
+    ("Zero-shot classification, top-1 (cf. xCLIP Tab. 1)", "zeroshot", [("", "top1")], True),
+    ("Zero-shot image-text retrieval (cf. xCLIP Tab. 4)", "retrieval",
+     [("I→T R@1", "i2t@1"), ("I→T R@5", "i2t@5"), ("I→T R@10", "i2t@10"),
+      ("T→I R@1", "t2i@1"), ("T→I R@5", "t2i@5"), ("T→I R@10", "t2i@10")], False),
+    ("Zero-shot multi-label (cf. xCLIP Tab. 3)", "multilabel", [("mAP", "mAP"), ("F1@1", "f1@1"), ("F1@3", "f1@3")], False),
+    ("Linear probe, top-1 (cf. xCLIP Tab. 5)", "linear", [("", "top1")], True),
+    ("k-NN (k=20, T=0.07), top-1", "knn", [("", "top1")], True),
+    ("K-Means clustering (cf. ProtoCLIP Tab. A.12c)", "cluster", [("ARI", "ari"), ("AMI", "ami")], False),
+    ("Realm-wise linear probe, top-1 (cf. OmniBenchmark Tab. 1)", "realms",
+     [("", "top1"), ("mean", "mean_top1"), ("rel.", "relative"), ("mean rel.", "mean_relative")], False),
+    ("Text STS, Spearman x 100 (cf. xCLIP Tab. 7)", "sts", [("", "spearman")], True),
+    ("Mask probing, Jaccard (cf. xCLIP Tab. D3)", "masks", [("", "jaccard")], False),
+    ("Representation diagnostics", "diagnostics",
+     [("erank f", "erank_image_features"), ("erank g", "erank_image_emb"), ("align", "alignment_emb"),
+      ("unif", "uniformity_image_emb"), ("proto ppl", "proto_perplexity_image")], False),
+]
+
+
+def _name(doc: dict, path: str) -> str:
+    ck = doc.get("checkpoint") or {}
+    p = Path(ck.get("path") or path)
+    label = p.name if p.name not in ("model", "results.json", "eval.json") else p.parent.name
+    if ck.get("objective"):
+        label += f" ({ck['objective']}, {ck.get('head', '?')} head)"
+    return label
+
+
+def _cell(metric: str, value, base) -> str:
+    if value is None:
+        return "–"
+    text = fmt(metric, value)
+    if base is None or metric in ("l2", "best_head"):
+        return text
+    scale = 1.0 if metric.startswith(("erank", "align", "unif", "proto")) else 100.0
+    return f"{text} ({scale * (value - base):+.1f})"
+
+
+def markdown(paths: list[str | Path]) -> str:
+    if len(paths) < 1:
+        raise NclipError("compare needs at least one evaluation")
+    docs = [load_results(p) for p in paths]
+    names = [_name(d, str(p)) for d, p in zip(docs, paths)]
+    seen: dict[str, int] = {}
+    for i, n in enumerate(names):  # make duplicate labels distinct
+        seen[n] = seen.get(n, 0) + 1
+        if seen[n] > 1:
+            names[i] = f"{n} #{seen[n]}"
+    results = [d["results"] for d in docs]
+    lines = ["# nclip eval compare", ""]
+    lines += [f"{i + 1}. **{n}**: `{d['source']}`" + (f" (weights `{d['checkpoint']['weights_sha256'][:12]}`)"
+                                                      if d.get("checkpoint", {}).get("weights_sha256") else "")
+              for i, (n, d) in enumerate(zip(names, docs))]
+    lines += ["", "Percentages (STS: Spearman x 100); in parentheses the difference to run 1, in points."]
+    for title, task, metrics, average in TABLES:
+        datasets = sorted({k.split("/")[1] for r in results for k in r if k.startswith(task + "/")})
+        cols = [(f"{d} {label}".strip(), f"{task}/{d}/{m}", m) for d in datasets for label, m in metrics
+                if any(f"{task}/{d}/{m}" in r for r in results)]
+        if not cols:
+            continue
+        head = ["run"] + [c[0] for c in cols] + (["Average"] if average and len(cols) > 1 else [])
+        rows = []
+        first_avg = None
+        for i, r in enumerate(results):
+            cells = [names[i]]
+            for _, key, m in cols:
+                cells.append(_cell(m, r.get(key), results[0].get(key) if i else None))
+            if average and len(cols) > 1:
+                common = [key for _, key, _ in cols if all(key in rr for rr in results)]
+                avg = sum(r[k] for k in common) / len(common) if common else None
+                first_avg = avg if i == 0 else first_avg
+                cells.append(_cell(cols[0][2], avg, first_avg if i else None))
+            rows.append(cells)
+        lines += ["", f"## {title}", "", "| " + " | ".join(head) + " |",
+                  "|" + "|".join([":---"] + ["---:"] * (len(head) - 1)) + "|"]
+        lines += ["| " + " | ".join(c) + " |" for c in rows]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,439 @@
+"""Evaluation datasets: the built-in ones and generic adapters for the user's own data.
+
+Every dataset becomes an :class:`EvalData`: named splits of ``Sample`` sequences plus a
+description of which protocols apply to it. Spec strings (``--dataset``) select them:
+
+=====================  =========================================================================
+``synthetic``          built-in synthetic scenes: every label kind (shape, colour, count, realm,
+                       size), shape/colour multi-labels, object masks, realms (shape per realm)
+``digits``             scikit-learn's 8x8 digits (label kind ``digit``)
+``folder:DIR``         classification: ``DIR/<class>/<image>``, or ``DIR/train/<class>/...`` and
+                       ``DIR/test/<class>/...``; without train/test folders a seeded stratified
+                       70/30 split is made. Class names are the folder names (``_`` -> space).
+``realms:DIR``         realm-wise probing (OmniBenchmark Sec. 3.6): ``DIR/<realm>/<class>/<image>``
+                       (or ``DIR/<realm>/{train,test}/<class>/...``), one dataset per realm
+``captions:FILE``      retrieval: a CSV (header ``image,caption``; more captions as further
+                       ``caption*`` columns or repeated rows of the same image) or a JSONL file
+                       (``{"image": ..., "caption": ...}`` or ``{"image": ..., "captions": [...]}``);
+                       image paths are relative to the file's folder
+``sts:FILE``           text similarity: CSV/TSV with header ``sentence1,sentence2,score``
+=====================  =========================================================================
+
+Problems with user data (a missing file, a malformed row, an unreadable image) raise one
+:class:`~nclip.errors.NclipError` whose message names the file and the row.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from nclip.data.types import LabelSpace, Sample
+from nclip.errors import NclipError
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+# CLIP-style prompts for class names that come from folder names
+FOLDER_TEMPLATES = ("a photo of a {}.", "a picture of a {}.", "an image of a {}.", "a {}.")
+USER_SPLIT_TEST_FRACTION = 0.3
+
+
+@dataclass
+class EvalData:
+    """One evaluation dataset.
+
+    name: the dataset part of the result keys (``zeroshot/<name>-<kind>/top1``).
+    identity: JSON-able description that, with the split, identifies the extracted features
+        (it keys the feature cache, so it must change whenever the data would).
+    splits: "test" (zero-shot, retrieval, ...) and, for probes, "train".
+    label_spaces: single-label kinds with their class names and prompt templates.
+    retrieval: whether captions are real descriptions (image-text retrieval makes sense).
+    multilabel_kinds: kinds with a multi-hot target (zero-shot multi-label).
+    masks: whether samples carry object masks (mask probing).
+    realm: (realm kind, class kind) for realm-wise probing, or None.
+    sts: sentence pairs (a, b, score) for text STS, or None.
+    """
+
+    name: str
+    identity: dict
+    splits: dict[str, Sequence[Sample]] = field(default_factory=dict)
+    label_spaces: dict[str, LabelSpace] = field(default_factory=dict)
+    retrieval: bool = False
+    multilabel_kinds: tuple[str, ...] = ()
+    masks: bool = False
+    realm: tuple[str, str] | None = None
+    sts: list[tuple[str, str, float]] | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# built-in data
+# ---------------------------------------------------------------------------------------------
+
+
+def synthetic(image_size: int, max_objects: int, seed: int, test_samples: int, train_samples: int) -> EvalData:
+    from nclip.data.synthetic import SyntheticScenes
+
+    def make(split, n):  # faithful captions only: loose ones are a training-data property
+        return SyntheticScenes(split=split, length=n, seed=seed, image_size=image_size,
+                               max_objects=max_objects, loose_caption_prob=0.0)
+
+    test = make("test", test_samples)
+    return EvalData(
+        name="synthetic",
+        identity={"kind": "synthetic", "seed": seed, "image_size": image_size, "max_objects": max_objects,
+                  "lengths": {"test": test_samples, "train": train_samples}},
+        splits={"test": test, "train": make("train", train_samples)},
+        label_spaces=dict(test.label_spaces),
+        retrieval=True,
+        multilabel_kinds=("shape", "colour"),
+        masks=True,
+        realm=("realm", "shape"),
+    )
+
+
+def synthetic_sts(n: int, seed: int) -> EvalData:
+    from nclip.data.synthetic import sts_pairs
+
+    return EvalData(name="synthetic", identity={"kind": "synthetic-sts", "n": n, "seed": seed},
+                    sts=sts_pairs(n, seed))
+
+
+def digits(image_size: int, seed: int) -> EvalData:
+    from nclip.data.digits import DigitsPairs
+
+    # the probe's own validation split is carved from "train", so train + val are one pool here
+    test = DigitsPairs("test", seed=seed, image_size=image_size, val_fraction=0.0)
+    train = DigitsPairs("train", seed=seed, image_size=image_size, val_fraction=0.0)
+    return EvalData(
+        name="digits",
+        identity={"kind": "digits", "seed": seed, "image_size": image_size},
+        splits={"test": test, "train": train},
+        label_spaces=dict(test.label_spaces),
+        retrieval=True,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# user data
+# ---------------------------------------------------------------------------------------------
+
+
+def load_image(path: Path, where: str = "") -> np.ndarray:
+    """uint8 [H, W, 3] RGB, or an NclipError naming the file (and ``where`` it was listed)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            return np.asarray(im.convert("RGB"))
+    except FileNotFoundError:
+        raise NclipError(f"{where}image not found: {path}") from None
+    except (UnidentifiedImageError, OSError, ValueError) as e:
+        raise NclipError(f"{where}cannot read image {path}: {str(e).splitlines()[0]}") from None
+
+
+class FileSamples(Sequence):
+    """Samples whose images are read from disk on access."""
+
+    def __init__(self, paths: list[Path], captions: list[tuple[str, ...]], labels: list[dict[str, int]],
+                 where: list[str] | None = None):
+        self.paths, self.captions, self.labels = paths, captions, labels
+        self.where = where or [""] * len(paths)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        caps = self.captions[i]
+        return Sample(image=load_image(self.paths[i], self.where[i]), caption=caps[0], captions=caps,
+                      labels=dict(self.labels[i]))
+
+
+def _fingerprint(paths: list[Path], extra: str = "") -> str:
+    """Hash of the file list with sizes and modification times (a changed file invalidates the cache)."""
+    h = hashlib.sha256(extra.encode())
+    for p in paths:
+        st = p.stat()
+        h.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def _images_in(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+
+
+def _class_folders(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _scan_classes(root: Path) -> dict[str, dict[str, list[Path]]]:
+    """{split: {class folder name: [images]}} for ``root/<class>/`` or ``root/{train,test}/<class>/``."""
+    if not root.is_dir():
+        raise NclipError(f"dataset folder not found: {root}")
+    if (root / "train").is_dir() and (root / "test").is_dir():
+        out = {s: {c.name: _images_in(c) for c in _class_folders(root / s)} for s in ("train", "test")}
+    else:
+        out = {"all": {c.name: _images_in(c) for c in _class_folders(root)}}
+    for split, classes in out.items():
+        where = root if split == "all" else root / split
+        if len(classes) < 2:
+            raise NclipError(f"{where}: expected one sub-folder per class (at least 2), found {len(classes)}")
+        for name, files in classes.items():
+            if not files:
+                raise NclipError(f"{where / name}: no images ({', '.join(IMAGE_SUFFIXES)})")
+    if "train" in out and sorted(out["train"]) != sorted(out["test"]):
+        raise NclipError(f"{root}: train/ and test/ must hold the same class folders")
+    return out
+
+
+def _split_indices(labels: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    from nclip.eval.metrics import stratified_split
+
+    tr, te = stratified_split(labels, USER_SPLIT_TEST_FRACTION, seed)
+    return tr.numpy(), te.numpy()
+
+
+def _pretty(name: str) -> str:
+    return name.replace("_", " ").replace("-", " ").strip()
+
+
+def _folder_splits(root: Path, seed: int, label: str, extra_labels: dict[str, int] | None = None,
+                   class_offset: int = 0):
+    """(names, {split: (paths, labels)}) of a class-folder tree; labels offset by ``class_offset``."""
+    scan = _scan_classes(root)
+    names = sorted(next(iter(scan.values())))
+    splits = {}
+    for split, classes in scan.items():
+        paths, ys = [], []
+        for c, name in enumerate(names):
+            paths += classes[name]
+            ys += [c + class_offset] * len(classes[name])
+        splits[split] = (paths, np.array(ys))
+    if "all" in splits:
+        paths, ys = splits.pop("all")
+        tr, te = _split_indices(ys, seed)
+        splits = {"train": ([paths[i] for i in tr], ys[tr]), "test": ([paths[i] for i in te], ys[te])}
+    extra = extra_labels or {}
+    out = {}
+    for split, (paths, ys) in splits.items():
+        out[split] = (paths, [{label: int(y), **extra} for y in ys])
+    return names, out
+
+
+def image_folder(root: str | Path, seed: int = 0) -> EvalData:
+    root = Path(root).expanduser()
+    names, splits = _folder_splits(root, seed, "class")
+    space = LabelSpace(tuple(_pretty(n) for n in names), FOLDER_TEMPLATES)
+    data = EvalData(name=_dataset_name(root), identity={}, label_spaces={"class": space})
+    files = []
+    for split, (paths, labels) in splits.items():
+        caps = [(space.prompts(lab["class"])[0],) for lab in labels]
+        data.splits[split] = FileSamples(paths, caps, labels)
+        files += paths
+    data.identity = {"kind": "folder", "root": str(root.resolve()), "seed": seed,
+                     "files": _fingerprint(files, json.dumps(names))}
+    return data
+
+
+def realm_folders(root: str | Path, seed: int = 0) -> EvalData:
+    """``root/<realm>/<class>/...``: label kinds ``realm`` and ``class`` (names ``realm/class``)."""
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise NclipError(f"dataset folder not found: {root}")
+    realms = _class_folders(root)
+    if not realms:
+        raise NclipError(f"{root}: expected one sub-folder per realm, each with one sub-folder per class")
+    class_names: list[str] = []
+    merged: dict[str, tuple[list, list]] = {"train": ([], []), "test": ([], [])}
+    for r, realm in enumerate(realms):
+        names, splits = _folder_splits(realm, seed, "class", {"realm": r}, class_offset=len(class_names))
+        class_names += [f"{_pretty(n)}" for n in names]
+        for split, (paths, labels) in splits.items():
+            merged[split][0].extend(paths)
+            merged[split][1].extend(labels)
+    realm_space = LabelSpace(tuple(_pretty(r.name) for r in realms), FOLDER_TEMPLATES)
+    class_space = LabelSpace(tuple(class_names), FOLDER_TEMPLATES)
+    data = EvalData(name=_dataset_name(root), identity={},
+                    label_spaces={"realm": realm_space, "class": class_space}, realm=("realm", "class"))
+    files = []
+    for split, (paths, labels) in merged.items():
+        caps = [(class_space.prompts(lab["class"])[0],) for lab in labels]
+        data.splits[split] = FileSamples(paths, caps, labels)
+        files += paths
+    data.identity = {"kind": "realms", "root": str(root.resolve()), "seed": seed,
+                     "files": _fingerprint(files, json.dumps(class_names))}
+    return data
+
+
+def _dataset_name(path: Path) -> str:
+    stem = path.resolve().name if path.is_dir() else path.stem
+    clean = "".join(ch if ch.isalnum() or ch in "_." else "_" for ch in stem.lower()).strip("_")
+    return clean or "data"
+
+
+_IMAGE_KEYS = ("image", "image_path", "filepath", "file", "path")
+
+
+def _check_image(base: Path, value, where: str) -> Path:
+    if not isinstance(value, str) or not value.strip():
+        raise NclipError(f"{where}: missing image path")
+    path = Path(value.strip()).expanduser()
+    path = path if path.is_absolute() else base / path
+    if not path.is_file():
+        raise NclipError(f"{where}: image not found: {path}")
+    return path
+
+
+def caption_file(path: str | Path) -> EvalData:
+    """Image-caption pairs for retrieval from a CSV or JSONL file (see the module docstring)."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise NclipError(f"captions file not found: {path}")
+    base = path.parent
+    order: list[Path] = []
+    caps: dict[Path, list[str]] = {}
+    where_of: dict[Path, str] = {}
+
+    def add(img: Path, texts: list[str], where: str):
+        if img not in caps:
+            order.append(img)
+            caps[img] = []
+            where_of[img] = where
+        caps[img].extend(texts)
+
+    if path.suffix.lower() in (".jsonl", ".ndjson"):
+        with path.open(encoding="utf-8") as fh:
+            for n, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                where = f"{path} line {n}"
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise NclipError(f"{where}: invalid JSON ({e.msg})") from None
+                if not isinstance(row, dict):
+                    raise NclipError(f"{where}: expected an object with 'image' and 'caption'/'captions'")
+                key = next((k for k in _IMAGE_KEYS if k in row), None)
+                img = _check_image(base, row.get(key) if key else None, where)
+                texts = row.get("captions", row.get("caption"))
+                texts = [texts] if isinstance(texts, str) else texts
+                if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t.strip() for t in texts):
+                    raise NclipError(f"{where}: 'caption' must be a non-empty string "
+                                     "(or 'captions' a list of them)")
+                add(img, [t.strip() for t in texts], where)
+    elif path.suffix.lower() in (".csv", ".tsv"):
+        with path.open(encoding="utf-8", newline="") as fh:
+            reader = csv.DictReader(fh, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
+            header = [h.strip().lower() for h in (reader.fieldnames or [])]
+            reader.fieldnames = header
+            img_key = next((k for k in _IMAGE_KEYS if k in header), None)
+            cap_keys = [h for h in header if h.startswith("caption")]
+            if img_key is None or not cap_keys:
+                raise NclipError(f"{path} line 1: the header needs an image column ({'/'.join(_IMAGE_KEYS)}) "
+                                 f"and at least one caption column, got {','.join(header) or 'nothing'}")
+            for row in reader:
+                where = f"{path} line {reader.line_num}"
+                if None in row:
+                    raise NclipError(f"{where}: more fields than the header has")
+                img = _check_image(base, row.get(img_key), where)
+                texts = [row[k].strip() for k in cap_keys if row.get(k) and row[k].strip()]
+                if not texts:
+                    raise NclipError(f"{where}: no caption")
+                add(img, texts, where)
+    else:
+        raise NclipError(f"{path}: captions must be a .csv, .tsv or .jsonl file")
+    if len(order) < 2:
+        raise NclipError(f"{path}: retrieval needs at least 2 images, found {len(order)}")
+    samples = FileSamples(order, [tuple(dict.fromkeys(caps[p])) for p in order], [{} for _ in order],
+                          [f"{where_of[p]}: " for p in order])
+    return EvalData(name=_dataset_name(path),
+                    identity={"kind": "captions", "file": str(path.resolve()),
+                              "files": _fingerprint([path, *order])},
+                    splits={"test": samples}, retrieval=True)
+
+
+_STS_A, _STS_B, _STS_SCORE = ("sentence1", "text_a", "sentence_a"), ("sentence2", "text_b", "sentence_b"), \
+    ("score", "similarity", "label")
+
+
+def sts_file(path: str | Path) -> EvalData:
+    """Graded sentence pairs: CSV/TSV with a ``sentence1,sentence2,score`` header."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise NclipError(f"STS file not found: {path}")
+    pairs = []
+    with path.open(encoding="utf-8", newline="") as fh:
+        reader = csv.DictReader(fh, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
+        header = [h.strip().lower() for h in (reader.fieldnames or [])]
+        reader.fieldnames = header
+        cols = [next((k for k in names if k in header), None) for names in (_STS_A, _STS_B, _STS_SCORE)]
+        if None in cols:
+            raise NclipError(f"{path} line 1: the header must name sentence1, sentence2 and score columns, "
+                             f"got {','.join(header) or 'nothing'}")
+        for row in reader:
+            where = f"{path} line {reader.line_num}"
+            if None in row:
+                raise NclipError(f"{where}: more fields than the header has")
+            a, b, s = (row.get(c) for c in cols)
+            if not a or not a.strip() or not b or not b.strip():
+                raise NclipError(f"{where}: empty sentence")
+            try:
+                score = float(s)
+            except (TypeError, ValueError):
+                raise NclipError(f"{where}: score {s!r} is not a number") from None
+            if not np.isfinite(score):
+                raise NclipError(f"{where}: score {s!r} is not finite")
+            pairs.append((a.strip(), b.strip(), score))
+    if len(pairs) < 2:
+        raise NclipError(f"{path}: STS needs at least 2 sentence pairs, found {len(pairs)}")
+    return EvalData(name=_dataset_name(path),
+                    identity={"kind": "sts", "file": str(path.resolve()), "files": _fingerprint([path])},
+                    sts=pairs)
+
+
+# ---------------------------------------------------------------------------------------------
+# spec strings
+# ---------------------------------------------------------------------------------------------
+
+BUILTIN = ("synthetic", "digits")
+USER_KINDS = ("folder", "realms", "captions", "sts")
+
+
+def parse_spec(spec: str) -> tuple[str, str | None]:
+    """``"synthetic"`` -> ("synthetic", None); ``"folder:/data/pets"`` -> ("folder", "/data/pets")."""
+    kind, sep, arg = spec.partition(":")
+    kind = kind.strip().lower()
+    if kind in BUILTIN and not sep:
+        return kind, None
+    if kind in USER_KINDS and sep and arg.strip():
+        return kind, os.path.expanduser(arg.strip())
+    raise NclipError(
+        f"unknown dataset {spec!r}; use one of {', '.join(BUILTIN)} or KIND:PATH with KIND in {', '.join(USER_KINDS)}"
+    )
+
+
+def build(spec: str, *, image_size: int, max_objects: int, seed: int, test_samples: int,
+          train_samples: int, sts_pairs: int) -> list[EvalData]:
+    """The EvalData(s) for one spec string (``synthetic`` yields the scenes and their STS pairs)."""
+    kind, arg = parse_spec(spec)
+    if kind == "synthetic":
+        out = [synthetic(image_size, max_objects, seed, test_samples, train_samples)]
+        if sts_pairs:
+            out.append(synthetic_sts(sts_pairs, seed))
+        return out
+    if kind == "digits":
+        return [digits(image_size, seed)]
+    if kind == "folder":
+        return [image_folder(arg, seed)]
+    if kind == "realms":
+        return [realm_folders(arg, seed)]
+    if kind == "captions":
+        return [caption_file(arg)]
+    return [sts_file(arg)]

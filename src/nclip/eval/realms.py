@@ -1,0 +1,55 @@
+"""Protocol 7: realm-wise linear probing (OmniBenchmark Sec. 3.6).
+
+The benchmark is a set of realm datasets with no concept overlap; the frozen backbone is probed
+by one linear classifier per realm (logistic regression, as protocol 4), top-1 accuracy is reported
+per realm and averaged, and -- following ImageNet-CoG, as OmniBenchmark does -- also *relative to a
+baseline model*: accuracy minus the baseline's accuracy on the same realm (Tab. 1, bottom).
+
+On synthetic scenes a realm dataset is the set of samples whose main shape lies in that realm
+(polygons, curved shapes, symbols), and the task is to tell its shapes apart. For user data, every
+top-level folder is a realm (:func:`nclip.eval.datasets.realm_folders`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nclip.eval import probe
+
+
+def key(name: str) -> str:
+    """A realm name as it appears in result keys ("curved shape" -> "curved_shape")."""
+    return "".join(ch if ch.isalnum() else "_" for ch in name.strip().lower()).strip("_") or "realm"
+
+
+def evaluate(train_x, train_realm, train_cls, test_x, test_realm, test_cls, realm_names,
+             l2_grid=probe.L2_GRID, seed: int = 0) -> dict[str, dict[str, float]]:
+    """{realm name: {"top1", "mean_per_class", "classes", "train", "test"}} for every realm with at least
+    two classes among its training samples and at least one test sample.
+
+    Class ids are remapped to 0..c-1 within each realm (the realm's own label space).
+    """
+    train_realm, train_cls = torch.as_tensor(train_realm).long(), torch.as_tensor(train_cls).long()
+    test_realm, test_cls = torch.as_tensor(test_realm).long(), torch.as_tensor(test_cls).long()
+    out = {}
+    for r, name in enumerate(realm_names):
+        tr, te = train_realm == r, test_realm == r
+        classes = torch.unique(train_cls[tr])
+        if classes.numel() < 2 or int(te.sum()) == 0:
+            continue
+        keep = torch.isin(test_cls[te], classes)  # test samples of classes never seen in training are unscorable
+        if not bool(keep.any()):
+            continue
+        remap = torch.full((int(max(train_cls.max(), test_cls.max())) + 1,), -1, dtype=torch.long)
+        remap[classes] = torch.arange(classes.numel())
+        xt, yt = torch.as_tensor(test_x)[te][keep], remap[test_cls[te][keep]]
+        res = probe.linear(torch.as_tensor(train_x)[tr], remap[train_cls[tr]], xt, yt, classes.numel(),
+                           l2_grid=l2_grid, seed=seed)
+        out[name] = {"top1": res["top1"], "mean_per_class": res["mean_per_class"],
+                     "classes": int(classes.numel()), "train": int(tr.sum()), "test": int(keep.sum())}
+    return out
+
+
+def relative(accuracy: dict[str, float], baseline: dict[str, float]) -> dict[str, float]:
+    """Accuracy minus the baseline's, for the realms both have (ImageNet-CoG / OmniBenchmark Tab. 1)."""
+    return {r: accuracy[r] - baseline[r] for r in accuracy if r in baseline}
