@@ -49,8 +49,9 @@ def _cell(metric: str, value, base) -> str:
     text = fmt(metric, value)
     if base is None or metric in ("l2", "best_head"):
         return text
-    scale = 1.0 if metric.startswith(("erank", "align", "unif", "proto")) else 100.0
-    return f"{text} ({scale * (value - base):+.1f})"
+    if metric.startswith(("erank", "align", "unif", "proto")):  # raw numbers, not percentages
+        return f"{text} ({value - base:+.3g})"
+    return f"{text} ({100.0 * (value - base):+.1f})"
 
 
 def markdown(paths: list[str | Path]) -> str:

@@ -48,8 +48,13 @@ def threads(n: int | None):
 
 
 def linear(train_x, train_y, test_x, test_y, num_classes: int, l2_grid=L2_GRID, seed: int = 0,
-           max_iter: int = 300) -> dict[str, float]:
-    """{"top1", "mean_per_class", "l2"} of a linear probe; L2 picked on a validation split, refit."""
+           max_iter: int = 150) -> dict[str, float]:
+    """{"top1", "mean_per_class", "l2"} of a linear probe; L2 picked on a validation split, refit.
+
+    ``max_iter`` L-BFGS iterations per fit: the L2 grid is walked as a warm-started regularisation
+    path, so each fit starts near its optimum; on the tiny preset, 150 iterations change top-1 by
+    < 1 point relative to 300 at half the cost.
+    """
     x = torch.as_tensor(train_x)
     with threads(1 if x.numel() * num_classes < SMALL else None):
         r = linear_probe(train_x, train_y, test_x, test_y, num_classes, l2_grid=l2_grid, val_fraction=0.2,

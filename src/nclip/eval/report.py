@@ -39,6 +39,17 @@ _TASK_TITLES = {
     "diagnostics": "Representation diagnostics",
 }
 _TASK_ORDER = list(_TASK_TITLES)
+_TASK_NOTES = {
+    "linear": "Features: the image tower's final-norm [CLS] token, frozen (no projection head).",
+    "realms": "One probe per realm dataset (on synthetic scenes: the scenes whose main shape is in the realm, "
+              "classifying that shape); \"relative\" = accuracy minus the baseline's, in points.",
+    "masks": "Per head: mean Jaccard over scenes of the [CLS] attention's top-60% mass vs the union of object "
+             "masks; the best head is retained (as in the paper).",
+    "diagnostics": "erank: effective rank (1 = collapsed); alignment (0 = paired embeddings coincide, lower is "
+                   "better) and uniformity (more negative = more spread) of the CLIP-head embeddings; proto_*: "
+                   "prototypes in use by the nCLIP head's argmax and the perplexity of that histogram; row/col "
+                   "std of P = softmax(nCLIP logits) (App. B, Fig. B1).",
+}
 
 
 def _is_percent(metric: str) -> bool:
@@ -139,7 +150,8 @@ def _tables(results: dict) -> str:
                     + "".join(f'<td class="num">{fmt(k, m.get(k))}</td>' for k in metrics) + "</tr>"
                     for d, m in sorted(rows.items(), key=lambda kv: ("(mean" in kv[0], kv[0]))]
             first = "dataset"
-        parts.append(f'<h3 id="t-{task}">{html.escape(title)}</h3><div class="scroll"><table><thead><tr>'
+        note = f'<p class="note">{html.escape(_TASK_NOTES[task])}</p>' if task in _TASK_NOTES else ""
+        parts.append(f'<h3 id="t-{task}">{html.escape(title)}</h3>{note}<div class="scroll"><table><thead><tr>'
                      f"<th>{first}</th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>")
     return "\n".join(parts)
 
