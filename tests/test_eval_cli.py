@@ -70,6 +70,10 @@ def user_data(tmp_path_factory):
             path.parent.mkdir(parents=True, exist_ok=True)
             Image.fromarray(img).save(path)
             lines.append(f"folder/{name}/{i}.png,a {name} picture,something {name} number {i}")
+            for realm in ("warm", "cold"):  # realm-wise probing on user data: one folder per realm
+                path = root / "realms" / realm / f"{realm}_{name}" / f"{i}.png"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                Image.fromarray(img if realm == "warm" else 255 - img).save(path)
     (root / "caps.csv").write_text("\n".join(lines) + "\n")
     (root / "sts.csv").write_text("sentence1,sentence2,score\n" + "".join(
         f"a {a} square,a {b} square,{5 if a == b else 1}\n" for a in ("red", "blue", "green") for b in ("red", "blue")))
@@ -79,7 +83,8 @@ def user_data(tmp_path_factory):
 def test_eval_end_to_end_cache_report_compare(xclip_run, user_data, tmp_path, capsys, monkeypatch):
     out1 = tmp_path / "eval1"
     datasets = ["--dataset", "synthetic", "--dataset", f"folder:{user_data / 'folder'}",
-                "--dataset", f"captions:{user_data / 'caps.csv'}", "--dataset", f"sts:{user_data / 'sts.csv'}"]
+                "--dataset", f"captions:{user_data / 'caps.csv'}", "--dataset", f"sts:{user_data / 'sts.csv'}",
+                "--dataset", f"realms:{user_data / 'realms'}"]
     assert main(["eval", "--checkpoint", str(xclip_run), "--out", str(out1), *SMALL, *datasets]) == 0
     printed = capsys.readouterr().out
     assert "zeroshot/synthetic-shape/top1" in printed and "report.html" in printed
@@ -98,7 +103,8 @@ def test_eval_end_to_end_cache_report_compare(xclip_run, user_data, tmp_path, ca
         "multilabel/synthetic-shape/mAP", "multilabel/synthetic-shape/f1@3",
         "linear/synthetic-shape/top1", "linear/folder-class/top1",
         "knn/synthetic-shape/top1", "cluster/synthetic-shape/ari", "cluster/synthetic-shape/ami",
-        "realms/synthetic-polygon/top1", "realms/synthetic/mean_top1",
+        "realms/synthetic-polygon/top1", "realms/synthetic/mean_top1", "realms/realms-warm/top1",
+        "realms/realms-cold/top1", "realms/realms/mean_top1", "zeroshot/realms-class/top1",
         "sts/synthetic/spearman", "sts/sts/spearman", "masks/synthetic/jaccard", "masks/synthetic/best_head",
         "diagnostics/synthetic/erank_image_features", "diagnostics/synthetic/proto_used_image",
         "diagnostics/synthetic/row_std_image", "diagnostics/synthetic/uniformity_image_emb",

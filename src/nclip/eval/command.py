@@ -88,9 +88,12 @@ _SUMMARY = ("/top1", "/mean_recall", "/mAP", "/mean_top1", "/spearman", "/jaccar
 def summary(doc: dict, out: Path, report: bool = True) -> str:
     from nclip.eval.report import fmt
 
+    from nclip.eval.settings import TASKS
+
     r = doc["results"]
-    rows = [(k, fmt(k.rsplit("/", 1)[1], v)) for k, v in r.items() if k.endswith(_SUMMARY)]
-    rows = rows[:40]
+    keys = sorted((k for k in r if k.endswith(_SUMMARY)),
+                  key=lambda k: (TASKS.index(k.split("/")[0]) if k.split("/")[0] in TASKS else 99, k))
+    rows = [(k, fmt(k.rsplit("/", 1)[1], r[k])) for k in keys]
     width = max([len(k) for k, _ in rows] + [10])
     c = doc["cache"]
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
