@@ -268,10 +268,16 @@ MICRO = [
 ]
 
 
-def test_episodic_run_end_to_end(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory):
+    """One external-teacher cache for the runs below (same training set): encoded once."""
+    return str(tmp_path_factory.mktemp("teacher-cache"))
+
+
+def test_episodic_run_end_to_end(tmp_path, capsys, shared_cache):
     out = tmp_path / "run"
     args = ["train", "--preset", "protoclip-tiny", "--out", str(out), "--no-progress"]
-    for o in MICRO + [f"objective.ext_cache_dir={tmp_path / 'cache'}"]:
+    for o in MICRO + [f"objective.ext_cache_dir={shared_cache}"]:
         args += ["--set", o]
     assert main(args) == 0
     assert "zeroshot/shape/top1" in capsys.readouterr().out
@@ -298,7 +304,7 @@ def test_episodic_run_end_to_end(tmp_path, capsys):
 # ---- 2 ranks (gloo) ----------------------------------------------------------------------------
 
 
-def _two_rank_worker(rank, world):
+def _objective_on_two_ranks(rank, world):
     from nclip import distributed as D
     from nclip.train.episodic import _broadcast
 
@@ -340,7 +346,87 @@ def _two_rank_worker(rank, world):
     return True
 
 
-def test_two_ranks_prototype_loss_and_broadcast():
+
+
+# ---- the paper-scale preset and the ResNet tower ----------------------------------------------
+
+
+def test_rn50_preset_has_table_a3_settings():
+    cfg = resolve("protoclip-rn50-cc")
+    o, t, m = cfg.objective, cfg.train, cfg.model
+    assert (t.batch_size, o.episode_size, o.warmup_episodes, o.clusters, o.kmeans_iters) == (512, 200_000, 40, 20_000, 20)
+    assert (t.lr, t.weight_decay, t.betas, t.eps, t.grad_clip) == (5e-4, 0.5, (0.9, 0.999), 1e-8, 1e5)
+    assert (m.vision.kind, m.vision.depths, m.embed_dim, m.proto_dim, m.proto_hidden) == ("resnet", (3, 4, 6, 3), 1024, 128, 2048)
+    assert (o.t_proto_init, o.t_target, o.ext_pca_dim, cfg.data.image_size) == (0.07, 0.01, 64, 224)
+    # 32 epochs of 2.5M pairs = 400 episodes of 390 steps; LiT from epoch 16
+    assert t.steps == 400 * episodic.steps_per_episode(cfg) and o.lit_episode == 200
+
+
+def test_resnet_tower_builds_from_config():
+    from nclip.models import build_model
+
+    cfg = resolve("protoclip-tiny", MICRO + ["model.vision.kind=resnet", "model.vision.depths=[1,1]",
+                                             "model.vision.hidden_sizes=[16,32]", "model.vision.embedding_size=8"])
+    model = build_model(cfg, pretrained_text=False)
+    ids, mask = model.tokenizer(["a red circle", "two blue squares"])
+    out = model(torch.randn(2, 3, 16, 16), ids, mask)
+    assert out.image_features.shape == (2, 32) and out.image_emb.shape == (2, 32) and out.image_proto.shape == (2, 16)
+    assert model.vision.kind == "resnet"
+
+
+# ---- the episodic loop on 2 ranks (DDP, gloo) against 1 process ------------------------------
+
+DIST_RUN = [o for o in MICRO if not o.startswith(("train.steps", "train.checkpoint_every", "objective.lit_episode"))] + [
+    "train.steps=6", "train.checkpoint_every=6", "train.threads=1"]
+
+
+def _episodic_rank(rank, world, root, cache):
+    from pathlib import Path
+
+    from nclip.train.loop import train
+
+    _objective_on_two_ranks(rank, world)
+    train(resolve("protoclip-tiny", DIST_RUN + [f"objective.ext_cache_dir={cache}"]), Path(root) / "ddp",
+          progress=False, evaluate=False)
+    return True
+
+
+def test_two_ranks_match_one_process(tmp_path, shared_cache):
+    """The objective: loss and gradients of 2 ranks with half the batch each = 1 process with the
+    whole batch, and the broadcast episode state = rank 0's. The episodic loop: sharded extraction
+    + rank-0 K-Means + broadcast + DDP with per-row episode positions log the losses of 1 process."""
     from distributed_utils import run_ranks
 
-    assert run_ranks(_two_rank_worker, world_size=2) == [True, True]
+    from nclip.train.loop import train
+
+    train(resolve("protoclip-tiny", DIST_RUN + [f"objective.ext_cache_dir={shared_cache}"]), tmp_path / "single",
+          progress=False, evaluate=False)  # also fills the teacher cache the ranks read
+    assert run_ranks(_episodic_rank, world_size=2, args=(str(tmp_path), shared_cache)) == [True, True]
+    rows = [[json.loads(x) for x in (tmp_path / r / "metrics.jsonl").read_text().splitlines()] for r in ("single", "ddp")]
+    assert [r["step"] for r in rows[1]] == list(range(1, 7))
+    for a, b in zip(*rows):
+        assert set(a) == set(b)
+        for k in ("loss", "clip/loss", "proto/L_proto", "proto/L_ext", "proto/acc_i2t", "grad_norm"):
+            if k in b:
+                assert a[k] == pytest.approx(b[k], rel=1e-4, abs=5e-5), (a["step"], k)
+    assert sum("proto/L_proto" in r for r in rows[1]) == 4  # episodes 1 and 2 (episode 0 warms up)
+
+
+def test_resume_in_the_middle_of_an_episode_is_exact(tmp_path, shared_cache):
+    import shutil
+
+    from nclip.train.loop import train
+
+    cfg = resolve("protoclip-tiny", DIST_RUN + ["train.checkpoint_every=3", f"objective.ext_cache_dir={shared_cache}"])
+    run = tmp_path / "run"
+    train(cfg, run, progress=False, evaluate=False)
+    full = (run / "metrics.jsonl").read_text()
+    shutil.rmtree(run / "checkpoints" / "step_00000006")  # the run "died" after step 3, inside episode 1
+    train(cfg, run, resume=True, progress=False, evaluate=False)
+
+    def rows(text):
+        return [{k: v for k, v in json.loads(x).items() if k != "samples_per_s"} for x in text.splitlines()]
+
+    assert rows((run / "metrics.jsonl").read_text()) == rows(full)
+    eps = [json.loads(x) for x in (run / "episodes.jsonl").read_text().splitlines()]
+    assert [e["episode"] for e in eps] == [0, 1, 2] and eps[1].get("resumed") is True

@@ -35,8 +35,10 @@ Resume: a checkpoint holds the objective's episode state (labels and prototypes)
 in the middle of an episode continues with the same prototypes; a run resumed at an episode
 boundary builds the next episode as an uninterrupted run would.
 
-Limitations: map-style built-in sources only (synthetic, digits: episodes need random access);
-``train.strategy: fsdp`` is refused (extraction calls the model outside the sharded wrapper).
+Sources: episodes need random access, so the map-style ones: synthetic, digits and csv (a row
+whose image is unusable is replaced by the next good row, as in :mod:`nclip.data.csv_source`).
+WebDataset shards are refused. ``train.strategy: fsdp`` is refused too (extraction calls the model
+outside the sharded wrapper).
 """
 
 from __future__ import annotations
@@ -111,12 +113,45 @@ class _Collate:
         return torch.stack(images), ids, mask
 
 
+class CsvSamples:
+    """Random access to the (image, caption) pairs of a CSV source: item i → an object with
+    ``image`` (uint8 [H, W, 3]) and ``caption``; an unusable row is replaced by the next good one."""
+
+    def __init__(self, cfg: RunConfig):
+        from nclip.data.csv_source import read_rows
+
+        d = cfg.data
+        self.file = d.csv
+        self.images, self.captions = read_rows(d.csv, d.csv_image_key, d.csv_caption_key)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int):
+        from types import SimpleNamespace
+
+        from nclip.data.csv_source import MAX_BAD_IN_A_ROW, load_pair
+
+        n = len(self.images)
+        for attempt in range(min(MAX_BAD_IN_A_ROW, n)):
+            row = (index + attempt) % n
+            out = load_pair(self.images[row], self.captions[row])
+            if not isinstance(out, str):
+                return SimpleNamespace(image=out[0], caption=out[1])
+        raise NclipError(f"{self.file}: {MAX_BAD_IN_A_ROW} unusable rows in a row from row {index + 2}")
+
+
+def train_samples(cfg: RunConfig):
+    """The training pairs with random access: a built-in dataset or a CSV source."""
+    return CsvSamples(cfg) if cfg.data.source == "csv" else build_dataset(cfg, "train")
+
+
 def _check(cfg: RunConfig, world_size: int) -> None:
     if not getattr(REGISTRY[cfg.objective.name][1], "episodic", False):
         raise NclipError(f"objective {cfg.objective.name!r} is not episodic")
-    if cfg.data.source not in ("synthetic", "digits"):
+    if cfg.data.source not in ("synthetic", "digits", "csv"):
         raise NclipError(f"episodic training needs random access to the training set: data.source "
-                         f"{cfg.data.source} is not supported (use synthetic or digits)")
+                         f"{cfg.data.source} is not supported (use synthetic, digits or csv)")
     if world_size > 1 and cfg.train.strategy == "fsdp":
         raise NclipError("episodic training does not support train.strategy fsdp; use ddp")
 
@@ -133,7 +168,7 @@ class EpisodicData:
         self.cfg, self.oc, self.run_dir = cfg, cfg.objective, Path(run_dir)
         self.model, self.objective, self.optimizer, self.ctx = model, objective, optimizer, ctx
         self.start, self.steps = start, cfg.train.steps
-        self.samples = build_dataset(cfg, "train")
+        self.samples = train_samples(cfg)
         if len(self.samples) == 0:
             raise NclipError("the training dataset is empty")
         self.dataset = EpisodePairs(self.samples, cfg)

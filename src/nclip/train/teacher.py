@@ -71,7 +71,13 @@ def dataset_identity(cfg: RunConfig) -> dict:
                 "max_objects": d.max_objects, "loose_caption_prob": d.loose_caption_prob}
     if d.source == "digits":
         return {"source": "digits", "seed": cfg.seed, "image_size": d.image_size}
-    raise NclipError(f"the external teacher needs a map-style built-in source, not data.source {d.source}")
+    if d.source == "csv":  # the file's content and the caption column
+        h = hashlib.sha256()
+        with open(d.csv, "rb") as fh:
+            while block := fh.read(1 << 22):
+                h.update(block)
+        return {"source": "csv", "sha256": h.hexdigest(), "caption_key": d.csv_caption_key}
+    raise NclipError(f"the external teacher needs a map-style source (synthetic, digits, csv), not {d.source}")
 
 
 def identity(cfg: RunConfig) -> dict:
@@ -88,28 +94,46 @@ def _key(ident: dict) -> str:
 @torch.no_grad()
 def encode_captions(captions: list[str], directory: Path, max_length: int, batch_size: int,
                     device: torch.device | str = "cpu") -> torch.Tensor:
-    """[N, D] float32: mean-pooled, L2-normalised token states of a local transformers encoder."""
+    """[N, D] float32: mean-pooled, L2-normalised token states of a local transformers encoder.
+
+    Exact shortcuts: each distinct caption is encoded once, in batches of similar lengths with the
+    trailing padding cut (padding is at the end and masked, so the pooled states do not change)."""
     from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
 
     from nclip.data.tokenization import CaptionTokenizer
 
+    hf_logging.disable_progress_bar()
     try:
         model = AutoModel.from_pretrained(str(directory), local_files_only=True).to(device).eval()
     except (OSError, ValueError) as e:
         raise NclipError(f"cannot load the teacher encoder from {directory}: {str(e).splitlines()[0]}") from None
+    finally:
+        hf_logging.enable_progress_bar()
     tok = CaptionTokenizer(max_length, directory / "tokenizer.json")
-    parts = []
-    for i in range(0, len(captions), batch_size):
-        ids, mask = tok(captions[i : i + batch_size])
-        ids, mask = ids.to(device), mask.to(device)
-        states = model(input_ids=ids, attention_mask=mask).last_hidden_state  # [b, L, D]
-        m = mask.unsqueeze(-1).to(states.dtype)
-        pooled = (states * m).sum(1) / m.sum(1).clamp_min(1)
-        parts.append(torch.nn.functional.normalize(pooled.float(), dim=-1).cpu())
-    return torch.cat(parts)
+    unique, inverse = np.unique(np.asarray(captions, dtype=object), return_inverse=True)
+    ids, mask = tok([str(c) for c in unique])  # [U, L]
+    order = torch.argsort(mask.sum(1), stable=True)  # similar lengths together
+    out = torch.empty(len(unique), model.config.hidden_size)
+    for i in range(0, len(unique), batch_size):
+        rows = order[i : i + batch_size]
+        m = mask[rows]
+        width = int(m.sum(1).max())
+        states = model(input_ids=ids[rows, :width].to(device), attention_mask=m[:, :width].to(device)).last_hidden_state
+        w = m[:, :width].unsqueeze(-1).to(device=states.device, dtype=states.dtype)
+        pooled = (states * w).sum(1) / w.sum(1).clamp_min(1)
+        out[rows] = torch.nn.functional.normalize(pooled.float(), dim=-1).cpu()
+    return out[torch.from_numpy(inverse.reshape(-1).astype(np.int64))]
 
 
 def train_captions(cfg: RunConfig) -> list[str]:
+    """Every training caption in dataset order. For a CSV, the caption column as it is (no image
+    is read: a row whose image turns out unusable is trained on as the next good row's pair but
+    keeps its own caption's teacher features)."""
+    if cfg.data.source == "csv":
+        from nclip.data.csv_source import read_rows
+
+        return [c.strip() for c in read_rows(cfg.data.csv, cfg.data.csv_image_key, cfg.data.csv_caption_key)[1]]
     from nclip.data.loader import build_dataset
 
     samples = build_dataset(cfg, "train")

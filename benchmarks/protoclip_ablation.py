@@ -1,0 +1,153 @@
+"""ProtoCLIP vs CLIP and the pattern of Tab. 1(a)'s ablations on the built-in synthetic scenes.
+
+Runs (same data, towers, augmentation, batch and number of optimizer steps for every run):
+
+    clip              clip-tiny (InfoNCE only)
+    protoclip         protoclip-tiny (L_CLIP + L_Proto + external MiniLM teacher)
+    protoclip_noext   - w/o the external teacher (objective.w_ext=0)   ["ProtoCLIP w/o RoBERTa"]
+    noext_nopbt       - w/o external teacher, w/o PBT                  ["- w/o PBT"]
+    noext_hard        - w/o external teacher, hard targets (τ_y <= 0)  ["- w/o soft target"]
+
+Every run uses the synthetic training set of ``--train-length`` pairs (the external teacher's
+features are computed once for it) and ProtoCLIP's light augmentation (crop scale (0.5, 1), colour
+jitter p = 0.2, grayscale p = 0.2), so the runs differ in the objective only.
+
+Evaluation of the final model's CLIP embeddings z (what the paper evaluates, App. B), for the
+label kinds ``shape`` (15 classes) and ``colour`` (10) of the main object: zero-shot top-1 (prompt
+ensembles), linear probe (L-BFGS logistic regression, probe fitted on the val split, scored on the
+test split), kNN top-1 (k = 20, DINO's weighted vote), and K-Means clustering of the test split
+into as many clusters as classes (ARI, AMI), plus retrieval mean recall (R@1, R@5 both ways).
+
+    python benchmarks/protoclip_ablation.py --steps 400 --out runs/protoclip_ablation
+
+Slow on a CPU (each run is a full tiny training); results are printed as a Markdown table and
+written to OUT/results.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+COMMON = ["data.augment.color_jitter_prob=0.2", "data.augment.grayscale_prob=0.2", "data.augment.crop_scale=[0.5,1.0]"]
+RUNS = {
+    "clip": ("clip-tiny", []),
+    "protoclip": ("protoclip-tiny", []),
+    "protoclip_noext": ("protoclip-tiny", ["objective.w_ext=0"]),
+    "noext_nopbt": ("protoclip-tiny", ["objective.w_ext=0", "objective.pbt=false"]),
+    "noext_hard": ("protoclip-tiny", ["objective.w_ext=0", "objective.t_target=0"]),
+}
+KINDS = ("shape", "colour")
+
+
+def train_cmd(name: str, out: Path, steps: int, train_length: int, threads: int) -> list[str]:
+    preset, extra = RUNS[name]
+    overrides = COMMON + extra + [f"train.steps={steps}", f"data.train_length={train_length}",
+                                  f"train.checkpoint_every={steps}", f"train.threads={threads}"]
+    cmd = [sys.executable, "-m", "nclip", "train", "--preset", preset, "--out", str(out / name), "--no-progress"]
+    for o in overrides:
+        cmd += ["--set", o]
+    return cmd
+
+
+def train_all(names: list[str], out: Path, steps: int, train_length: int, parallel: int, threads: int) -> dict:
+    """Train the runs, ``parallel`` at a time with ``threads`` each; {name: wall seconds}."""
+    pending, running, took = list(names), {}, {}
+    while pending or running:
+        while pending and len(running) < parallel:
+            name = pending.pop(0)
+            log = open(out / f"{name}.log", "w")
+            running[name] = (subprocess.Popen(train_cmd(name, out, steps, train_length, threads), stdout=log,
+                                              stderr=subprocess.STDOUT), time.perf_counter(), log)
+        time.sleep(5)
+        for name, (proc, t0, log) in list(running.items()):
+            if proc.poll() is not None:
+                log.close()
+                if proc.returncode:
+                    raise SystemExit(f"run {name} failed (exit {proc.returncode}); see {out / name}.log")
+                took[name] = time.perf_counter() - t0
+                del running[name]
+    return took
+
+
+def evaluate(run: Path, n_train: int, n_test: int) -> dict:
+    import torch
+
+    from nclip.data.loader import build_dataset
+    from nclip.eval import metrics as M
+    from nclip.eval.features import class_text_outputs, extract, similarity
+    from nclip.models.io import load_model
+
+    model, cfg = load_model(run / "model")
+    fit = extract(model, build_dataset(cfg, "val", length=n_train), cfg.data.image_size, "cpu")
+    test = extract(model, build_dataset(cfg, "test", length=n_test), cfg.data.image_size, "cpu")
+    space = build_dataset(cfg, "test", length=1).label_spaces
+    res = {}
+    for kind in KINDS:
+        n_cls = len(space[kind])
+        zs = similarity(test.image, class_text_outputs(model, space[kind], "cpu"), "clip")
+        res[f"{kind}/zeroshot"] = M.topk_accuracy(zs, test.labels[kind], ks=(1,))["top1"]
+        lp = M.linear_probe(fit.image["emb"], fit.labels[kind], test.image["emb"], test.labels[kind], n_cls,
+                            l2_grid=(1e-2, 1e-3, 1e-4), max_iter=300)  # a short grid: CPU time
+        res[f"{kind}/linear"] = lp["top1"]
+        xf = torch.nn.functional.normalize(fit.image["emb"], dim=-1)
+        xt = torch.nn.functional.normalize(test.image["emb"], dim=-1)
+        pred = M.knn_predict(xf, fit.labels[kind], xt, n_cls, k=20)
+        res[f"{kind}/knn"] = float((pred == test.labels[kind]).float().mean())
+        cs = M.cluster_scores(test.image["emb"], test.labels[kind], seed=0)
+        res[f"{kind}/ARI"], res[f"{kind}/AMI"] = cs["ari"], cs["ami"]
+    ev = json.loads((run / "eval.json").read_text())
+    res["retrieval/mean_recall"] = ev.get("retrieval/mean_recall", float("nan"))
+    return res
+
+
+def table(results: dict) -> str:
+    cols = [f"{k}/{m}" for k in KINDS for m in ("zeroshot", "linear", "knn", "ARI", "AMI")] + ["retrieval/mean_recall"]
+    lines = ["| run | " + " | ".join(cols) + " | train s |", "|---" * (len(cols) + 2) + "|"]
+    for name, r in results.items():
+        lines.append(f"| {name} | " + " | ".join(f"{r[c]:.3f}" for c in cols) + f" | {r.get('train_s', float('nan')):.0f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("runs/protoclip_ablation"))
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--train-length", type=int, default=20000)
+    ap.add_argument("--runs", nargs="*", default=list(RUNS))
+    ap.add_argument("--eval-only", action="store_true")
+    ap.add_argument("--parallel", type=int, default=1, help="runs trained at once")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads per run")
+    ap.add_argument("--eval-train", type=int, default=2000, help="val-split pairs the probes are fitted on")
+    ap.add_argument("--eval-test", type=int, default=1000)
+    args = ap.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "results.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    if not args.eval_only:
+        # the external teacher's caption features, computed once into the cache the runs read
+        from nclip.config import resolve
+        from nclip.train.teacher import teacher_features
+
+        teacher_features(resolve("protoclip-tiny", COMMON + [f"data.train_length={args.train_length}"]))
+        took = train_all(args.runs, args.out, args.steps, args.train_length, args.parallel, args.threads)
+    for name in args.runs:
+        entry = results.get(name, {})
+        if not args.eval_only:
+            entry["train_s"] = took[name]
+        entry.update(evaluate(args.out / name, args.eval_train, args.eval_test))
+        entry["steps"] = args.steps
+        results[name] = entry
+        path.write_text(json.dumps(results, indent=2))
+        print(table({name: entry}), flush=True)
+    print(table({k: results[k] for k in args.runs if k in results}))
+
+
+if __name__ == "__main__":
+    main()
