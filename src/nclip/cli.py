@@ -1,4 +1,4 @@
-"""The ``nclip`` command line: ``nclip train | export | presets | config``.
+"""The ``nclip`` command line: ``nclip train | sweep | export | presets | config``.
 
 Errors the user can fix (bad config, missing files, malformed input) print one line,
 ``nclip: error: ...``, and exit with status 2; nothing prints a traceback for them.
@@ -62,6 +62,19 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--csv-caption-key", default="title")
     q.add_argument("--json", action="store_true", help="print the summary as JSON")
 
+    p = sub.add_parser("sweep", help="run an ablation grid (Tab. 9 / Tab. A1): table.md, table.csv, curves.png")
+    _add_config_args(p)
+    p.add_argument("--grid", action="append", default=[], metavar="'KEY=[V1,V2] ...'",
+                   help="cartesian grid, e.g. \"objective.lambda1=[0,0.3,0.5] objective.lambda2=[1,1.5]\" (repeatable)")
+    p.add_argument("--grid-file", type=Path, help="YAML file with 'grid:' and/or named 'settings:'")
+    p.add_argument("--table", help="named settings of a paper table: a1 (Tab. A1), 9a, 9e")
+    p.add_argument("--out", required=True, type=Path, help="sweep directory (runs in OUT/runs/<slug>)")
+    p.add_argument("--parallel", type=int, help="runs at once (default: cores // threads per run)")
+    p.add_argument("--threads", type=int, help="train.threads of each run (default 1, or cores // --parallel)")
+    p.add_argument("--resume", action="store_true", help="skip finished runs, continue the others")
+    p.add_argument("--probe-train", type=int, default=2000, help="held-out images to fit the linear probe")
+    p.add_argument("--probe-test", type=int, default=1000, help="held-out images to test the linear probe")
+
     from nclip.eval.command import add_eval_parser  # light: the eval machinery loads when it runs
 
     add_eval_parser(sub)
@@ -115,6 +128,31 @@ def _cmd_export(args) -> int:
     return 0
 
 
+def _cmd_sweep(args) -> int:
+    from nclip.sweep import SweepOptions, load_grid_file, parse_grid, run_sweep, table_settings
+
+    grid, settings = parse_grid(args.grid), None
+    if args.grid_file:
+        file_grid, settings = load_grid_file(args.grid_file)
+        if set(file_grid) & set(grid):
+            raise NclipError(f"grid key {sorted(set(file_grid) & set(grid))[0]} is in both --grid and --grid-file")
+        grid = {**file_grid, **grid}
+    if args.table:
+        if settings:
+            raise NclipError("give either --table or settings in --grid-file, not both")
+        settings = table_settings(args.table)
+    if args.probe_train < 10 or args.probe_test < 10:
+        raise NclipError("--probe-train and --probe-test must be >= 10")
+    opts = SweepOptions(preset=args.preset, out=args.out, grid=grid, settings=settings, overrides=args.overrides,
+                        parallel=args.parallel, threads=args.threads, resume=args.resume,
+                        probe_train=args.probe_train, probe_test=args.probe_test,
+                        source={"grid": args.grid, "grid_file": str(args.grid_file) if args.grid_file else None,
+                                "table": args.table})
+    run_sweep(opts, log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print((args.out / "table.md").read_text(), end="")
+    return 0
+
+
 def _cmd_data(args) -> int:
     from nclip.data import tools
 
@@ -136,7 +174,7 @@ def _cmd_data(args) -> int:
     return 0
 
 
-COMMANDS = {"train": _cmd_train, "config": _cmd_config, "presets": _cmd_presets, "export": _cmd_export, "data": _cmd_data}
+COMMANDS = {"train": _cmd_train, "config": _cmd_config, "presets": _cmd_presets, "export": _cmd_export, "sweep": _cmd_sweep, "data": _cmd_data}
 
 
 def _cmd_eval(args) -> int:
