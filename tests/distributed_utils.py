@@ -21,6 +21,7 @@ import os
 import queue as queue_mod
 import socket
 import tempfile
+import time
 import traceback
 from typing import Callable
 
@@ -81,15 +82,24 @@ def run_ranks(fn: Callable, world_size: int = 2, args: tuple = (), timeout: floa
         got: dict[int, object] = {}
         errors: list[str] = []
         try:
-            for _ in range(world_size):
-                rank, status, value = results.get(timeout=timeout)
+            deadline = time.monotonic() + timeout
+            while len(got) < world_size and not errors:
+                try:
+                    rank, status, value = results.get(timeout=1.0)
+                except queue_mod.Empty:
+                    # a rank that died without reporting (killed, segfault) would otherwise cost the
+                    # whole timeout: give up once every unfinished rank is gone
+                    dead = [r for r, p in enumerate(procs) if r not in got and not p.is_alive()]
+                    if dead and results.empty():
+                        codes = ", ".join(f"rank {r}: exit {procs[r].exitcode}" for r in dead)
+                        errors.append(f"rank(s) died without a result ({codes})")
+                    elif time.monotonic() > deadline:
+                        errors.append(f"timed out after {timeout:.0f} s waiting for {world_size - len(got)} rank(s)")
+                    continue
                 if status == "ok":
                     got[rank] = torch.load(io.BytesIO(value), weights_only=False)  # our own objects
                 else:
-                    errors.append(f"rank {rank} failed:\n{value}")
-                    break  # the other ranks may be stuck in a collective
-        except queue_mod.Empty:
-            errors.append(f"timed out after {timeout:.0f} s waiting for {world_size - len(got)} rank(s)")
+                    errors.append(f"rank {rank} failed:\n{value}")  # the others may be stuck in a collective
         finally:
             for p in procs:
                 p.join(timeout=5 if not errors else 0.5)
