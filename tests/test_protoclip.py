@@ -221,7 +221,19 @@ def test_teacher_cache_and_pca(tmp_path, monkeypatch):
     assert (cached1, cached2) == (False, True) and calls == [24]
     torch.testing.assert_close(first, second)
     assert first.shape == (24, 384)
-    torch.testing.assert_close(first.norm(dim=1), torch.ones(24))
+    # the shortcuts (distinct captions once, trimmed padding) are exact: plain mean pooling
+    from transformers import AutoModel
+
+    from nclip.data.tokenization import CaptionTokenizer
+
+    enc = teacher.encoder_dir(None)
+    ids, mask = CaptionTokenizer(cfg.objective.ext_max_length, enc / "tokenizer.json")(teacher.train_captions(cfg))
+    with torch.no_grad():
+        states = AutoModel.from_pretrained(str(enc), local_files_only=True).eval()(
+            input_ids=ids, attention_mask=mask).last_hidden_state
+    w = mask.unsqueeze(-1).float()
+    torch.testing.assert_close(first, torch.nn.functional.normalize((states * w).sum(1) / w.sum(1), dim=-1),
+                               rtol=1e-4, atol=1e-5)
     # another dataset identity (or encoder, pooling, length) is another entry
     other = resolve("protoclip-tiny", ["data.train_length=25", f"objective.ext_cache_dir={tmp_path}"])
     assert teacher._key(teacher.identity(other)) != teacher._key(teacher.identity(cfg))

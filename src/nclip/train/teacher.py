@@ -112,17 +112,16 @@ def encode_captions(captions: list[str], directory: Path, max_length: int, batch
         hf_logging.enable_progress_bar()
     tok = CaptionTokenizer(max_length, directory / "tokenizer.json")
     unique, inverse = np.unique(np.asarray(captions, dtype=object), return_inverse=True)
-    ids, mask = tok([str(c) for c in unique])  # [U, L]
-    order = torch.argsort(mask.sum(1), stable=True)  # similar lengths together
+    order = np.argsort([len(c) for c in unique], kind="stable")  # similar lengths together
     out = torch.empty(len(unique), model.config.hidden_size)
     for i in range(0, len(unique), batch_size):
         rows = order[i : i + batch_size]
-        m = mask[rows]
-        width = int(m.sum(1).max())
-        states = model(input_ids=ids[rows, :width].to(device), attention_mask=m[:, :width].to(device)).last_hidden_state
-        w = m[:, :width].unsqueeze(-1).to(device=states.device, dtype=states.dtype)
+        ids, mask = tok([str(unique[r]) for r in rows])  # [b, L], tokenized per batch (memory)
+        width = int(mask.sum(1).max())
+        states = model(input_ids=ids[:, :width].to(device), attention_mask=mask[:, :width].to(device)).last_hidden_state
+        w = mask[:, :width].unsqueeze(-1).to(device=states.device, dtype=states.dtype)
         pooled = (states * w).sum(1) / w.sum(1).clamp_min(1)
-        out[rows] = torch.nn.functional.normalize(pooled.float(), dim=-1).cpu()
+        out[torch.from_numpy(rows)] = torch.nn.functional.normalize(pooled.float(), dim=-1).cpu()
     return out[torch.from_numpy(inverse.reshape(-1).astype(np.int64))]
 
 
@@ -186,15 +185,26 @@ def _write(path: Path, ident: dict, feats: torch.Tensor) -> None:
             os.unlink(tmp)
 
 
-def pca(x: torch.Tensor, dim: int | None) -> torch.Tensor:
+def pca(x: torch.Tensor, dim: int | None, chunk: int = 1 << 16) -> torch.Tensor:
     """[N, D] → [N, min(dim, D)] float32: projection on the top principal components (centred,
-    not whitened), each component's sign fixed so that its largest-magnitude loading is positive."""
+    not whitened), each component's sign fixed so that its largest-magnitude loading is positive.
+    Statistics in float64, accumulated over row chunks (memory stays O(chunk·D + D²))."""
     if dim is None or dim >= x.shape[1]:
         return x.float()
-    x64 = x.double()
-    centred = x64 - x64.mean(0)
-    cov = centred.T @ centred / max(x.shape[0] - 1, 1)  # [D, D]
+    n, d = x.shape
+    mean = torch.zeros(d, dtype=torch.float64)
+    for i in range(0, n, chunk):
+        mean += x[i : i + chunk].double().sum(0)
+    mean /= n
+    cov = torch.zeros(d, d, dtype=torch.float64)
+    for i in range(0, n, chunk):
+        c = x[i : i + chunk].double() - mean
+        cov += c.T @ c
+    cov /= max(n - 1, 1)
     _, vecs = torch.linalg.eigh(cov)  # ascending eigenvalues
     comps = vecs[:, -dim:].flip(1)  # [D, dim], largest first
-    signs = torch.sign(comps.gather(0, comps.abs().argmax(0, keepdim=True)))
-    return (centred @ (comps * signs)).float()
+    comps = comps * torch.sign(comps.gather(0, comps.abs().argmax(0, keepdim=True)))
+    out = torch.empty(n, dim, dtype=torch.float32)
+    for i in range(0, n, chunk):
+        out[i : i + chunk] = ((x[i : i + chunk].double() - mean) @ comps).float()
+    return out
