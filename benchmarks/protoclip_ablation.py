@@ -45,24 +45,25 @@ RUNS = {
 KINDS = ("shape", "colour")
 
 
-def train_cmd(name: str, out: Path, steps: int, train_length: int, threads: int) -> list[str]:
+def train_cmd(name: str, out: Path, steps: int, train_length: int, threads: int, seed: int) -> list[str]:
     preset, extra = RUNS[name]
     overrides = COMMON + extra + [f"train.steps={steps}", f"data.train_length={train_length}",
-                                  f"train.checkpoint_every={steps}", f"train.threads={threads}"]
+                                  f"train.checkpoint_every={steps}", f"train.threads={threads}", f"seed={seed}"]
     cmd = [sys.executable, "-m", "nclip", "train", "--preset", preset, "--out", str(out / name), "--no-progress"]
     for o in overrides:
         cmd += ["--set", o]
     return cmd
 
 
-def train_all(names: list[str], out: Path, steps: int, train_length: int, parallel: int, threads: int) -> dict:
+def train_all(names: list[str], out: Path, steps: int, train_length: int, parallel: int, threads: int,
+              seed: int) -> dict:
     """Train the runs, ``parallel`` at a time with ``threads`` each; {name: wall seconds}."""
     pending, running, took = list(names), {}, {}
     while pending or running:
         while pending and len(running) < parallel:
             name = pending.pop(0)
             log = open(out / f"{name}.log", "w")
-            running[name] = (subprocess.Popen(train_cmd(name, out, steps, train_length, threads), stdout=log,
+            running[name] = (subprocess.Popen(train_cmd(name, out, steps, train_length, threads, seed), stdout=log,
                                               stderr=subprocess.STDOUT), time.perf_counter(), log)
         time.sleep(5)
         for name, (proc, t0, log) in list(running.items()):
@@ -84,6 +85,7 @@ def evaluate(run: Path, n_train: int, n_test: int) -> dict:
     from nclip.models.io import load_model
 
     model, cfg = load_model(run / "model")
+    cfg = cfg.model_copy(update={"seed": 0})  # the same evaluation scenes whatever the run's seed
     fit = extract(model, build_dataset(cfg, "val", length=n_train), cfg.data.image_size, "cpu")
     test = extract(model, build_dataset(cfg, "test", length=n_test), cfg.data.image_size, "cpu")
     space = build_dataset(cfg, "test", length=1).label_spaces
@@ -101,8 +103,8 @@ def evaluate(run: Path, n_train: int, n_test: int) -> dict:
         res[f"{kind}/knn"] = float((pred == test.labels[kind]).float().mean())
         cs = M.cluster_scores(test.image["emb"], test.labels[kind], seed=0)
         res[f"{kind}/ARI"], res[f"{kind}/AMI"] = cs["ari"], cs["ami"]
-    ev = json.loads((run / "eval.json").read_text())
-    res["retrieval/mean_recall"] = ev.get("retrieval/mean_recall", float("nan"))
+    sim = similarity(test.image, test.text, "clip")
+    res["retrieval/mean_recall"] = M.recall_at_k(sim, test.text_to_image, ks=(1, 5))["mean_recall"]
     return res
 
 
@@ -123,6 +125,7 @@ def main() -> None:
     ap.add_argument("--eval-only", action="store_true")
     ap.add_argument("--parallel", type=int, default=1, help="runs trained at once")
     ap.add_argument("--threads", type=int, default=2, help="torch threads per run")
+    ap.add_argument("--seed", type=int, default=0, help="the runs' seed (data, init, episodes)")
     ap.add_argument("--eval-train", type=int, default=2000, help="val-split pairs the probes are fitted on")
     ap.add_argument("--eval-test", type=int, default=1000)
     args = ap.parse_args()
@@ -135,14 +138,14 @@ def main() -> None:
         from nclip.config import resolve
         from nclip.train.teacher import teacher_features
 
-        teacher_features(resolve("protoclip-tiny", COMMON + [f"data.train_length={args.train_length}"]))
-        took = train_all(args.runs, args.out, args.steps, args.train_length, args.parallel, args.threads)
+        teacher_features(resolve("protoclip-tiny", COMMON + [f"data.train_length={args.train_length}", f"seed={args.seed}"]))
+        took = train_all(args.runs, args.out, args.steps, args.train_length, args.parallel, args.threads, args.seed)
     for name in args.runs:
         entry = results.get(name, {})
         if not args.eval_only:
             entry["train_s"] = took[name]
         entry.update(evaluate(args.out / name, args.eval_train, args.eval_test))
-        entry["steps"] = args.steps
+        entry["steps"], entry["seed"] = args.steps, args.seed
         results[name] = entry
         path.write_text(json.dumps(results, indent=2))
         print(table({name: entry}), flush=True)
