@@ -72,17 +72,23 @@ def clip_terms(
     logits_i2t = logit_scale * u_i @ all_t.T  # [B, W·B]: local images against every text
     logits_t2i = logit_scale * u_t @ all_i.T  # [B, W·B]: local texts against every image
     loss = (F.cross_entropy(logits_i2t, targets) + F.cross_entropy(logits_t2i, targets)) / 2
+    terms = _pair_logit_stats(logits_i2t, targets)
     with torch.no_grad():
-        pos = logits_i2t.gather(1, targets[:, None]).squeeze(1)
-        n_neg = logits_i2t.shape[1] - 1
-        neg = (logits_i2t.sum(1) - pos) / max(n_neg, 1)
-        terms = {
-            "acc_i2t": (logits_i2t.argmax(1) == targets).float().mean(),
-            "acc_t2i": (logits_t2i.argmax(1) == targets).float().mean(),
-            "logit_pos": pos.mean(),
-            "logit_neg": neg.mean(),
-        }
+        terms["acc_t2i"] = (logits_t2i.argmax(1) == targets).float().mean()
     return {"loss": loss, **terms}
+
+
+@torch.no_grad()
+def _pair_logit_stats(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Diagnostics of a [B, N] image→text logit matrix whose row i pairs with column targets[i]:
+    ``acc_i2t`` (Acc_C of Tab. B2), mean positive and mean negative logit."""
+    pos = logits.gather(1, targets[:, None]).squeeze(1)
+    neg = (logits.sum(1) - pos) / max(logits.shape[1] - 1, 1)
+    return {
+        "acc_i2t": (logits.argmax(1) == targets).float().mean(),
+        "logit_pos": pos.mean(),
+        "logit_neg": neg.mean(),
+    }
 
 
 def clip_loss(
@@ -641,16 +647,7 @@ def siglip_terms(
     signs = -torch.ones_like(logits)
     signs[torch.arange(batch, device=x.device), targets] = 1.0  # z_ij
     loss = -F.logsigmoid(signs * logits).sum() / batch
-    with torch.no_grad():
-        pos = logits.gather(1, targets[:, None]).squeeze(1)
-        n_neg = logits.shape[1] - 1
-        neg = (logits.sum(1) - pos) / max(n_neg, 1)
-        terms = {
-            "acc_i2t": (logits.argmax(1) == targets).float().mean(),
-            "logit_pos": pos.mean(),
-            "logit_neg": neg.mean(),
-        }
-    return {"loss": loss, **terms}
+    return {"loss": loss, **_pair_logit_stats(logits, targets)}
 
 
 def siglip_loss(
