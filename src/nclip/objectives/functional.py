@@ -63,11 +63,7 @@ def clip_terms(
     u_i = F.normalize(image_emb, dim=-1)  # [B, D]
     u_t = F.normalize(text_emb, dim=-1)  # [B, D]
     batch = u_i.shape[0]
-    if global_batch and D.is_distributed():
-        all_i, all_t = D.gather_with_grad(u_i), D.gather_with_grad(u_t)  # [W·B, D]
-        offset = D.rank() * batch
-    else:
-        all_i, all_t, offset = u_i, u_t, 0
+    (all_i, all_t), offset = _global_rows(u_i, u_t, global_batch=global_batch)  # [W·B, D]
     targets = torch.arange(offset, offset + batch, device=u_i.device)
     logits_i2t = logit_scale * u_i @ all_t.T  # [B, W·B]: local images against every text
     logits_t2i = logit_scale * u_t @ all_i.T  # [B, W·B]: local texts against every image
@@ -216,6 +212,14 @@ def nclip_similarity(image_logits: torch.Tensor, text_logits: torch.Tensor) -> t
     p_img = F.softmax(image_logits, dim=1)  # [N_img, K]
     log_q = F.log_softmax(text_logits, dim=1)  # [N_txt, K]
     return p_img @ log_q.T
+
+
+def _global_rows(*xs: torch.Tensor, global_batch: bool) -> tuple[list[torch.Tensor], int]:
+    """Every rank's rows of each [B, ...] tensor (gathered with gradient, rank order) and the
+    offset of this rank's rows in them; the tensors themselves and offset 0 on one process."""
+    if global_batch and D.is_distributed():
+        return [D.gather_with_grad(x) for x in xs], D.rank() * xs[0].shape[0]
+    return list(xs), 0
 
 
 def _check_pair(a: torch.Tensor, b: torch.Tensor, name_a: str, name_b: str) -> None:
@@ -560,11 +564,7 @@ def yclip_terms(
     log_q = F.log_softmax(text_logits, dim=1)  # [B, K]
     p, q = log_p.exp(), log_q.exp()
     batch = log_p.shape[0]
-    if global_batch and D.is_distributed():
-        all_log_p, all_log_q = D.gather_with_grad(log_p), D.gather_with_grad(log_q)  # [W·B, K]
-        offset = D.rank() * batch
-    else:
-        all_log_p, all_log_q, offset = log_p, log_q, 0
+    (all_log_p, all_log_q), offset = _global_rows(log_p, log_q, global_batch=global_batch)  # [W·B, K]
     all_p, all_q = all_log_p.exp(), all_log_q.exp()
     targets = torch.arange(offset, offset + batch, device=log_p.device)
     s_i2t = p @ all_log_q.T + log_p @ all_q.T  # [B, W·B]: local images against every text
@@ -638,10 +638,7 @@ def siglip_terms(
     x = F.normalize(image_emb, dim=-1)  # [B, D]
     y = F.normalize(text_emb, dim=-1)  # [B, D]
     batch = x.shape[0]
-    if global_batch and D.is_distributed():
-        all_y, offset = D.gather_with_grad(y), D.rank() * batch  # [W·B, D]
-    else:
-        all_y, offset = y, 0
+    (all_y,), offset = _global_rows(y, global_batch=global_batch)  # [W·B, D]
     logits = logit_scale * x @ all_y.T + logit_bias  # [B, W·B]
     targets = torch.arange(offset, offset + batch, device=x.device)
     signs = -torch.ones_like(logits)
