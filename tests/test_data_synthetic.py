@@ -139,10 +139,34 @@ def test_captions_use_every_class_name(samples):
         assert relation in text
 
 
+def test_hard_negative_groups_share_the_scene_but_not_the_shapes():
+    g = 4
+    ds = SyntheticScenes("train", length=12 * g, seed=5, hard_negative_group=g)
+    differing_groups = 0
+    for start in range(0, len(ds), g):
+        group = ds[start : start + g]
+        # colours, count and sizes of the main object's scene are the group's
+        assert len({s.labels["count"] for s in group}) == 1
+        assert len({s.multilabels["colour"].tobytes() for s in group}) == 1
+        # pixels that no member's object covers are the same background in every member
+        covered = np.logical_or.reduce([s.masks.any(axis=0) for s in group])
+        backgrounds = [s.image[~covered] for s in group]
+        assert all(np.array_equal(b, backgrounds[0]) for b in backgrounds)
+        differing_groups += len({s.multilabels["shape"].tobytes() for s in group}) > 1
+    assert differing_groups >= 11  # 15 shapes: a whole group with equal shapes is rare
+    # deterministic, and a group differs from the next one
+    again = SyntheticScenes("train", length=12 * g, seed=5, hard_negative_group=g)
+    assert all(ds[i].image.tobytes() == again[i].image.tobytes() for i in range(2 * g))
+    assert ds[0].image.tobytes() != ds[g].image.tobytes()
+    # a group of one is the plain generator
+    plain, single = SyntheticScenes(length=5), SyntheticScenes(length=5, hard_negative_group=1)
+    assert all(plain[i].image.tobytes() == single[i].image.tobytes() for i in range(5))
+
+
 @pytest.mark.parametrize("kwargs", [
     {"split": "training"}, {"length": -1}, {"length": 2.5}, {"seed": -1},
     {"image_size": 8}, {"max_objects": 0}, {"max_objects": 7},
-    {"loose_caption_prob": 1.5}, {"loose_caption_prob": -0.1},
+    {"loose_caption_prob": 1.5}, {"loose_caption_prob": -0.1}, {"hard_negative_group": 0},
 ])  # fmt: skip
 def test_bad_arguments_raise(kwargs):
     name, value = next(iter(kwargs.items()))

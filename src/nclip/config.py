@@ -63,6 +63,8 @@ class DataConfig(_Section):
     train_length: int = Field(1_000_000, ge=1, description="samples in the (procedural) train split")
     max_objects: int = Field(4, ge=1, le=4)
     loose_caption_prob: float = Field(0.3, ge=0, le=1)
+    # synthetic: scenes per hard-negative group (same scene, other shapes; kept whole in a batch)
+    hard_negative_group: int = Field(1, ge=1, le=64)
     text_length: int = Field(32, ge=4, le=512, description="tokens per caption, [CLS]/[SEP] included")
     num_workers: int = Field(0, ge=0)
     augment: AugmentConfig = AugmentConfig()
@@ -84,6 +86,8 @@ class DataConfig(_Section):
             raise ValueError("data.source webdataset needs exactly one of data.shards or data.sources")
         if self.source == "webdataset" and self.sources is not None and not self.sources:
             raise ValueError("data.sources is empty")
+        if self.hard_negative_group > 1 and self.source != "synthetic":
+            raise ValueError("data.hard_negative_group > 1 needs data.source synthetic")
         if self.source == "csv" and not self.csv:
             raise ValueError("data.source csv needs data.csv (the path of a CSV/TSV file)")
         return self
@@ -92,8 +96,10 @@ class DataConfig(_Section):
 class VisionConfig(_Section):
     # "vit": a CLIP vision transformer (patch_size, width, layers, heads, mlp_ratio);
     # "resnet": a transformers ResNetModel from config (depths, hidden_sizes, embedding_size;
-    # ResNet-50 by default), feature = its globally pooled last stage.
-    kind: Literal["vit", "resnet"] = "vit"
+    # ResNet-50 by default), feature = its globally pooled last stage;
+    # "convnet": a small conv net for small images (embedding_size, depths, hidden_sizes, heads of
+    # its attention pooling), see nclip.models.towers.ConvNetTower.
+    kind: Literal["vit", "resnet", "convnet"] = "vit"
     patch_size: int = Field(8, ge=1)
     width: int = Field(128, ge=8)
     layers: int = Field(4, ge=1)
@@ -105,12 +111,14 @@ class VisionConfig(_Section):
 
     @model_validator(mode="after")
     def _divisible(self):
-        if self.kind == "resnet" and (len(self.depths) != len(self.hidden_sizes) or not self.depths
+        if self.kind in ("resnet", "convnet") and (len(self.depths) != len(self.hidden_sizes) or not self.depths
                                       or min(self.depths) < 1):
-            raise ValueError(f"resnet depths {self.depths} and hidden_sizes {self.hidden_sizes} must be "
+            raise ValueError(f"{self.kind} depths {self.depths} and hidden_sizes {self.hidden_sizes} must be "
                              "non-empty, positive and of the same length")
         if self.kind == "vit" and self.width % self.heads:
             raise ValueError(f"vision width {self.width} is not divisible by heads {self.heads}")
+        if self.kind == "convnet" and self.hidden_sizes and self.hidden_sizes[-1] % self.heads:
+            raise ValueError(f"convnet last width {self.hidden_sizes[-1]} is not divisible by heads {self.heads}")
         return self
 
 
@@ -203,6 +211,9 @@ class RunConfig(_Section):
                 f"data.image_size {self.data.image_size} is not divisible by "
                 f"model.vision.patch_size {self.model.vision.patch_size}"
             )
+        if self.train.batch_size % self.data.hard_negative_group:
+            raise ValueError(f"train.batch_size {self.train.batch_size} is not divisible by "
+                             f"data.hard_negative_group {self.data.hard_negative_group}")
         return self
 
 

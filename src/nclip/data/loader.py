@@ -44,6 +44,7 @@ def build_dataset(cfg: RunConfig, split: str, length: int | None = None) -> Sequ
             image_size=d.image_size,
             max_objects=d.max_objects,
             loose_caption_prob=d.loose_caption_prob if split == "train" else 0.0,
+            hard_negative_group=d.hard_negative_group if split == "train" else 1,
         )
     if d.source == "digits":
         from nclip.data.digits import DigitsPairs
@@ -73,24 +74,35 @@ class TrainPairs(Dataset):
 
 
 class StepBatches(torch.utils.data.Sampler):
-    """Index lists of this rank's share of every global batch, from ``start_step`` on."""
+    """Index lists of this rank's share of every global batch, from ``start_step`` on.
+
+    ``group`` > 1 keeps the dataset's groups of consecutive indices [g·j, g·j + g) whole inside a
+    global batch (hard-negative groups of synthetic scenes): groups are shuffled, not samples.
+    """
 
     def __init__(self, length: int, batch_size: int, steps: int, seed: int, start_step: int = 0,
-                 rank: int = 0, world_size: int = 1):
+                 rank: int = 0, world_size: int = 1, group: int = 1):
         if batch_size % world_size:
             raise NclipError(f"batch size {batch_size} is not divisible by the world size {world_size}")
+        if batch_size % group:
+            raise NclipError(f"batch size {batch_size} is not divisible by the group size {group}")
         self.length, self.batch, self.steps, self.seed = length, batch_size, steps, seed
-        self.start, self.rank, self.world = start_step, rank, world_size
+        self.start, self.rank, self.world, self.group = start_step, rank, world_size, group
 
     def global_batch(self, step: int) -> np.ndarray:
         """Dataset indices of the global batch of ``step``: consecutive slices of per-epoch
         permutations (an epoch is ⌊length / batch⌋ steps; the remainder is dropped)."""
-        per_epoch = max(self.length // self.batch, 1)
-        epoch, pos = divmod(step, per_epoch)
-        perm = np.random.default_rng([self.seed, epoch]).permutation(self.length)
-        if self.length < self.batch:  # tiny datasets: sample with replacement
-            return np.random.default_rng([self.seed, step]).integers(0, self.length, self.batch)
-        return perm[pos * self.batch : (pos + 1) * self.batch]
+        g = self.group
+        units, per_batch = self.length // g, self.batch // g  # whole groups only
+        if units < per_batch:  # tiny datasets: sample with replacement
+            picked = np.random.default_rng([self.seed, step]).integers(0, max(units, 1), per_batch)
+        else:
+            epoch, pos = divmod(step, units // per_batch)
+            perm = np.random.default_rng([self.seed, epoch]).permutation(units)
+            picked = perm[pos * per_batch : (pos + 1) * per_batch]
+        if g == 1:
+            return picked
+        return (picked[:, None] * g + np.arange(g)).ravel()
 
     def __iter__(self) -> Iterator[list[int]]:
         local = self.batch // self.world
@@ -199,7 +211,9 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
         if len(samples) == 0:
             raise NclipError("the training dataset is empty")
         dataset, what = TrainPairs(samples, cfg), d.source
-    sampler = StepBatches(len(dataset), cfg.train.batch_size, cfg.train.steps, cfg.seed, start_step, rank, world_size)
+    group = d.hard_negative_group if d.source == "synthetic" else 1
+    sampler = StepBatches(len(dataset), cfg.train.batch_size, cfg.train.steps, cfg.seed, start_step, rank,
+                          world_size, group)
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=Collate(tokenizer), **workers)
     skipped = int(state.get("skipped", 0)) if state and state.get("kind") == "map" else 0
     return TrainData(loader, "map", steps, cfg, world_size, what, skipped=skipped)

@@ -14,7 +14,7 @@ low-contrast background, with
   the set of shapes and colours present, and per-object visible-pixel masks.
 
 Sample ``i`` of a split is a pure function of ``(seed, split, i, image_size, max_objects,
-loose_caption_prob)``: it is drawn from ``numpy.random.default_rng([seed, salt, split_id, i])``,
+loose_caption_prob, hard_negative_group)``: it is drawn from ``numpy.random.default_rng([seed, salt, split_id, i])``,
 so any length works, nothing is stored, and the three splits use disjoint random streams. The
 image does not depend on ``loose_caption_prob`` (the caption draws come after the image draws).
 
@@ -68,6 +68,7 @@ _MIN_SEPARATION = 0.85  # centres at least this times (r1 + r2) apart: small ove
 _MIN_VISIBLE = 0.3  # an object must keep this share of its pixels, else it is dropped
 _SALT = 0x5C3E  # separates this generator's streams from other users of the same seed
 _STS_SALT = 0x575
+_GROUP_TAG = 0x6E  # the streams of hard-negative groups, apart from those of single samples
 
 
 def _plural(noun: str) -> str:
@@ -217,13 +218,21 @@ def _place(rng: np.random.Generator, radius: float, centres: np.ndarray, radii: 
     return cand[int(clearance.argmax())], False
 
 
-def _layout(rng: np.random.Generator, pick: _Picker, side: int, max_objects: int) -> list[_Obj]:
-    """Random objects with little overlap; a large object that finds no room becomes small."""
+def _layout(rng: np.random.Generator, pick: _Picker, side: int, max_objects: int,
+            shape_pick: _Picker | None = None) -> list[_Obj]:
+    """Random objects with little overlap; a large object that finds no room becomes small.
+
+    With ``shape_pick`` the shapes come from it and everything else from ``pick``/``rng``: every
+    ``pick.index`` takes one draw whatever its range, so two calls with the same ``pick`` stream and
+    different ``shape_pick`` streams give the same layout with other shapes (a hard-negative group).
+    """
     n = 1 + pick.index(max_objects)
     objs: list[_Obj] = []
     centres, radii = np.zeros((n, 2)), np.zeros(n)  # filled as objects are placed
     for k in range(n):
         shape, colour, size = pick.index(len(SHAPES)), pick.index(len(COLOURS)), pick.index(2)
+        if shape_pick is not None:
+            shape = shape_pick.index(len(SHAPES))
         share = pick.uniform()  # where the radius lies in its size class
         while True:
             lo, hi = _RADIUS[size]
@@ -516,6 +525,10 @@ class SyntheticScenes(Sequence):
         image_size: side S of the square RGB images, >= 16.
         max_objects: objects per scene are uniform in [1, max_objects], max_objects in [1, 6].
         loose_caption_prob: share of training captions that are loose, in [0, 1].
+        hard_negative_group: g >= 1. Samples g·j .. g·j + g - 1 form a group that shares the
+            layout, colours, sizes, positions and background and differs only in the shapes
+            (each drawn per sample), so in a batch of whole groups captions can only be matched
+            to their images through the shape words. 1 (the default) makes samples independent.
 
     Items are ``Sample``s with image uint8 [S, S, 3]; labels {"shape", "colour", "count",
     "realm", "size"} of the main object (count = number of objects - 1); multilabels
@@ -524,7 +537,8 @@ class SyntheticScenes(Sequence):
     """
 
     def __init__(self, split: str = "train", length: int = 10000, seed: int = 0,
-                 image_size: int = 64, max_objects: int = 4, loose_caption_prob: float = 0.3):
+                 image_size: int = 64, max_objects: int = 4, loose_caption_prob: float = 0.3,
+                 hard_negative_group: int = 1):
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         self.split = split
@@ -535,6 +549,7 @@ class SyntheticScenes(Sequence):
         if not isinstance(loose_caption_prob, (int, float)) or not 0 <= loose_caption_prob <= 1:
             raise ValueError(f"loose_caption_prob must be in [0, 1], got {loose_caption_prob!r}")
         self.loose_caption_prob = float(loose_caption_prob)
+        self.hard_negative_group = _check_int("hard_negative_group", hard_negative_group, 1)
         self.label_spaces = _label_spaces(self.max_objects)
         coords = ((np.arange(self.image_size) + 0.5) / self.image_size - 0.5).astype(np.float32)
         self._grid = _Grid(*np.meshgrid(coords, coords, indexing="xy"))
@@ -555,16 +570,24 @@ class SyntheticScenes(Sequence):
     def __repr__(self) -> str:
         return (f"SyntheticScenes(split={self.split!r}, length={self.length}, seed={self.seed}, "
                 f"image_size={self.image_size}, max_objects={self.max_objects}, "
-                f"loose_caption_prob={self.loose_caption_prob})")
+                f"loose_caption_prob={self.loose_caption_prob}, "
+                f"hard_negative_group={self.hard_negative_group})")
 
     def _generate(self, i: int) -> Sample:
-        rng = np.random.default_rng([self.seed, _SALT, SPLITS.index(self.split), i])
+        split = SPLITS.index(self.split)
+        rng = np.random.default_rng([self.seed, _SALT, split, i])
         side = self.image_size
         # Image first, captions after: the picture does not depend on the caption settings.
         pick = _Picker(rng)  # scalar draws; array draws (positions, noise) come from rng
-        objs = _layout(rng, pick, side, self.max_objects)
-        bg_kind = pick.index(len(BACKGROUNDS))
-        image, objs, masks, counts = _render(rng, pick, objs, bg_kind, self._grid)
+        if self.hard_negative_group == 1:
+            scene_rng, scene_pick, shape_pick = rng, pick, None
+        else:  # the group's stream draws the scene, this sample's stream only the shapes
+            group = i // self.hard_negative_group
+            scene_rng = np.random.default_rng([self.seed, _SALT, split, _GROUP_TAG, group])
+            scene_pick, shape_pick = _Picker(scene_rng), pick
+        objs = _layout(scene_rng, scene_pick, side, self.max_objects, shape_pick)
+        bg_kind = scene_pick.index(len(BACKGROUNDS))
+        image, objs, masks, counts = _render(scene_rng, scene_pick, objs, bg_kind, self._grid)
         main = int(counts.argmax())  # most visible pixels; argmax breaks ties to the first drawn
 
         captions = _reference_captions(objs, main, pick, BACKGROUNDS[bg_kind], side)
