@@ -40,7 +40,7 @@ def test_required_key_names_exist():
         ("objective.lambda9=1", "objective.lambda9: unknown key"),
         ("objective.lambda1=-1", "objective.lambda1"),
         ("model.vision.heads=3", "not divisible by heads"),
-        ("data.image_size=30", "not divisible by model.vision.patch_size"),
+        ("train.batch_size=126", "not divisible by data.hard_negative_group 4"),
         ("train.steps=abc", "train.steps"),
     ],
 )
@@ -49,6 +49,11 @@ def test_bad_values_are_one_line_errors(override, message):
         resolve("tiny", [override])
     text = str(e.value)
     assert message in text and "\n" not in text
+
+
+def test_vit_image_size_must_be_a_multiple_of_the_patch():
+    with pytest.raises(NclipError, match="not divisible by model.vision.patch_size"):
+        resolve("clip-tiny", ["data.image_size=30"])
 
 
 def test_clip_objective_rejects_nclip_keys():
