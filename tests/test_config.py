@@ -53,7 +53,7 @@ def test_bad_values_are_one_line_errors(override, message):
 
 def test_vit_image_size_must_be_a_multiple_of_the_patch():
     with pytest.raises(NclipError, match="not divisible by model.vision.patch_size"):
-        resolve("clip-tiny", ["data.image_size=30"])
+        resolve("micro", ["data.image_size=30"])
 
 
 def test_clip_objective_rejects_nclip_keys():

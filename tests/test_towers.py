@@ -98,3 +98,10 @@ def test_training_batches_are_whole_groups_of_the_grouped_scenes(micro_overrides
 def test_hard_negative_group_errors(micro_overrides, overrides, message):
     with pytest.raises(NclipError, match=message):
         resolve("micro", micro_overrides + overrides)
+
+
+def test_convnet_refuses_images_of_another_size(micro_overrides):
+    cfg = resolve("micro", micro_overrides + CONVNET)
+    tower = build_model(cfg, pretrained_text=False).vision
+    with pytest.raises(NclipError, match="built for 16 positions got images of 32x32 px"):
+        tower(torch.zeros(1, 3, 32, 32))

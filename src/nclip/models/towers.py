@@ -95,8 +95,9 @@ class ConvNetTower(nn.Module):
     Library ResNets downsample 4× in their stem (7×7 stride-2 conv, then a stride-2 max pool), which
     at 64 px shrinks a small shape to a blob of 3 pixels. Here a stride-2 3×3 conv is the only
     downsampling before the first stage, and each later stage halves the map with a 2×2 max pool.
-    Measured on synthetic scenes, supervised main-shape top-1 after 300 steps × 128: 0.48 with
-    this layout, 0.24 with a transformers ResNet of the same widths.
+    Measured on 64-px synthetic scenes, supervised main-shape top-1 after 300 steps × 128: 0.48 for
+    a net of this layout (widths 32–256, global max pool), 0.24 for a transformers ResNet with one
+    basic block per stage at widths 32–256, 0.09 for the 3-layer ViT with patch 8 (0.13 after 600).
 
     The feature is the output of one multi-head attention whose query is the mean of the last map
     plus a learned position embedding, as in CLIP's ResNet (Radford et al. 2021, Sec. 2.4): unlike
@@ -129,7 +130,10 @@ class ConvNetTower(nn.Module):
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         """pixels [B, 3, H, W] normalised → attention-pooled feature [B, width]."""
         grid = self.body(pixels).flatten(2).transpose(1, 2)  # [B, h*w, C]
-        tokens = torch.cat([grid.mean(dim=1, keepdim=True), grid], dim=1) + self.position[: grid.shape[1] + 1]
+        if grid.shape[1] + 1 != len(self.position):
+            raise NclipError(f"convnet image tower built for {len(self.position) - 1} positions got images of "
+                             f"{pixels.shape[-2]}x{pixels.shape[-1]} px ({grid.shape[1]} positions)")
+        tokens = torch.cat([grid.mean(dim=1, keepdim=True), grid], dim=1) + self.position
         pooled, _ = self.pool(tokens[:, :1], tokens, tokens, need_weights=False)
         return self.norm(pooled[:, 0])
 
