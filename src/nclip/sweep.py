@@ -55,6 +55,7 @@ from typing import Any, Callable, Iterable
 import yaml
 
 from nclip.errors import NclipError
+from nclip.jsonio import jsonable
 
 SWEEP_VERSION = 1
 FINISHED = ("done", "diverged")  # skipped by --resume
@@ -496,18 +497,8 @@ class _Journal:
     def write(self) -> None:
         self.doc["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S")
         tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(json.dumps(_jsonable(self.doc), indent=2) + "\n")
+        tmp.write_text(json.dumps(jsonable(self.doc, str), indent=2) + "\n")
         os.replace(tmp, self.path)
-
-
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, float) and not math.isfinite(x):
-        return str(x)  # "nan" / "inf": JSON has no NaN
-    return x
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -789,7 +780,7 @@ def _execute(opts: SweepOptions, run: RunSpec, cfg, threads: int, journal: _Jour
         (rd / "probe.log").write_text(traceback.format_exc() + f"{type(e).__name__}: {e}\n")
         return fail("probe", 1, rd / "probe.log")
     tmp = rd / ".probe.json.tmp"
-    tmp.write_text(json.dumps(_jsonable(result), indent=2) + "\n")
+    tmp.write_text(json.dumps(jsonable(result, str), indent=2) + "\n")
     os.replace(tmp, rd / "probe.json")
     verdict = judge(read_metrics(rd / "metrics.jsonl"), cfg)
     journal.update(run.slug, status="done", stage="done", returncode=0, error="", wall_s=time.perf_counter() - t,

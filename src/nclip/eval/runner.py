@@ -16,7 +16,6 @@ task list, a re-rendered report -- only runs the protocols.
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -31,6 +30,7 @@ from nclip.eval.cache import FeatureCache, file_sha256
 from nclip.eval.probe import threads as _threads
 from nclip.eval.features import encode_texts, ensemble, extract, prompt_outputs, similarity
 from nclip.eval.settings import HEADS, TASKS, EvalSettings
+from nclip.jsonio import jsonable, read_json
 
 RESULTS_VERSION = 1
 
@@ -428,7 +428,7 @@ def run_eval(checkpoint: str | Path, out: str | Path | None = None, *, tasks=Non
     if out is not None:
         out = Path(out).expanduser()
         out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps(_jsonable(doc), indent=2) + "\n")
+        (out / "results.json").write_text(json.dumps(jsonable(doc, _null), indent=2) + "\n")
         if report:
             from nclip.eval.report import render
 
@@ -438,18 +438,12 @@ def run_eval(checkpoint: str | Path, out: str | Path | None = None, *, tasks=Non
             (out / "report.html").write_text(page, encoding="utf-8")
             doc["timing"]["report_s"] = time.perf_counter() - t
             doc["timing"]["total_s"] = time.perf_counter() - t0
-            (out / "results.json").write_text(json.dumps(_jsonable(doc), indent=2) + "\n")
+            (out / "results.json").write_text(json.dumps(jsonable(doc, _null), indent=2) + "\n")
     return doc
 
 
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, float) and not math.isfinite(x):
-        return None  # JSON has no NaN; a collapsed model's undefined correlation reads as null
-    return x
+def _null(_: float) -> None:
+    return None  # JSON has no NaN; a collapsed model's undefined correlation reads as null
 
 
 def load_results(path: str | Path) -> dict:
@@ -464,10 +458,7 @@ def load_results(path: str | Path) -> dict:
             raise NclipError(f"no results.json (or eval.json) in {p}")
     if not p.is_file():
         raise NclipError(f"results file not found: {p}")
-    try:
-        doc = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise NclipError(f"{p}: invalid JSON ({e.msg}, line {e.lineno})") from None
+    doc = read_json(p)
     if not isinstance(doc, dict):
         raise NclipError(f"{p}: not a results document")
     if "results" not in doc:  # the trainer's flat eval.json

@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from nclip.config import RunConfig, validate
 from nclip.errors import NclipError
+from nclip.jsonio import read_json
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -64,11 +65,7 @@ def read_config(directory: str | Path) -> RunConfig:
     path = Path(directory) / CONFIG
     if not path.is_file():
         raise NclipError(f"not an nclip model directory (no {CONFIG}): {directory}")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise NclipError(f"{path}: invalid JSON ({e.msg}, line {e.lineno})") from None
-    return validate(raw)
+    return validate(read_json(path))
 
 
 def load_model(directory: str | Path, device: str = "cpu"):
