@@ -29,7 +29,7 @@ import csv
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -232,14 +232,7 @@ def image_folder(root: str | Path, seed: int = 0) -> EvalData:
     names, splits = _folder_splits(root, seed, "class")
     space = LabelSpace(tuple(_pretty(n) for n in names), FOLDER_TEMPLATES)
     data = EvalData(name=_dataset_name(root), identity={}, label_spaces={"class": space})
-    files = []
-    for split, (paths, labels) in splits.items():
-        caps = [(space.prompts(lab["class"])[0],) for lab in labels]
-        data.splits[split] = FileSamples(paths, caps, labels)
-        files += paths
-    data.identity = {"kind": "folder", "root": str(root.resolve()), "seed": seed,
-                     "files": _fingerprint(files, json.dumps(names))}
-    return data
+    return _with_splits(data, splits, space, "folder", root, seed, names)
 
 
 def realm_folders(root: str | Path, seed: int = 0) -> EvalData:
@@ -262,13 +255,20 @@ def realm_folders(root: str | Path, seed: int = 0) -> EvalData:
     class_space = LabelSpace(tuple(class_names), FOLDER_TEMPLATES)
     data = EvalData(name=_dataset_name(root), identity={},
                     label_spaces={"realm": realm_space, "class": class_space}, realm=("realm", "class"))
+    return _with_splits(data, merged, class_space, "realms", root, seed, class_names)
+
+
+def _with_splits(data: EvalData, splits: dict[str, tuple[list, list]], classes: LabelSpace, kind: str,
+                 root: Path, seed: int, names: list[str]) -> EvalData:
+    """``data`` with its file splits (each image captioned by its class's first prompt) and an
+    identity that fingerprints the files and class names, so the feature cache sees any change."""
     files = []
-    for split, (paths, labels) in merged.items():
-        caps = [(class_space.prompts(lab["class"])[0],) for lab in labels]
+    for split, (paths, labels) in splits.items():
+        caps = [(classes.prompts(lab["class"])[0],) for lab in labels]
         data.splits[split] = FileSamples(paths, caps, labels)
         files += paths
-    data.identity = {"kind": "realms", "root": str(root.resolve()), "seed": seed,
-                     "files": _fingerprint(files, json.dumps(class_names))}
+    data.identity = {"kind": kind, "root": str(root.resolve()), "seed": seed,
+                     "files": _fingerprint(files, json.dumps(names))}
     return data
 
 
@@ -330,18 +330,13 @@ def caption_file(path: str | Path) -> EvalData:
                 add(img, [t.strip() for t in texts], where)
     elif path.suffix.lower() in (".csv", ".tsv"):
         with path.open(encoding="utf-8", newline="") as fh:
-            reader = csv.DictReader(fh, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
-            header = [h.strip().lower() for h in (reader.fieldnames or [])]
-            reader.fieldnames = header
+            reader, header = _csv_reader(fh, path)
             img_key = next((k for k in _IMAGE_KEYS if k in header), None)
             cap_keys = [h for h in header if h.startswith("caption")]
             if img_key is None or not cap_keys:
                 raise NclipError(f"{path} line 1: the header needs an image column ({'/'.join(_IMAGE_KEYS)}) "
                                  f"and at least one caption column, got {','.join(header) or 'nothing'}")
-            for row in reader:
-                where = f"{path} line {reader.line_num}"
-                if None in row:
-                    raise NclipError(f"{where}: more fields than the header has")
+            for where, row in _csv_rows(reader, path):
                 img = _check_image(base, row.get(img_key), where)
                 texts = [row[k].strip() for k in cap_keys if row.get(k) and row[k].strip()]
                 if not texts:
@@ -359,6 +354,24 @@ def caption_file(path: str | Path) -> EvalData:
                     splits={"test": samples}, retrieval=True)
 
 
+def _csv_reader(fh, path: Path) -> tuple[csv.DictReader, list[str]]:
+    """A DictReader of a .csv (comma) or .tsv (tab) file whose column names are trimmed and lower
+    case, and that header."""
+    reader = csv.DictReader(fh, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
+    header = [h.strip().lower() for h in (reader.fieldnames or [])]
+    reader.fieldnames = header
+    return reader, header
+
+
+def _csv_rows(reader: csv.DictReader, path: Path) -> Iterator[tuple[str, dict]]:
+    """(where, row) of each data row, ``where`` = "PATH line N"; a row longer than the header is an error."""
+    for row in reader:
+        where = f"{path} line {reader.line_num}"
+        if None in row:
+            raise NclipError(f"{where}: more fields than the header has")
+        yield where, row
+
+
 _STS_A, _STS_B, _STS_SCORE = ("sentence1", "text_a", "sentence_a"), ("sentence2", "text_b", "sentence_b"), \
     ("score", "similarity", "label")
 
@@ -370,17 +383,12 @@ def sts_file(path: str | Path) -> EvalData:
         raise NclipError(f"STS file not found: {path}")
     pairs = []
     with path.open(encoding="utf-8", newline="") as fh:
-        reader = csv.DictReader(fh, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
-        header = [h.strip().lower() for h in (reader.fieldnames or [])]
-        reader.fieldnames = header
+        reader, header = _csv_reader(fh, path)
         cols = [next((k for k in names if k in header), None) for names in (_STS_A, _STS_B, _STS_SCORE)]
         if None in cols:
             raise NclipError(f"{path} line 1: the header must name sentence1, sentence2 and score columns, "
                              f"got {','.join(header) or 'nothing'}")
-        for row in reader:
-            where = f"{path} line {reader.line_num}"
-            if None in row:
-                raise NclipError(f"{where}: more fields than the header has")
+        for where, row in _csv_rows(reader, path):
             a, b, s = (row.get(c) for c in cols)
             if not a or not a.strip() or not b or not b.strip():
                 raise NclipError(f"{where}: empty sentence")
