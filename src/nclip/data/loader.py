@@ -211,9 +211,8 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
         if len(samples) == 0:
             raise NclipError("the training dataset is empty")
         dataset, what = TrainPairs(samples, cfg), d.source
-    group = d.hard_negative_group if d.source == "synthetic" else 1
     sampler = StepBatches(len(dataset), cfg.train.batch_size, cfg.train.steps, cfg.seed, start_step, rank,
-                          world_size, group)
+                          world_size, d.hard_negative_group)  # > 1 only for synthetic scenes (validated)
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=Collate(tokenizer), **workers)
     skipped = int(state.get("skipped", 0)) if state and state.get("kind") == "map" else 0
     return TrainData(loader, "map", steps, cfg, world_size, what, skipped=skipped)
