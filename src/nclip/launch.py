@@ -45,6 +45,7 @@ from torch import nn
 from nclip.config import RunConfig
 from nclip.errors import NclipError
 from nclip.models.sync_batchnorm import convert_sync_batchnorm
+from nclip.precision import to_float32, tower_autocast
 
 __all__ = ["DistContext", "setup", "teardown", "TrainStep", "wrap", "no_grad_sync", "sync_replicated_grads",
            "full_state_dict"]
@@ -110,8 +111,10 @@ def teardown(ctx: DistContext) -> None:
 class TrainStep(nn.Module):
     """model + objective as one module: pixels, ids, mask → the objective's dict of terms.
 
-    The towers run under autocast (bf16 on CUDA by default); the objective in float32. The logit
-    scale used by this forward is added as the ``logit_scale`` term.
+    The towers and heads run under autocast (bf16 on CUDA by default); their outputs are cast to
+    float32 as they leave it (:func:`nclip.precision.to_float32`), so the objective, whatever
+    precision the towers ran in, computes in float32. The logit scale used by this forward is added
+    as the ``logit_scale`` term.
     """
 
     def __init__(self, model: nn.Module, objective: nn.Module, amp: torch.dtype | None = None):
@@ -122,10 +125,9 @@ class TrainStep(nn.Module):
                 *rows: torch.Tensor) -> dict[str, torch.Tensor]:
         """``rows``: optional per-row tensors of the batch for the objective (ProtoCLIP's episode
         positions), passed on as ``objective(out, *rows)``."""
-        device_type = pixels.device.type
-        with torch.autocast(device_type, dtype=self.amp or torch.bfloat16, enabled=self.amp is not None):
+        with tower_autocast(pixels.device, self.amp):
             out = self.model(pixels, ids, mask)
-        terms = self.objective(out, *rows)
+        terms = self.objective(to_float32(out), *rows)
         if "logit_scale" not in terms:
             terms["logit_scale"] = out.logit_scale.detach()
         return terms

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from nclip.data.loader import eval_tensor
 from nclip.data.types import LabelSpace, Sample
 from nclip.objectives.functional import nclip_similarity
+from nclip.precision import to_float32
 
 
 @dataclass
@@ -31,7 +32,9 @@ class Features:
 
 
 def _cat(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    return {k: torch.cat([p[k] for p in parts]).float().cpu() for k in parts[0]}
+    """Batches of head outputs joined, on the CPU, in float32: every score computed from them (cosine,
+    nCLIP's −L_CE, probes) runs in float32 whatever precision the towers ran in."""
+    return {k: to_float32(torch.cat([p[k] for p in parts])).cpu() for k in parts[0]}
 
 
 @torch.no_grad()

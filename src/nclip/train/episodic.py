@@ -61,6 +61,7 @@ from nclip.data.transforms import augment, to_tensor
 from nclip.errors import NclipError
 from nclip.objectives import REGISTRY
 from nclip.objectives import functional as Fn
+from nclip.precision import autocast_dtype, to_float32, tower_autocast
 from nclip.train.kmeans import kmeans
 
 EPISODE_STREAM = 0xE915  # separates episode sampling/augmentation from other random streams
@@ -199,17 +200,17 @@ class EpisodicData:
         local_batch = max((self.oc.extract_batch_size or self.cfg.train.batch_size) // world, 1)
         keys = [[(episode, EXTRACT, int(p), int(indices[p])) for p in mine[i : i + local_batch]]
                 for i in range(0, per_rank, local_batch)]
-        amp = _amp(self.cfg, self.device)
+        amp = autocast_dtype(self.cfg.train.precision, self.device)
         was_training = self.model.training
         self.model.eval()
         img, txt = [], []
         try:
             for pixels, ids, mask in self._loader(keys):
-                with torch.autocast(self.device.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
+                with tower_autocast(self.device, amp):
                     hi = self.model.encode_image(pixels.to(self.device))["proto"]
                     ht = self.model.encode_text(ids.to(self.device), mask.to(self.device))["proto"]
-                img.append(F.normalize(hi.float(), dim=-1))
-                txt.append(F.normalize(ht.float(), dim=-1))
+                img.append(F.normalize(to_float32(hi), dim=-1))
+                txt.append(F.normalize(to_float32(ht), dim=-1))
         finally:
             self.model.train(was_training)
         h_i = D.all_gather_no_grad(torch.cat(img))[:m]  # [m, d_h] in position order
@@ -321,12 +322,6 @@ class EpisodicData:
             if group.get("tower") == "image":
                 group["lr_scale"] = 0.0 if lit else 1.0
         return lit
-
-
-def _amp(cfg: RunConfig, device: torch.device):
-    from nclip.train.loop import autocast_dtype
-
-    return autocast_dtype(cfg, device)
 
 
 # (name, dtype) of the episode state broadcast from rank 0, in a fixed order

@@ -44,6 +44,7 @@ from nclip.launch import (DistContext, TrainStep, full_state_dict, is_fsdp, load
 from nclip.models import build_model
 from nclip.models.io import save_model
 from nclip.objectives import REGISTRY, build_objective
+from nclip.precision import autocast_dtype
 from nclip.train.checkpoint import (checkpoint_dir, newest_good_checkpoint, read_checkpoint, rng_state,
                                     save_checkpoint, set_rng_state)
 from nclip.train.monitors import CollapseMonitor
@@ -65,12 +66,6 @@ def pick_device(cfg: RunConfig) -> torch.device:
     if want == "cuda" and not torch.cuda.is_available():
         raise NclipError("train.device is 'cuda' but no CUDA device is available")
     return torch.device("cuda" if want == "cuda" or (want == "auto" and torch.cuda.is_available()) else "cpu")
-
-
-def autocast_dtype(cfg: RunConfig, device: torch.device) -> torch.dtype | None:
-    if cfg.train.precision == "bf16" or (cfg.train.precision == "auto" and device.type == "cuda"):
-        return torch.bfloat16
-    return None
 
 
 def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: bool = True,
@@ -104,7 +99,7 @@ def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progre
         torch.set_num_threads(t.threads)
     torch.manual_seed(cfg.seed)
     device = ctx.device
-    amp = autocast_dtype(cfg, device)
+    amp = autocast_dtype(cfg.train.precision, device)
 
     model = build_model(cfg)
     objective = build_objective(cfg.objective)
