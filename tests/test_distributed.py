@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from distributed_utils import combine_ranks, loss_and_grads, run_ranks, split_rows
-from nclip import distributed as D
+from nclip import distributed as collectives
 from nclip.objectives import functional as Fn
 
 WORLD = 2
@@ -69,18 +69,18 @@ def _functional_rank(rank: int, world: int):
     x = torch.arange(6, dtype=torch.float64).reshape(3, 2) + 10 * rank
     x.requires_grad_(True)
     w = torch.tensor([[1.0, -2.0]], dtype=torch.float64) * (rank + 1)
-    gathered = D.gather_with_grad(x)  # [6, 2]
+    gathered = collectives.gather_with_grad(x)  # [6, 2]
     (gathered * torch.arange(12, dtype=torch.float64).reshape(6, 2)).sum().mul(rank + 1).backward()
     y = torch.tensor([1.0, 2.0], dtype=torch.float64) * (rank + 1)
     y.requires_grad_(True)
-    mean = D.all_reduce_mean_with_grad(y)
+    mean = collectives.all_reduce_mean_with_grad(y)
     (mean * w[0]).sum().backward()
-    counts = D.all_reduce_sum_no_grad(torch.tensor([rank + 1.0]))
-    means = D.all_reduce_mean_no_grad(torch.tensor([rank + 1.0]))
-    src = D.broadcast_no_grad(torch.tensor([rank + 5.0]))
+    counts = collectives.all_reduce_sum_no_grad(torch.tensor([rank + 1.0]))
+    means = collectives.all_reduce_mean_no_grad(torch.tensor([rank + 1.0]))
+    src = collectives.broadcast_no_grad(torch.tensor([rank + 5.0]))
     out["collectives"] = {"gathered": gathered.detach(), "x_grad": x.grad, "mean": mean.detach(),
                           "y_grad": y.grad, "sum": counts, "mean_ng": means, "bcast": src,
-                          "rank": D.rank(), "world": D.world_size()}
+                          "rank": collectives.rank(), "world": collectives.world_size()}
     return out
 
 
@@ -136,8 +136,8 @@ def test_collectives(functional_results):
 
 def test_collectives_are_identities_without_a_process_group():
     x = torch.randn(3, 2)
-    assert D.gather_with_grad(x) is x and D.all_reduce_mean_with_grad(x) is x
-    assert D.world_size() == 1 and D.rank() == 0
+    assert collectives.gather_with_grad(x) is x and collectives.all_reduce_mean_with_grad(x) is x
+    assert collectives.world_size() == 1 and collectives.rank() == 0
 
 
 # --------------------------------------------------------------------------------------------

@@ -317,7 +317,7 @@ def test_episodic_run_end_to_end(tmp_path, capsys, shared_cache):
 
 
 def _objective_on_two_ranks(rank, world):
-    from nclip import distributed as D
+    from nclip import distributed as collectives
     from nclip.train.episodic import _broadcast
 
     # the objective: W ranks with half the batch each = 1 process with the whole batch (DDP averaging)
@@ -344,9 +344,9 @@ def _objective_on_two_ranks(rank, world):
 
     sl = slice(rank * b // world, (rank + 1) * b // world)
     loss, grads, gs = run({k: v[sl] for k, v in full.items()}, rows[sl])
-    mean_loss = D.all_reduce_mean_no_grad(loss)
-    gs_mean = D.all_reduce_mean_no_grad(gs)
-    grads_all = {k: D.all_gather_no_grad(g) / world for k, g in grads.items()}  # DDP's 1/W
+    mean_loss = collectives.all_reduce_mean_no_grad(loss)
+    gs_mean = collectives.all_reduce_mean_no_grad(gs)
+    grads_all = {k: collectives.all_gather_no_grad(g) / world for k, g in grads.items()}  # DDP's 1/W
     import torch.distributed as dist
 
     dist.barrier()

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from nclip.errors import NclipError
-from nclip.objectives import REGISTRY
+from nclip.objectives import REGISTRY, ObjectiveConfig
 
 
 class _Section(BaseModel):
@@ -145,7 +145,7 @@ class ModelConfig(_Section):
     text: TextConfig = TextConfig()
     embed_dim: int = Field(512, ge=1, description="CLIP head output (Sec. 3.2: 512)")
     nclip_hidden: int = Field(4096, ge=1, description="nCLIP head hidden width (Sec. 3.2: 4096)")
-    nclip_dim: int = Field(32768, ge=2, description="nCLIP head output K (Sec. 3.2: 32768)")
+    nclip_dim: int = Field(32768, ge=2, title="dim", description="nCLIP head output K (Sec. 3.2: 32768)")
     proto_hidden: int = Field(2048, ge=1, description="ProtoCLIP head hidden width (App. A.1: 2048)")
     proto_dim: int = Field(128, ge=2, description="ProtoCLIP head output d_h (App. A.1: 128)")
     sync_batchnorm: bool = True  # under DDP, BatchNorm statistics over the global batch
@@ -302,4 +302,12 @@ def resolve(preset: str, overrides: list[str] | None = None) -> RunConfig:
 
 
 def to_yaml(cfg: RunConfig) -> str:
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    data = cfg.model_dump(mode="json")
+    # the objective's name first and the base class's fields last, whatever order the config
+    # classes' mixins (nclip.objectives.base) collect their fields in
+    objective = data["objective"]
+    base = [key for key in ObjectiveConfig.model_fields if key in objective]
+    data["objective"] = {"name": objective["name"],
+                         **{k: v for k, v in objective.items() if k != "name" and k not in base},
+                         **{k: objective[k] for k in base}}
+    return yaml.safe_dump(data, sort_keys=False)

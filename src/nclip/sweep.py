@@ -56,14 +56,11 @@ import yaml
 
 from nclip.errors import NclipError
 from nclip.jsonio import jsonable
+from nclip.objectives import REGISTRY
 
 SWEEP_VERSION = 1
 FINISHED = ("done", "diverged")  # skipped by --resume
 TERM_KEYS = ("L_KL", "L_EH", "L_HE", "row_std", "col_std", "usage")
-_TERM_PREFIXES = ("nclip", "unified", "yclip")
-# column headers in the paper's notation
-PRETTY = {"lambda1": "λ1", "lambda2": "λ2", "nclip_dim": "dim", "w_clip": "λ_CLIP", "w_nclip": "λ_nCLIP",
-          "tau": "τ", "tau_s": "τ_s", "uniform": "uniform(·)"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,6 +262,26 @@ def _flatten(assign: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def field_title(key: str) -> str | None:
+    """The symbol of a config key in the papers (its field's ``title``: λ1, τ_s, dim, ...), if it has one.
+    An ``objective.*`` key is looked up in every registered objective's config."""
+    from nclip.config import RunConfig
+
+    *path, name = key.split(".")
+    if path == ["objective"]:
+        configs = [config for config, _ in REGISTRY.values()]
+    else:
+        section = RunConfig
+        for part in path:
+            info = section.model_fields.get(part)
+            section = info.annotation if info is not None else None
+            if not isinstance(section, type):
+                return None
+        configs = [section]
+    titles = [c.model_fields[name].title for c in configs if name in getattr(c, "model_fields", {})]
+    return next((t for t in titles if t), None)
+
+
 def short_names(keys: list[str]) -> dict[str, str]:
     """key → its last component, or the whole key where two keys share a last component."""
     last = [k.rsplit(".", 1)[-1] for k in keys]
@@ -322,19 +339,11 @@ def read_metrics(path: Path) -> list[dict]:
     return rows
 
 
-def term_prefix(row: dict) -> str | None:
-    """The namespace of the nCLIP-head terms in a metrics row (nclip, unified, yclip), if any."""
-    for p in _TERM_PREFIXES:
-        if f"{p}/L_HE" in row and f"{p}/L_EH" in row:
-            return p
-    return None
-
-
 def _finite(x) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
-def judge(rows: list[dict], cfg=None, stderr: str = "") -> dict:
+def judge(rows: list[dict], cfg, stderr: str = "") -> dict:
     """Verdict of a run from its logged metrics (and the trainer's stderr when it failed).
 
     Returns {"verdict": ok | dimensional | uniform | one_hot | diverged, "collapse": [kinds active
@@ -349,21 +358,18 @@ def judge(rows: list[dict], cfg=None, stderr: str = "") -> dict:
             out["verdict"] = "diverged"
         return out
     last = rows[-1]
-    prefix = term_prefix(last)
+    monitor = CollapseMonitor.for_run(cfg)
+    prefix = monitor.prefix if monitor is not None and f"{monitor.prefix}/L_HE" in last else None
     final["step"] = last.get("step")
     final["loss"] = last.get("loss")
     if prefix:
         for k in TERM_KEYS:
             final[k] = last.get(f"{prefix}/{k}")
-    out["nonfinite_steps"] = int(last.get("nonfinite_steps", 0) or 0)
-    if prefix and cfg is not None:
-        obj = cfg.objective
-        mon = CollapseMonitor(cfg.model.nclip_dim, prefix=prefix, batch_size=cfg.train.batch_size,
-                              lambda1=getattr(obj, "lambda1", None), lambda2=getattr(obj, "lambda2", None))
         for row in rows:
-            mon.update(int(row["step"]), row)
-        out["collapse"] = sorted(mon.active)
-        out["warned"] = dict(mon.warned)
+            monitor.update(int(row["step"]), row)
+        out["collapse"] = sorted(monitor.active)
+        out["warned"] = dict(monitor.warned)
+    out["nonfinite_steps"] = int(last.get("nonfinite_steps", 0) or 0)
     watched = [final.get("loss")] + [final.get(k) for k in ("L_KL", "L_EH", "L_HE") if prefix]
     if "non-finite" in stderr or any(v is not None and not _finite(v) for v in watched):
         out["verdict"] = "diverged"
@@ -827,6 +833,7 @@ def collect(out: Path, runs: list[RunSpec], configs: dict, journal: _Journal | N
             "final": v["final"], "collapse": v["collapse"], "nonfinite_steps": v["nonfinite_steps"],
             "wall_s": entry.get("wall_s"), "error": entry.get("error", ""), "metrics": metrics,
             "zs_key": f"zeroshot/{kind}/top1", "ln_data": f"{dataset}-{kind}", "k": cfg.model.nclip_dim,
+            "stats_prefix": REGISTRY[cfg.objective.name][1].head_stats_prefix,
         })
     return rows
 
@@ -854,7 +861,7 @@ def write_table(out: Path, rows: list[dict], runs: list[RunSpec], opts: SweepOpt
     keys = list(runs[0].values) if runs else []
     shorts = short_names(keys)
     named = any(r.name for r in runs)
-    head = (["setting"] if named else []) + [PRETTY.get(shorts[k], shorts[k]) for k in keys] + \
+    head = (["setting"] if named else []) + [field_title(k) or shorts[k] for k in keys] + \
         ["ZS", "LN", "L_KL", "L_EH", "L_HE", "status"]
     align = ([":--"] if named else []) + ["--:"] * (len(keys) + 5) + [":--"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
@@ -917,8 +924,8 @@ def plot_curves(path: Path, rows: list[dict]) -> None:
     handles = []
     for row in rows:
         metrics = row["metrics"]
-        prefix = next((term_prefix(m) for m in metrics if term_prefix(m)), None)
-        if prefix is None:
+        prefix = row["stats_prefix"]
+        if prefix is None or not any(f"{prefix}/L_HE" in m for m in metrics):
             continue
         label = f"{row['name'] + ' ' if row['name'] else ''}" + \
             ", ".join(f"{k.rsplit('.', 1)[-1]}={_fmt(v)}" for k, v in row["values"].items() if not row["name"]) + \
@@ -931,7 +938,8 @@ def plot_curves(path: Path, rows: list[dict]) -> None:
             (line,) = ax.plot(xs, ys, lw=1.2)
             if ax is flat[0]:
                 handles.append((line, label))
-    ks = {row["k"] for row in rows if row["metrics"] and any(term_prefix(m) for m in row["metrics"])}
+    ks = {row["k"] for row in rows if row["stats_prefix"] and any(f"{row['stats_prefix']}/L_HE" in m
+                                                                  for m in row["metrics"])}
     for ax, (key, title) in zip(flat, FIG_B1_PANELS):
         if key in ("L_EH", "L_HE") and len(ks) == 1:  # the uniform-collapse level of both entropies
             ax.axhline(math.log(next(iter(ks))), color="gray", ls="--", lw=0.8)

@@ -1,7 +1,7 @@
 """BatchNorm over the global batch, on any device (CPU/gloo included), through the audited collectives.
 
 ``torch.nn.SyncBatchNorm`` refuses CPU tensors, so the 2-process gloo test that settles
-distributed correctness (DESIGN.md) could not run it (and CPU-only multi-process training could not
+distributed correctness (docs/design.md) could not run it (and CPU-only multi-process training could not
 use it). :class:`GlobalBatchNorm1d` (and ``2d``) computes the same
 thing with :mod:`nclip.distributed`: the batch mean and the (biased) batch variance over the union
 of all ranks' rows, differentiably, with gradients that are exact under DDP's gradient averaging
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nclip import distributed as D
+from nclip import distributed as collectives
 
 __all__ = ["GlobalBatchNorm1d", "GlobalBatchNorm2d", "convert_sync_batchnorm"]
 
@@ -27,20 +27,20 @@ class _GlobalStats:
     """The forward shared by the 1-d and 2-d layers: statistics over every dim but the channel (1)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not (self.training and D.is_distributed()):
+        if not (self.training and collectives.is_distributed()):
             return super().forward(x)
         dims = tuple(d for d in range(x.ndim) if d != 1)  # [B, C] / [B, C, L] / [B, C, H, W]
         shape = tuple(-1 if d == 1 else 1 for d in range(x.ndim))
         # statistics in (at least) float32 even under bf16 autocast, like cuDNN BN
         x32 = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
         n_local = x32.numel() // x32.shape[1]
-        count = D.all_reduce_sum_no_grad(torch.tensor(float(n_local), device=x.device, dtype=torch.float64))
+        count = collectives.all_reduce_sum_no_grad(torch.tensor(float(n_local), device=x.device, dtype=torch.float64))
         n_total = float(count)  # rows (× positions) over all ranks
-        n_mean = n_total / D.world_size()
+        n_mean = n_total / collectives.world_size()
         # count-weighted means: mean_r(n_r · m_r) / mean_r(n_r) = Σ n_r m_r / Σ n_r
-        mean = D.all_reduce_mean_with_grad(x32.mean(dims) * n_local) / n_mean  # [C]
+        mean = collectives.all_reduce_mean_with_grad(x32.mean(dims) * n_local) / n_mean  # [C]
         centred = x32 - mean.view(shape)
-        var = D.all_reduce_mean_with_grad(centred.pow(2).mean(dims) * n_local) / n_mean  # [C], biased
+        var = collectives.all_reduce_mean_with_grad(centred.pow(2).mean(dims) * n_local) / n_mean  # [C], biased
         y = centred * torch.rsqrt(var + self.eps).view(shape)
         if self.affine:
             y = y * self.weight.view(shape) + self.bias.view(shape)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 
@@ -34,10 +34,38 @@ class EncoderOutput:
 
 
 class ObjectiveConfig(BaseModel):
-    """Base of every objective's typed config: unknown keys are errors."""
+    """Base of every objective's typed config: unknown keys are errors.
+
+    A field's ``title`` is its symbol in the papers (λ1, τ_s, ...); sweep tables use it as the
+    column header.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     global_batch: bool = True  # compute batch statistics over all ranks when distributed
+
+
+class EntropyWeights(ObjectiveConfig):
+    """Mixin: the weights of nCLIP's entropy regularisers, λ1·L_EH − λ2·L_HE (xCLIP paper Eq. 4),
+    shared by every objective with an nCLIP-style loss."""
+
+    lambda1: float = Field(0.5, ge=0, title="λ1", description="weight of L_EH (Eq. 4)")
+    lambda2: float = Field(1.5, ge=0, title="λ2", description="weight of L_HE (Eq. 4); λ1 = λ2 − 1 is stable")
+
+
+class BranchWeights(ObjectiveConfig):
+    """Mixin: λ_CLIP·L_contrastive + λ_nCLIP·L_nCLIP, the two heads of xCLIP (Eq. 5)."""
+
+    w_clip: float = Field(0.2, ge=0, title="λ_CLIP", description="λ_CLIP of Eq. 5: weight of the contrastive head")
+    w_nclip: float = Field(1.0, ge=0, title="λ_nCLIP", description="λ_nCLIP of Eq. 5")
+
+
+@dataclass(frozen=True)
+class CollapseWatch:
+    """What the collapse monitor (App. B.1) reads for an objective with an nCLIP-style head."""
+
+    prefix: str  # namespace of the logged head statistics: prefix/L_EH, prefix/L_HE, prefix/L_KL, ...
+    lambda1: float | None = None  # the run's λs, quoted in the monitor's advice
+    lambda2: float | None = None
 
 
 class Objective(nn.Module):
@@ -46,12 +74,28 @@ class Objective(nn.Module):
     ``forward`` returns a dict with the scalar ``loss`` to minimise and any number of other scalar
     terms to log (detached or not; the trainer detaches them). The trainer never knows which
     objective it runs.
+
+    The class attributes tell the rest of nclip what it needs to know, so that nothing outside this
+    package names an objective: which heads the model builds, which head scores zero-shot, whether
+    the episodic trainer drives it, and where its nCLIP-head statistics are logged.
     """
 
     heads: ClassVar[frozenset[str]]  # which projection heads the model must build: clip, nclip, proto
     zero_shot_head: ClassVar[str]  # the head used for zero-shot transfer (paper's default)
     # True: trained by nclip.train.episodic (per-episode prototypes; forward takes per-row targets)
     episodic: ClassVar[bool] = False
+    # namespace of the logged nCLIP-head statistics (L_CE, L_EH, L_HE, L_KL, row_std, col_std,
+    # usage) that the collapse monitor and the sweep's Fig. B1 curves read; None: no such head
+    head_stats_prefix: ClassVar[str | None] = None
+
+    @classmethod
+    def collapse_watch(cls, cfg: ObjectiveConfig) -> CollapseWatch | None:
+        """What the collapse monitor watches for a run with this objective and ``cfg`` (None: nothing)."""
+        if cls.head_stats_prefix is None:
+            return None
+        if isinstance(cfg, EntropyWeights):
+            return CollapseWatch(cls.head_stats_prefix, cfg.lambda1, cfg.lambda2)
+        return CollapseWatch(cls.head_stats_prefix)
 
     def forward(self, out: EncoderOutput) -> dict[str, torch.Tensor]:  # pragma: no cover
         raise NotImplementedError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from nclip.objectives import functional as Fn
+from nclip.objectives import functional
 from nclip.objectives.base import EncoderOutput, Objective, ObjectiveConfig
 
 
@@ -21,5 +21,5 @@ class ClipObjective(Objective):
         self.cfg = cfg
 
     def forward(self, out: EncoderOutput):
-        terms = Fn.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=self.cfg.global_batch)
+        terms = functional.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=self.cfg.global_batch)
         return {"loss": terms["loss"], **{f"clip/{k}": v for k, v in terms.items()}}

@@ -4,45 +4,42 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+import torch
 
-from nclip.objectives import functional as Fn
-from nclip.objectives.base import EncoderOutput, Objective, ObjectiveConfig
+from nclip.objectives.base import BranchWeights, EncoderOutput, EntropyWeights, Objective
+from nclip.objectives.functional import clip_terms, distribution_diagnostics, nclip_terms
 
 
-class NclipConfig(ObjectiveConfig):
+class NclipConfig(EntropyWeights):
     name: Literal["nclip"] = "nclip"
-    lambda1: float = Field(0.5, ge=0, description="weight of L_EH (Eq. 4)")
-    lambda2: float = Field(1.5, ge=0, description="weight of L_HE (Eq. 4); λ1 = λ2 − 1 is stable")
 
 
-class XclipConfig(NclipConfig):
+class XclipConfig(BranchWeights, NclipConfig):
     name: Literal["xclip"] = "xclip"  # type: ignore[assignment]
-    w_clip: float = Field(0.2, ge=0, description="λ_CLIP of Eq. 5")
-    w_nclip: float = Field(1.0, ge=0, description="λ_nCLIP of Eq. 5")
 
 
-def _nclip_terms(out: EncoderOutput, cfg: NclipConfig) -> dict:
-    terms = Fn.nclip_terms(
-        out.image_logits, out.text_logits, cfg.lambda1, cfg.lambda2, global_batch=cfg.global_batch
-    )
-    # L_CE, L_EH, L_HE, L_KL as named in the paper (Fig. B1), each the mean over both modalities.
+def nclip_head_terms(out: EncoderOutput, cfg: EntropyWeights) -> dict[str, torch.Tensor]:
+    """nCLIP's loss on the nCLIP head (Algorithm 1) with its terms as the paper names them (Fig. B1):
+    ``loss``, ``L_CE``, ``L_EH``, ``L_HE``, ``L_KL`` (each the mean over both modalities) and the
+    detached diagnostics (Tab. B2's ``acc_nC``, Fig. B1's ``row_std``/``col_std`` of P, ``usage``).
+    Shared by every objective that has an nCLIP head beside another loss (xCLIP, xSigLIP)."""
+    terms = nclip_terms(out.image_logits, out.text_logits, cfg.lambda1, cfg.lambda2, global_batch=cfg.global_batch)
     named = {"L_CE": terms["ce"], "L_EH": terms["eh"], "L_HE": terms["he"], "L_KL": terms["kl"]}
-    # detached diagnostics (Tab. B2's Acc_nC, Fig. B1's row/column std of P, prototype usage)
-    named.update(Fn.distribution_diagnostics(out.image_logits, out.text_logits, global_batch=cfg.global_batch))
+    named.update(distribution_diagnostics(out.image_logits, out.text_logits, global_batch=cfg.global_batch))
     return {"loss": terms["loss"], **named}
 
 
 class NclipObjective(Objective):
     heads = frozenset({"nclip"})
     zero_shot_head = "nclip"
+    head_stats_prefix = "nclip"
 
     def __init__(self, cfg: NclipConfig):
         super().__init__()
         self.cfg = cfg
 
     def forward(self, out: EncoderOutput):
-        terms = _nclip_terms(out, self.cfg)
+        terms = nclip_head_terms(out, self.cfg)
         return {"loss": terms.pop("loss"), **{f"nclip/{k}": v for k, v in terms.items()}}
 
 
@@ -51,14 +48,15 @@ class XclipObjective(Objective):
 
     heads = frozenset({"clip", "nclip"})
     zero_shot_head = "clip"  # Sec. 3.1: the cosine of CLIP's head transfers better zero-shot
+    head_stats_prefix = "nclip"
 
     def __init__(self, cfg: XclipConfig):
         super().__init__()
         self.cfg = cfg
 
     def forward(self, out: EncoderOutput):
-        clip = Fn.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=self.cfg.global_batch)
-        nclip = _nclip_terms(out, self.cfg)
+        clip = clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=self.cfg.global_batch)
+        nclip = nclip_head_terms(out, self.cfg)
         loss = self.cfg.w_clip * clip["loss"] + self.cfg.w_nclip * nclip["loss"]
         logged = {f"clip/{k}": v for k, v in clip.items()}
         logged.update({f"nclip/{k}": v for k, v in nclip.items()})

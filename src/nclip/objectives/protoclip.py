@@ -26,7 +26,7 @@ Choices where the paper is ambiguous (each one a config key):
   L_CLIP alone (no clustering is done in those episodes).
 - InfoNCE-only warm-up episodes (Tab. A.3: 40): ``warmup_episodes``, L_CLIP alone, as the
   authors' code.
-- Empty clusters are dropped from the prototype classifier (see :func:`Fn.pbt`).
+- Empty clusters are dropped from the prototype classifier (see :func:`functional.pbt`).
 - τ_Proto is learnable, initialised to 0.07 and clamped at 1/100 like CLIP's (App. A.1), stored
   as s = ln(1/τ) in this objective (the trainer optimises objective parameters too).
 
@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import nn
 
-from nclip.objectives import functional as Fn
+from nclip.objectives import functional
 from nclip.objectives.base import EncoderOutput, Objective, ObjectiveConfig
 
 LOG_SCALE_MAX = math.log(100.0)
@@ -169,7 +169,7 @@ class ProtoclipObjective(Objective):
 
     def _direction(self, name: str, h: torch.Tensor, labels: torch.Tensor, t_proto, t_target: float) -> dict:
         targets = getattr(self, f"{name}_targets")
-        return Fn.proto_terms(
+        return functional.proto_terms(
             h, getattr(self, f"{name}_centroids"), labels, t_proto, t_target,
             valid=getattr(self, f"{name}_valid"), teacher_centroids=targets if targets.numel() else None,
         )
@@ -177,7 +177,7 @@ class ProtoclipObjective(Objective):
     def forward(self, out: EncoderOutput, rows: torch.Tensor | None = None):
         """``rows``: [B] int64 episode positions of the batch's rows (given by the episodic data)."""
         cfg = self.cfg
-        clip = Fn.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch)
+        clip = functional.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch)
         logged = {f"clip/{k}": v for k, v in clip.items()}
         loss = cfg.w_clip * clip["loss"]
         h_i = F.normalize(_at_least_float32(out.image_proto), dim=-1)  # [B, d_h]

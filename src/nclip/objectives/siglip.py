@@ -20,9 +20,9 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from nclip.objectives import functional as Fn
-from nclip.objectives.base import EncoderOutput, Objective, ObjectiveConfig
-from nclip.objectives.nclip import _nclip_terms
+from nclip.objectives.base import BranchWeights, EncoderOutput, EntropyWeights, Objective, ObjectiveConfig
+from nclip.objectives.functional import siglip_terms
+from nclip.objectives.nclip import nclip_head_terms
 
 
 class SiglipConfig(ObjectiveConfig):
@@ -30,13 +30,10 @@ class SiglipConfig(ObjectiveConfig):
     bias_init: float = Field(-10.0, description="initial learnable bias b (SigLIP: -10)")
 
 
-class XsiglipConfig(ObjectiveConfig):
-    name: Literal["xsiglip"] = "xsiglip"
-    bias_init: float = Field(-10.0, description="initial learnable bias b (SigLIP: -10)")
-    lambda1: float = Field(0.5, ge=0, description="weight of L_EH (Eq. 4)")
-    lambda2: float = Field(1.5, ge=0, description="weight of L_HE (Eq. 4)")
-    w_clip: float = Field(0.2, ge=0, description="λ_CLIP of Eq. 5, here the SigLIP loss's weight")
-    w_nclip: float = Field(1.0, ge=0, description="λ_nCLIP of Eq. 5")
+class XsiglipConfig(BranchWeights, EntropyWeights, SiglipConfig):
+    """xSigLIP: ``w_clip`` weighs the SigLIP loss (λ_CLIP of Eq. 5), ``w_nclip`` the nCLIP loss."""
+
+    name: Literal["xsiglip"] = "xsiglip"  # type: ignore[assignment]
 
 
 class SiglipObjective(Objective):
@@ -49,7 +46,7 @@ class SiglipObjective(Objective):
         self.logit_bias = nn.Parameter(torch.tensor(float(cfg.bias_init)))
 
     def _siglip(self, out: EncoderOutput) -> dict[str, torch.Tensor]:
-        t = Fn.siglip_terms(
+        t = siglip_terms(
             out.image_emb, out.text_emb, out.logit_scale, self.logit_bias, global_batch=self.cfg.global_batch
         )
         logged = {f"siglip/{k}": v for k, v in t.items() if k != "loss"}
@@ -65,6 +62,7 @@ class XsiglipObjective(SiglipObjective):
 
     heads = frozenset({"clip", "nclip"})
     zero_shot_head = "clip"
+    head_stats_prefix = "nclip"
 
     def __init__(self, cfg: XsiglipConfig):
         super().__init__(cfg)  # type: ignore[arg-type]
@@ -72,6 +70,6 @@ class XsiglipObjective(SiglipObjective):
     def forward(self, out: EncoderOutput):
         sig = self._siglip(out)
         sig_loss = sig.pop("loss")
-        nclip = _nclip_terms(out, self.cfg)
+        nclip = nclip_head_terms(out, self.cfg)
         loss = self.cfg.w_clip * sig_loss + self.cfg.w_nclip * nclip.pop("loss")
         return {"loss": loss, "siglip/L_SigLIP": sig_loss.detach(), **sig, **{f"nclip/{k}": v for k, v in nclip.items()}}

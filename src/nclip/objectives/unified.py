@@ -56,8 +56,8 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 
-from nclip.objectives import functional as Fn
-from nclip.objectives.base import EncoderOutput, Objective, ObjectiveConfig
+from nclip.objectives import functional
+from nclip.objectives.base import EncoderOutput, EntropyWeights, Objective
 
 # Tab. A1, one entry per row: overrides of UnifiedConfig's fields.
 TABLE_A1_SETTINGS: dict[str, dict[str, Any]] = {
@@ -72,15 +72,13 @@ TABLE_A1_SETTINGS: dict[str, dict[str, Any]] = {
 }
 
 
-class UnifiedConfig(ObjectiveConfig):
+class UnifiedConfig(EntropyWeights):
     """Typed config of Algorithm 1 (defaults: the nCLIP row, i.e. exactly nCLIP's Eq. 4)."""
 
     name: Literal["unified"] = "unified"
-    tau_s: float = Field(1.0, gt=0, description="target temperature τ_s")
-    tau: float = Field(1.0, gt=0, description="prediction temperature τ")
-    uniform: Literal["none", "sinkhorn", "batch_softmax", "centering"] = "none"
-    lambda1: float = Field(0.5, ge=0, description="weight of L_EH (sharpness)")
-    lambda2: float = Field(1.5, ge=0, description="weight of L_HE (smoothness)")
+    tau_s: float = Field(1.0, gt=0, title="τ_s", description="target temperature τ_s")
+    tau: float = Field(1.0, gt=0, title="τ", description="prediction temperature τ")
+    uniform: Literal["none", "sinkhorn", "batch_softmax", "centering"] = Field("none", title="uniform(·)")
     sinkhorn_iters: int = Field(3, ge=1, le=100, description="Sinkhorn iterations (SwAV: 3)")
     center_momentum: float = Field(0.9, ge=0, le=1, description="EMA momentum of the centering statistics (DINO: 0.9)")
     center_eps: float = Field(1e-5, gt=0, description="added to the running variance before the rsqrt")
@@ -106,6 +104,7 @@ class UnifiedObjective(Objective):
 
     heads = frozenset({"nclip"})
     zero_shot_head = "nclip"
+    head_stats_prefix = "unified"
 
     def __init__(self, cfg: UnifiedConfig):
         super().__init__()
@@ -138,8 +137,8 @@ class UnifiedObjective(Objective):
         m = self.cfg.center_momentum
         for side, logits in (("image", image_logits), ("text", text_logits)):
             mean, var = getattr(self, f"center_mean_{side}"), getattr(self, f"center_var_{side}")
-            b_mean, b_var = Fn.batch_moments(logits.to(mean.dtype), global_batch=self.cfg.global_batch)
-            new_mean, new_var = Fn.ema_moments(mean, var, b_mean, b_var, m)
+            b_mean, b_var = functional.batch_moments(logits.to(mean.dtype), global_batch=self.cfg.global_batch)
+            new_mean, new_var = functional.ema_moments(mean, var, b_mean, b_var, m)
             mean.copy_(new_mean)
             var.copy_(new_var)
 
@@ -153,7 +152,7 @@ class UnifiedObjective(Objective):
                 "image_center": (self.center_mean_image.clone(), self.center_var_image.clone()),
                 "text_center": (self.center_mean_text.clone(), self.center_var_text.clone()),
             }
-        terms = Fn.unified_terms(
+        terms = functional.unified_terms(
             out.image_logits,
             out.text_logits,
             cfg.tau_s,

@@ -11,28 +11,27 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
-
-from nclip.objectives import functional as Fn
-from nclip.objectives.base import EncoderOutput, Objective, ObjectiveConfig
+from nclip.objectives.base import EncoderOutput, EntropyWeights, Objective
+from nclip.objectives.functional import yclip_terms
 
 
-class YclipConfig(ObjectiveConfig):
+class YclipConfig(EntropyWeights):
+    """λ1, λ2 weigh L_EH and L_HE of Eq. 3; Tab. B2's rows use (0, 0), (0.5, 1.5) and (3, 4)."""
+
     name: Literal["yclip"] = "yclip"
-    lambda1: float = Field(0.5, ge=0, description="weight of L_EH (Eq. 3); Tab. B2 rows: 0, 0.5, 3")
-    lambda2: float = Field(1.5, ge=0, description="weight of L_HE (Eq. 3); Tab. B2 rows: 0, 1.5, 4")
 
 
 class YclipObjective(Objective):
     heads = frozenset({"nclip"})
     zero_shot_head = "nclip"
+    head_stats_prefix = "yclip"
 
     def __init__(self, cfg: YclipConfig):
         super().__init__()
         self.cfg = cfg
 
     def forward(self, out: EncoderOutput):
-        t = Fn.yclip_terms(
+        t = yclip_terms(
             out.image_logits,
             out.text_logits,
             out.logit_scale,

@@ -143,7 +143,7 @@ def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progre
                            ctx=ctx, start=start, state=data_state)
     accum = t.accumulation
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    monitor = _collapse_monitor(cfg)
+    monitor = CollapseMonitor.for_run(cfg)
     bar = tqdm(total=t.steps, initial=start, unit="step", disable=not (progress and ctx.is_main), dynamic_ncols=True)
     window_t, window_samples, last = time.perf_counter(), 0, {}
     module.train()
@@ -249,15 +249,6 @@ def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progre
         result.eval = evaluate_run(final, cfg, device)
         (run_dir / "eval.json").write_text(json.dumps(result.eval, indent=2, sort_keys=True))
     return result
-
-
-def _collapse_monitor(cfg: RunConfig) -> CollapseMonitor | None:
-    """A collapse monitor (Appendix B.1) for objectives with an nCLIP head, else None."""
-    if "nclip" not in REGISTRY[cfg.objective.name][1].heads:
-        return None
-    return CollapseMonitor(cfg.model.nclip_dim, batch_size=cfg.train.batch_size,
-                           lambda1=getattr(cfg.objective, "lambda1", None),
-                           lambda2=getattr(cfg.objective, "lambda2", None))
 
 
 def _find_resume_point(run_dir: Path, ctx: DistContext) -> tuple[int, dict | None, dict | None]:

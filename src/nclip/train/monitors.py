@@ -14,8 +14,8 @@ into one readable warning per episode:
 - ``nonfinite`` — a watched metric is NaN/inf (the "Nan" rows of Tab. 9a and Tab. A1).
 
 Feed it the metrics dict logged at every logging step (keys like ``nclip/L_EH``, ``nclip/L_HE``,
-``nclip/L_KL``, ``nclip/row_std``, ``nclip/usage``; the prefix is detected when not given, so the
-``unified/`` and ``yclip/`` terms work too). A signature must persist for ``window`` consecutive
+``nclip/L_KL``, ``nclip/row_std``, ``nclip/usage``; the prefix is the one the run's objective
+declares, :meth:`CollapseMonitor.for_run`, or detected from the keys when not given). A signature must persist for ``window`` consecutive
 logs before it warns; each kind warns once, and again only after it has cleared and come back.
 """
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-_KNOWN_PREFIXES = ("nclip", "unified", "yclip")
+from nclip.objectives import REGISTRY
 
 
 class CollapseMonitor:
@@ -31,7 +31,8 @@ class CollapseMonitor:
 
     Args:
         num_prototypes: K, the nCLIP head width.
-        prefix: metric namespace ("nclip", "unified", "yclip"); None detects it from the keys.
+        prefix: metric namespace (an objective's ``head_stats_prefix``: "nclip", "unified", "yclip");
+            None detects it from the keys.
         batch_size: the global batch B. Sets the usage reference to the expected usage of a uniform
             random assignment, 1 − (1 − 1/K)^B (B < K caps usage at B/K). Without it the reference
             is the highest usage seen so far in the stream.
@@ -90,6 +91,17 @@ class CollapseMonitor:
         self._streak = {"uniform": 0, "dimensional": 0, "one_hot": 0}
         self.active: set[str] = set()  # kinds that have warned and not cleared since
         self.warned: dict[str, int] = {}  # kind -> step of its latest warning
+
+    @classmethod
+    def for_run(cls, cfg) -> "CollapseMonitor | None":
+        """The monitor of a run (a :class:`nclip.config.RunConfig`): watching what its objective
+        declares (:meth:`nclip.objectives.Objective.collapse_watch`), or None when it has no
+        nCLIP-style head."""
+        watch = REGISTRY[cfg.objective.name][1].collapse_watch(cfg.objective)
+        if watch is None:
+            return None
+        return cls(cfg.model.nclip_dim, prefix=watch.prefix, batch_size=cfg.train.batch_size,
+                   lambda1=watch.lambda1, lambda2=watch.lambda2)
 
     # -- public -----------------------------------------------------------------------------
 
@@ -202,9 +214,6 @@ class CollapseMonitor:
     @staticmethod
     def _detect_prefix(metrics: dict[str, float]) -> str | None:
         found = sorted(k[: -len("/L_HE")] for k in metrics if k.endswith("/L_HE") and f"{k[:-5]}/L_EH" in metrics)
-        for known in _KNOWN_PREFIXES:
-            if known in found:
-                return known
         return found[0] if found else None
 
 

@@ -10,7 +10,7 @@ each rank returns the mean over its own rows and DDP's gradient averaging makes 
 global-batch loss (equal local batches, as nclip's loaders give). The prototypes themselves are
 built once per episode, on rank 0, and broadcast (:mod:`nclip.train.episodic`).
 
-Exported through :mod:`nclip.objectives.functional`.
+Re-exported by :mod:`nclip.objectives.functional`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,39 @@
+"""Pure loss functions: nclip's public, tested objective API, one module per family.
+
+``clip`` (InfoNCE, Eq. 1), ``nclip`` (nCLIP Eq. 2-4, xCLIP Eq. 5, the zero-shot score and head
+diagnostics), ``unified`` (Appendix A), ``yclip`` (App. B.2), ``siglip`` and ``protoclip`` (PBT and
+the prototypical loss); everything public is re-exported here, so
+``from nclip.objectives.functional import clip_loss`` works for every family.
+
+Notation follows "Non-Contrastive Learning Meets Language-Image Pre-Training" (xCLIP paper),
+Sec. 3.1 and Algorithm 1: g, h are projected features of the two modalities, u = g/||g||,
+p = softmax(g), q = softmax(h); B is the (global) batch size, K the nCLIP head width.
+
+Global batch: when a process group with world size > 1 exists and ``global_batch=True``, every
+batch statistic is computed over the union of all ranks' rows (InfoNCE negatives, the batch-mean
+distribution p̄ of L_HE) through :mod:`nclip.distributed`, whose collectives give gradients that are
+exact under DDP's gradient averaging. Each rank then returns the loss of its own rows, so the mean
+of the per-rank losses equals the single-process loss on the whole batch.
+
+Numerics: distributions are handled in log space (``log_softmax``; log p̄ through ``logsumexp``), so
+every function is finite in float32 for logits of magnitude 1e4 and for a batch of one.
+"""
+
+from nclip.objectives.functional.clip import clip_loss, clip_terms
+from nclip.objectives.functional.nclip import (batch_mean_log_prob, distribution_diagnostics, nclip_loss,
+                                               nclip_similarity, nclip_terms, xclip_loss)
+from nclip.objectives.functional.protoclip import pbt, proto_loss, proto_terms
+from nclip.objectives.functional.siglip import siglip_loss, siglip_terms
+from nclip.objectives.functional.unified import (UNIFORM_CHOICES, batch_moments, ema_moments, sinkhorn,
+                                                 unified_loss, unified_target_log_prob, unified_terms)
+from nclip.objectives.functional.yclip import yclip_loss, yclip_terms
+
+__all__ = [
+    "clip_loss", "clip_terms",
+    "nclip_loss", "nclip_terms", "xclip_loss", "nclip_similarity", "batch_mean_log_prob", "distribution_diagnostics",
+    "sinkhorn", "batch_moments", "ema_moments", "unified_target_log_prob", "unified_terms", "unified_loss",
+    "UNIFORM_CHOICES",
+    "yclip_terms", "yclip_loss",
+    "siglip_terms", "siglip_loss",
+    "pbt", "proto_loss", "proto_terms",
+]

@@ -1,0 +1,64 @@
+"""CLIP: symmetric InfoNCE (xCLIP paper Eq. 1)."""
+
+from __future__ import annotations
+
+
+import torch
+import torch.nn.functional as F
+
+from nclip.objectives.functional._common import check_pair, global_rows, pair_logit_stats
+
+
+# --------------------------------------------------------------------------------------------
+# CLIP: symmetric InfoNCE, Eq. (1)
+# --------------------------------------------------------------------------------------------
+
+
+def clip_terms(
+    image_emb: torch.Tensor,
+    text_emb: torch.Tensor,
+    logit_scale: torch.Tensor | float,
+    *,
+    global_batch: bool = True,
+) -> dict[str, torch.Tensor]:
+    """Symmetric InfoNCE (Eq. 1, Algorithm 1's L_CLIP) with diagnostics.
+
+    Args:
+        image_emb: [B, D] projected image features g_I (normalised inside).
+        text_emb: [B, D] projected text features g_T (normalised inside).
+        logit_scale: scalar multiplier 1/σ, already exponentiated.
+        global_batch: use all ranks' rows as negatives when running distributed.
+
+    Returns a dict with ``loss`` = (INCE(U_IᵀU_T/σ) + INCE(U_TᵀU_I/σ)) / 2 (the mean of both
+    directions) and detached diagnostics: ``acc_i2t``, ``acc_t2i`` (Acc_C of Tab. B2, the share of
+    rows whose paired sample has the highest logit), ``logit_pos`` and ``logit_neg`` (mean positive
+    and negative logits).
+    """
+    check_pair(image_emb, text_emb, "image_emb", "text_emb")
+    u_i = F.normalize(image_emb, dim=-1)  # [B, D]
+    u_t = F.normalize(text_emb, dim=-1)  # [B, D]
+    batch = u_i.shape[0]
+    (all_i, all_t), offset = global_rows(u_i, u_t, global_batch=global_batch)  # [W·B, D]
+    targets = torch.arange(offset, offset + batch, device=u_i.device)
+    logits_i2t = logit_scale * u_i @ all_t.T  # [B, W·B]: local images against every text
+    logits_t2i = logit_scale * u_t @ all_i.T  # [B, W·B]: local texts against every image
+    loss = (F.cross_entropy(logits_i2t, targets) + F.cross_entropy(logits_t2i, targets)) / 2
+    terms = pair_logit_stats(logits_i2t, targets)
+    with torch.no_grad():
+        terms["acc_t2i"] = (logits_t2i.argmax(1) == targets).float().mean()
+    return {"loss": loss, **terms}
+
+
+
+def clip_loss(
+    image_emb: torch.Tensor,
+    text_emb: torch.Tensor,
+    logit_scale: torch.Tensor | float,
+    *,
+    global_batch: bool = True,
+) -> torch.Tensor:
+    """Symmetric InfoNCE, Eq. (1): the mean of the image→text and text→image cross-entropies.
+
+    image_emb, text_emb: [B, D], L2-normalised inside; logit_scale: the multiplier 1/σ.
+    """
+    return clip_terms(image_emb, text_emb, logit_scale, global_batch=global_batch)["loss"]

@@ -1,0 +1,173 @@
+"""nCLIP (Eq. 2-4, Algorithm 1), xCLIP (Eq. 5), nCLIP's zero-shot score and the head diagnostics."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from nclip import distributed as collectives
+from nclip.objectives.functional._common import check_pair
+from nclip.objectives.functional.clip import clip_loss
+
+
+# --------------------------------------------------------------------------------------------
+# nCLIP: cross-entropy between cluster assignments with entropy regularisers, Eq. (2)-(4)
+# --------------------------------------------------------------------------------------------
+
+
+def batch_mean_log_prob(log_p: torch.Tensor, *, global_batch: bool = True) -> torch.Tensor:
+    """log p̄ for p̄ = (1/B) Σ_i p_i (Eq. 3), from log-probabilities [B, K], stably.
+
+    log p̄_k = logsumexp_i(log p_ik) − log B, so p̄ never underflows to a 0 whose log would be
+    -inf. Distributed, the per-rank logsumexp rows are gathered (differentiably) and reduced, so p̄
+    is the mean over the global batch (every rank must hold the same number of rows).
+    """
+    lse = torch.logsumexp(log_p, dim=0)  # [K]
+    batch = log_p.shape[0]
+    if global_batch and collectives.is_distributed():
+        lse = torch.logsumexp(collectives.gather_with_grad(lse[None]), dim=0)  # [W, K] -> [K]
+        batch *= collectives.world_size()
+    return lse - math.log(batch)
+
+
+def nclip_terms(
+    image_logits: torch.Tensor,
+    text_logits: torch.Tensor,
+    lambda1: float = 0.5,
+    lambda2: float = 1.5,
+    *,
+    global_batch: bool = True,
+) -> dict[str, torch.Tensor]:
+    """nCLIP's objective (Eq. 4, Algorithm 1) and its terms, each symmetrised by averaging.
+
+    Args:
+        image_logits: [B, K] nCLIP head outputs of the images (h_I in Algorithm 1).
+        text_logits: [B, K] nCLIP head outputs of the texts (h_T).
+        lambda1: weight of the entropy term L_EH (sharpness).
+        lambda2: weight of the mean-entropy term L_HE (smoothness), subtracted.
+        global_batch: average p̄ over all ranks when running distributed (Sec. 4.3, batch size).
+
+    Returns a dict with
+        ``loss`` = L_CE + λ1·L_EH − λ2·L_HE, which equals Algorithm 1's L/2 (its terms are sums over
+        the two modalities, ours are their means);
+        ``ce`` = −½ Σ_k (p_I log p_T + p_T log p_I), batch mean (Eq. 2, symmetrised);
+        ``eh`` = −½ Σ_k (p_I log p_I + p_T log p_T), batch mean (Eq. 3, left);
+        ``he`` = −½ Σ_k (p̄_I log p̄_I + p̄_T log p̄_T) (Eq. 3, right);
+        ``kl`` = ce − eh, the symmetrised KL(p_I‖p_T)/KL(p_T‖p_I) mean.
+    For collapsed inputs (every distribution uniform) ce = eh = he = ln K.
+    """
+    check_pair(image_logits, text_logits, "image_logits", "text_logits")
+    log_p_i = F.log_softmax(image_logits, dim=1)  # [B, K]
+    log_p_t = F.log_softmax(text_logits, dim=1)  # [B, K]
+    p_i, p_t = log_p_i.exp(), log_p_t.exp()
+    ce = -((p_i * log_p_t).sum(1) + (p_t * log_p_i).sum(1)).mean() / 2
+    eh = -((p_i * log_p_i).sum(1) + (p_t * log_p_t).sum(1)).mean() / 2
+    log_pbar_i = batch_mean_log_prob(log_p_i, global_batch=global_batch)  # [K]
+    log_pbar_t = batch_mean_log_prob(log_p_t, global_batch=global_batch)  # [K]
+    he = -((log_pbar_i.exp() * log_pbar_i).sum() + (log_pbar_t.exp() * log_pbar_t).sum()) / 2
+    loss = ce + lambda1 * eh - lambda2 * he
+    return {"loss": loss, "ce": ce, "eh": eh, "he": he, "kl": (ce - eh).detach()}
+
+
+def nclip_loss(
+    image_logits: torch.Tensor,
+    text_logits: torch.Tensor,
+    lambda1: float = 0.5,
+    lambda2: float = 1.5,
+    *,
+    global_batch: bool = True,
+) -> torch.Tensor:
+    """Algorithm 1's L_nCLIP: (L_CE + λ1·L_EH − λ2·L_HE) / 2 with each term summed over both
+    modalities; image_logits, text_logits: [B, K] nCLIP head outputs. See :func:`nclip_terms`."""
+    return nclip_terms(image_logits, text_logits, lambda1, lambda2, global_batch=global_batch)[
+        "loss"
+    ]
+
+
+def xclip_loss(
+    image_emb: torch.Tensor,
+    text_emb: torch.Tensor,
+    image_logits: torch.Tensor,
+    text_logits: torch.Tensor,
+    logit_scale: torch.Tensor | float,
+    w_clip: float = 0.2,
+    w_nclip: float = 1.0,
+    lambda1: float = 0.5,
+    lambda2: float = 1.5,
+    *,
+    global_batch: bool = True,
+) -> torch.Tensor:
+    """xCLIP, Eq. (5): λ_CLIP·L_CLIP(g_I, g_T, σ) + λ_nCLIP·L_nCLIP(h_I, h_T, λ1, λ2).
+
+    image_emb, text_emb: [B, D] CLIP-head outputs; image_logits, text_logits: [B, K] nCLIP-head
+    outputs (the two heads are separate, Algorithm 1); logit_scale: the multiplier 1/σ.
+    """
+    clip = clip_loss(image_emb, text_emb, logit_scale, global_batch=global_batch)
+    nclip = nclip_loss(image_logits, text_logits, lambda1, lambda2, global_batch=global_batch)
+    return w_clip * clip + w_nclip * nclip
+
+
+def nclip_similarity(image_logits: torch.Tensor, text_logits: torch.Tensor) -> torch.Tensor:
+    """nCLIP's zero-shot score −L_CE (Sec. 3.1): S[i, j] = Σ_k p_i,k · log q_j,k.
+
+    image_logits: [N_img, K], text_logits: [N_txt, K] → [N_img, N_txt]. Higher is more similar.
+    """
+    if image_logits.ndim != 2 or text_logits.ndim != 2:
+        raise ValueError("nclip_similarity expects 2-D logits [N, K]")
+    if image_logits.shape[1] != text_logits.shape[1]:
+        raise ValueError(
+            f"nclip_similarity: head widths differ ({image_logits.shape[1]} vs {text_logits.shape[1]})"
+        )
+    p_img = F.softmax(image_logits, dim=1)  # [N_img, K]
+    log_q = F.log_softmax(text_logits, dim=1)  # [N_txt, K]
+    return p_img @ log_q.T
+
+
+
+# ============================================================================================
+# Diagnostics of the distribution head: Acc_nC (Tab. B2), row/column std of P (Fig. B1), usage
+# ============================================================================================
+
+@torch.no_grad()
+def distribution_diagnostics(
+    image_logits: torch.Tensor, text_logits: torch.Tensor, *, global_batch: bool = True
+) -> dict[str, torch.Tensor]:
+    """Cheap, detached statistics of the nCLIP head (Appendix B.1, Fig. B1 and Tab. B2).
+
+    Args:
+        image_logits: [B, K] logits (or log-probabilities) of the images; P = softmax(image_logits).
+        text_logits: [B, K] logits (or log-probabilities) of the texts.
+        global_batch: reduce over all ranks when running distributed (no gradient flows).
+
+    Returns, all over the global batch:
+        ``acc_nC``: share of pairs whose image and text argmax prototypes agree (Tab. B2's Acc_nC,
+            "the accuracy of nCLIP to predict the same one-hot assignment across the channel");
+        ``row_std``: mean over samples i of std_k(P[i, k]), the population std over the K
+            prototypes (0 for a uniform p_i; sqrt(K-1)/K for a one-hot p_i);
+        ``col_std``: mean over prototypes k of std_i(P[i, k]), the population std over the batch
+            (0 when every sample has the same distribution);
+        ``usage``: fraction of the K prototypes that are the argmax of at least one image.
+    P is the image side, as B.1's P = [p_1, ..., p_B]. Population (biased) stds keep every value
+    defined for a batch of one.
+    """
+    check_pair(image_logits, text_logits, "image_logits", "text_logits")
+    dist_on = global_batch and collectives.is_distributed()
+    mean = collectives.all_reduce_mean_no_grad if dist_on else (lambda x: x)
+    logits = image_logits.detach()
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    p = F.softmax(logits, dim=1)  # [B, K]
+    arg_i = image_logits.detach().argmax(dim=1)  # [B]
+    arg_t = text_logits.detach().argmax(dim=1)  # [B]
+    acc = mean((arg_i == arg_t).float().mean())
+    row_std = mean(p.std(dim=1, unbiased=False).mean())
+    col_mean = mean(p.mean(dim=0))  # [K], global batch mean of each prototype's probability
+    col_var = mean((p - col_mean).square().mean(dim=0))  # [K], global population variance
+    col_std = col_var.sqrt().mean()
+    counts = torch.bincount(arg_i, minlength=p.shape[1]).float()  # [K]
+    if dist_on:
+        counts = collectives.all_reduce_sum_no_grad(counts)
+    usage = (counts > 0).float().mean()
+    return {"acc_nC": acc, "row_std": row_std, "col_std": col_std, "usage": usage}
