@@ -9,7 +9,7 @@ function (the children import it by name). A failure on any rank fails the calle
 rank's traceback; a hang fails after ``timeout`` seconds.
 
 For losses, :func:`split_rows` and :func:`compare_with_single_process` implement the check that
-settles distributed correctness (DESIGN.md): W ranks with 1/W of the batch each must give the
+settles distributed correctness (docs/design.md): W ranks with 1/W of the batch each must give the
 same loss (mean of the per-rank losses) and the same gradients as one process with the whole
 batch, under DDP's convention (the effective objective is the mean of the per-rank losses).
 """

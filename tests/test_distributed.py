@@ -1,4 +1,4 @@
-"""The test that settles distributed correctness (DESIGN.md): 2 gloo ranks with half a batch each
+"""The test that settles distributed correctness (docs/design.md): 2 gloo ranks with half a batch each
 give the same loss and the same gradients as 1 process with the whole batch, in float64.
 
 Spawning processes is the expensive part, so each group of checks runs in ONE 2-rank spawn whose
@@ -17,31 +17,26 @@ import torch
 
 from distributed_utils import combine_ranks, loss_and_grads, run_ranks, split_rows
 from nclip import distributed as collectives
-from nclip.objectives import functional as Fn
+from nclip.objectives import functional
 
 WORLD = 2
 B, DIM, K = 8, 6, 5
 ROW_KEYS = ("img", "txt", "img_logits", "txt_logits")
 
 
-def _has(name: str) -> bool:
-    return hasattr(Fn, name)
-
-
-# name -> loss(inputs); a case whose function does not exist (yet) is skipped
+# name -> loss(inputs) of the functional API; every registered objective's module is checked the
+# same way in tests/objectives/test_registry.py
 FUNCTIONAL_CASES = {
-    "clip": lambda x: Fn.clip_loss(x["img"], x["txt"], x["scale"]),
-    "nclip": lambda x: Fn.nclip_loss(x["img_logits"], x["txt_logits"], 0.5, 1.5),
-    "xclip": lambda x: Fn.xclip_loss(x["img"], x["txt"], x["img_logits"], x["txt_logits"], x["scale"]),
-    "unified/none": lambda x: Fn.unified_loss(x["img_logits"], x["txt_logits"], 0.7, 0.5, 0.5, 1.5),
-    "unified/sinkhorn": lambda x: Fn.unified_loss(x["img_logits"], x["txt_logits"], 0.7, 0.5, uniform="sinkhorn"),
-    "unified/batch_softmax": lambda x: Fn.unified_loss(x["img_logits"], x["txt_logits"], 0.7, 0.5,
+    "clip": lambda x: functional.clip_loss(x["img"], x["txt"], x["scale"]),
+    "nclip": lambda x: functional.nclip_loss(x["img_logits"], x["txt_logits"], 0.5, 1.5),
+    "xclip": lambda x: functional.xclip_loss(x["img"], x["txt"], x["img_logits"], x["txt_logits"], x["scale"]),
+    "unified/none": lambda x: functional.unified_loss(x["img_logits"], x["txt_logits"], 0.7, 0.5, 0.5, 1.5),
+    "unified/sinkhorn": lambda x: functional.unified_loss(x["img_logits"], x["txt_logits"], 0.7, 0.5, uniform="sinkhorn"),
+    "unified/batch_softmax": lambda x: functional.unified_loss(x["img_logits"], x["txt_logits"], 0.7, 0.5,
                                                        uniform="batch_softmax"),
-    "yclip": lambda x: Fn.yclip_loss(x["img_logits"], x["txt_logits"], x["scale"]),
-    "siglip": lambda x: Fn.siglip_loss(x["img"], x["txt"], x["scale"], x["bias"]),
+    "yclip": lambda x: functional.yclip_loss(x["img_logits"], x["txt_logits"], x["scale"]),
+    "siglip": lambda x: functional.siglip_loss(x["img"], x["txt"], x["scale"], x["bias"]),
 }
-REQUIRES = {"unified/none": "unified_loss", "unified/sinkhorn": "unified_loss",
-            "unified/batch_softmax": "unified_loss", "yclip": "yclip_loss", "siglip": "siglip_loss"}
 
 
 def _inputs() -> dict[str, torch.Tensor]:
@@ -49,10 +44,6 @@ def _inputs() -> dict[str, torch.Tensor]:
     r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
     return {"img": r(B, DIM), "txt": r(B, DIM), "img_logits": 2 * r(B, K), "txt_logits": 2 * r(B, K),
             "scale": torch.tensor(7.0, dtype=torch.float64), "bias": torch.tensor(-2.0, dtype=torch.float64)}
-
-
-def _available(name: str) -> bool:
-    return name not in REQUIRES or _has(REQUIRES[name])
 
 
 # --------------------------------------------------------------------------------------------
@@ -63,8 +54,7 @@ def _available(name: str) -> bool:
 def _functional_rank(rank: int, world: int):
     out = {}
     for name, fn in FUNCTIONAL_CASES.items():
-        if _available(name):
-            out[name] = loss_and_grads(fn, split_rows(_inputs(), ROW_KEYS, rank, world))
+        out[name] = loss_and_grads(fn, split_rows(_inputs(), ROW_KEYS, rank, world))
     # the collectives themselves
     x = torch.arange(6, dtype=torch.float64).reshape(3, 2) + 10 * rank
     x.requires_grad_(True)
@@ -104,8 +94,6 @@ def functional_results(ranks):
 
 @pytest.mark.parametrize("name", list(FUNCTIONAL_CASES))
 def test_functional_loss_and_grads_match_single_process(functional_results, name):
-    if not _available(name):
-        pytest.skip(f"nclip.objectives.functional has no {REQUIRES[name]} yet")
     ref_loss, ref_grads = loss_and_grads(FUNCTIONAL_CASES[name], split_rows(_inputs(), ROW_KEYS, 0, 1))
     loss, grads = combine_ranks([r[name] for r in functional_results], ROW_KEYS)
     torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12)

@@ -4,50 +4,16 @@ import math
 
 import pytest
 import torch
+from references import leaves, ref_clip, ref_nclip
 
-from nclip.objectives import functional as Fn
-
-
-# ---- straight transcriptions, written from the paper with explicit loops where it helps ----
-
-
-def ref_infonce(u, v, scale):
-    """Eq. (1): -1/B Σ_i log exp(u_i·v_i/σ) / Σ_j exp(u_i·v_j/σ)."""
-    b = u.shape[0]
-    total = 0.0
-    for i in range(b):
-        logits = torch.stack([scale * (u[i] * v[j]).sum() for j in range(b)])
-        total = total - (logits[i] - torch.log(torch.exp(logits - logits.max()).sum()) - logits.max())
-    return total / b
-
-
-def ref_clip(g_i, g_t, scale):
-    u = g_i / g_i.norm(dim=1, keepdim=True)
-    v = g_t / g_t.norm(dim=1, keepdim=True)
-    return (ref_infonce(u, v, scale) + ref_infonce(v, u, scale)) / 2
-
-
-def ref_nclip(h_i, h_t, lam1, lam2):
-    """Algorithm 1, literally: sums over modalities, L / 2."""
-    p_i = torch.softmax(h_i, dim=1)
-    p_t = torch.softmax(h_t, dim=1)
-    l_ce = -(p_i * torch.log(p_t) + p_t * torch.log(p_i)).sum(dim=1).mean(dim=0)
-    l_eh = -(p_i * torch.log(p_i) + p_t * torch.log(p_t)).sum(dim=1).mean(dim=0)
-    pb_i, pb_t = p_i.mean(dim=0), p_t.mean(dim=0)
-    l_he = -(pb_i * torch.log(pb_i) + pb_t * torch.log(pb_t)).sum()
-    return (l_ce + lam1 * l_eh - lam2 * l_he) / 2
-
-
-def _leaves(*shapes, seed, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    return [(scale * torch.randn(*s, generator=g, dtype=torch.float64)).requires_grad_() for s in shapes]
+from nclip.objectives import functional
 
 
 @pytest.mark.parametrize("seed,b,d", [(0, 1, 3), (1, 5, 8), (2, 16, 4)])
 def test_clip_loss_matches_eq1_values_and_grads(seed, b, d):
-    g_i, g_t = _leaves((b, d), (b, d), seed=seed)
+    g_i, g_t = leaves((b, d), (b, d), seed=seed)
     scale = torch.tensor(1 / 0.07, dtype=torch.float64, requires_grad=True)
-    ours = Fn.clip_loss(g_i, g_t, scale)
+    ours = functional.clip_loss(g_i, g_t, scale)
     ref = ref_clip(g_i, g_t, scale)
     torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
     ga = torch.autograd.grad(ours, [g_i, g_t, scale])
@@ -60,8 +26,8 @@ def test_clip_loss_matches_eq1_values_and_grads(seed, b, d):
 def test_nclip_loss_matches_algorithm1_values_and_grads(seed, b, k):
     g = torch.Generator().manual_seed(seed + 100)
     lam1, lam2 = float(torch.rand(1, generator=g)) * 2, float(torch.rand(1, generator=g)) * 3
-    h_i, h_t = _leaves((b, k), (b, k), seed=seed, scale=3.0)
-    ours = Fn.nclip_loss(h_i, h_t, lam1, lam2)
+    h_i, h_t = leaves((b, k), (b, k), seed=seed, scale=3.0)
+    ours = functional.nclip_loss(h_i, h_t, lam1, lam2)
     ref = ref_nclip(h_i, h_t, lam1, lam2)
     torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
     for a, r in zip(torch.autograd.grad(ours, [h_i, h_t]), torch.autograd.grad(ref, [h_i, h_t])):
@@ -69,8 +35,8 @@ def test_nclip_loss_matches_algorithm1_values_and_grads(seed, b, k):
 
 
 def test_nclip_terms_are_the_symmetrised_means():
-    h_i, h_t = _leaves((9, 20), (9, 20), seed=5)
-    t = Fn.nclip_terms(h_i, h_t, 0.5, 1.5)
+    h_i, h_t = leaves((9, 20), (9, 20), seed=5)
+    t = functional.nclip_terms(h_i, h_t, 0.5, 1.5)
     p_i, p_t = torch.softmax(h_i, 1), torch.softmax(h_t, 1)
     ce = -(p_i * p_t.log()).sum(1).mean() / 2 - (p_t * p_i.log()).sum(1).mean() / 2
     torch.testing.assert_close(t["ce"], ce)
@@ -80,20 +46,20 @@ def test_nclip_terms_are_the_symmetrised_means():
 
 @pytest.mark.parametrize("w_clip,w_nclip,lam1,lam2", [(0.2, 1.0, 0.5, 1.5), (1.0, 0.3, 0.0, 1.0)])
 def test_xclip_is_eq5(w_clip, w_nclip, lam1, lam2):
-    g_i, g_t, h_i, h_t = _leaves((6, 5), (6, 5), (6, 11), (6, 11), seed=7)
+    g_i, g_t, h_i, h_t = leaves((6, 5), (6, 5), (6, 11), (6, 11), seed=7)
     scale = torch.tensor(14.0, dtype=torch.float64)
-    ours = Fn.xclip_loss(g_i, g_t, h_i, h_t, scale, w_clip, w_nclip, lam1, lam2)
+    ours = functional.xclip_loss(g_i, g_t, h_i, h_t, scale, w_clip, w_nclip, lam1, lam2)
     ref = w_clip * ref_clip(g_i, g_t, scale) + w_nclip * ref_nclip(h_i, h_t, lam1, lam2)
     torch.testing.assert_close(ours, ref)
-    leaves = [g_i, g_t, h_i, h_t]
-    for a, r in zip(torch.autograd.grad(ours, leaves), torch.autograd.grad(ref, leaves)):
+    inputs = [g_i, g_t, h_i, h_t]
+    for a, r in zip(torch.autograd.grad(ours, inputs), torch.autograd.grad(ref, inputs)):
         torch.testing.assert_close(a, r)
 
 
 def test_collapsed_input_gives_ln_k_for_every_term():
     k = 4096
     h = torch.zeros(8, k)
-    t = Fn.nclip_terms(h, h.clone())
+    t = functional.nclip_terms(h, h.clone())
     for name in ("ce", "eh", "he"):
         assert t[name].item() == pytest.approx(math.log(k), rel=1e-6)
 
@@ -106,7 +72,7 @@ def test_float32_finite_for_extreme_logits(magnitude):
         h_t = (magnitude * torch.randn(b, 64, generator=g)).requires_grad_()
         e_i = (magnitude * torch.randn(b, 16, generator=g)).requires_grad_()
         e_t = (magnitude * torch.randn(b, 16, generator=g)).requires_grad_()
-        loss = Fn.xclip_loss(e_i, e_t, h_i, h_t, torch.tensor(100.0))
+        loss = functional.xclip_loss(e_i, e_t, h_i, h_t, torch.tensor(100.0))
         loss.backward()
         assert torch.isfinite(loss)
         for x in (h_i, h_t, e_i, e_t):
@@ -115,14 +81,14 @@ def test_float32_finite_for_extreme_logits(magnitude):
 
 def test_batch_of_one_has_zero_mean_entropy_gap():
     # With B = 1, p̄ = p so L_EH = L_HE.
-    h_i, h_t = _leaves((1, 10), (1, 10), seed=3)
-    t = Fn.nclip_terms(h_i, h_t)
+    h_i, h_t = leaves((1, 10), (1, 10), seed=3)
+    t = functional.nclip_terms(h_i, h_t)
     torch.testing.assert_close(t["eh"], t["he"])
 
 
 def test_nclip_similarity_is_negative_cross_entropy():
-    h_i, h_t = _leaves((4, 9), (3, 9), seed=11)
-    s = Fn.nclip_similarity(h_i, h_t)
+    h_i, h_t = leaves((4, 9), (3, 9), seed=11)
+    s = functional.nclip_similarity(h_i, h_t)
     p = torch.softmax(h_i, 1)
     q = torch.softmax(h_t, 1)
     ref = torch.stack([torch.stack([(p[i] * q[j].log()).sum() for j in range(3)]) for i in range(4)])
@@ -133,7 +99,7 @@ def test_nclip_similarity_is_negative_cross_entropy():
 
 def test_clip_diagnostics():
     e = torch.eye(4, dtype=torch.float64)
-    t = Fn.clip_terms(e, e, 10.0)
+    t = functional.clip_terms(e, e, 10.0)
     assert t["acc_i2t"].item() == 1.0 and t["acc_t2i"].item() == 1.0
     assert t["logit_pos"].item() == pytest.approx(10.0)
     assert t["logit_neg"].item() == pytest.approx(0.0)
@@ -141,8 +107,8 @@ def test_clip_diagnostics():
 
 def test_shape_errors_are_value_errors():
     with pytest.raises(ValueError, match="same shape"):
-        Fn.clip_loss(torch.randn(3, 4), torch.randn(2, 4), 1.0)
+        functional.clip_loss(torch.randn(3, 4), torch.randn(2, 4), 1.0)
     with pytest.raises(ValueError, match="2-D"):
-        Fn.nclip_loss(torch.randn(3), torch.randn(3))
+        functional.nclip_loss(torch.randn(3), torch.randn(3))
     with pytest.raises(ValueError, match="head widths"):
-        Fn.nclip_similarity(torch.randn(3, 4), torch.randn(3, 5))
+        functional.nclip_similarity(torch.randn(3, 4), torch.randn(3, 5))

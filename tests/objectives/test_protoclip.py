@@ -13,10 +13,11 @@ from safetensors.torch import load_file
 
 from nclip.cli import main
 from nclip.config import resolve
-from nclip.objectives import functional as Fn
+from nclip.objectives import functional
 from nclip.objectives.base import EncoderOutput
 from nclip.objectives.protoclip import ProtoclipConfig, ProtoclipObjective
-from nclip.train import episodic, kmeans as km, teacher
+from nclip.train import episodic, teacher
+from nclip.train import kmeans as km
 
 # ---- straight transcriptions of Algorithm 1, in float64 with loops ---------------------------
 
@@ -60,7 +61,7 @@ def test_pbt_matches_algorithm1_values_grads_and_empty_clusters(seed, m, k, d):
     feats = _unit(m, d, seed=seed).requires_grad_()
     g = torch.Generator().manual_seed(seed + 10)
     labels = torch.randint(0, max(k // 2, 1), (m,), generator=g)  # the upper half of clusters stays empty
-    ours, valid = Fn.pbt(feats, labels, k, return_mask=True)
+    ours, valid = functional.pbt(feats, labels, k, return_mask=True)
     ref = ref_pbt(feats, labels, k)
     torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)
     assert valid.tolist() == [bool((labels == c).any()) for c in range(k)]
@@ -73,9 +74,9 @@ def test_pbt_matches_algorithm1_values_grads_and_empty_clusters(seed, m, k, d):
 
 def test_pbt_errors():
     with pytest.raises(ValueError, match="lie in"):
-        Fn.pbt(torch.randn(4, 2), torch.tensor([0, 1, 2, 3]), 3)
+        functional.pbt(torch.randn(4, 2), torch.tensor([0, 1, 2, 3]), 3)
     with pytest.raises(ValueError, match="1-D"):
-        Fn.pbt(torch.randn(4, 2), torch.tensor([0, 1]), 3)
+        functional.pbt(torch.randn(4, 2), torch.tensor([0, 1]), 3)
 
 
 @pytest.mark.parametrize("t_target,from_teacher", [(0.01, False), (0.5, False), (0.1, True), (0.0, False), (-1.0, False)])
@@ -86,7 +87,7 @@ def test_proto_loss_matches_algorithm1(seed, b, k, t_target, from_teacher):
     c_t = _unit(k, 5, seed=seed + 2) if from_teacher else None
     labels = torch.randint(0, k, (b,), generator=torch.Generator().manual_seed(seed))
     t = torch.tensor(0.07, dtype=torch.float64, requires_grad=True)
-    ours = Fn.proto_loss(h, c, labels, t, t_target, teacher_centroids=c_t)
+    ours = functional.proto_loss(h, c, labels, t, t_target, teacher_centroids=c_t)
     ref = ref_proto_loss(h, c, labels, t, t_target, c_t)
     torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
     for a, r in zip(torch.autograd.grad(ours, [h, c, t]), torch.autograd.grad(ref, [h, c, t])):
@@ -101,20 +102,20 @@ def test_proto_loss_drops_empty_clusters():
     keep = valid.nonzero().squeeze(1)
     remap = {int(o): n for n, o in enumerate(keep)}
     for tt in (0.01, 0.0):
-        ours = Fn.proto_terms(h, c, labels, 0.1, tt, valid=valid)
+        ours = functional.proto_terms(h, c, labels, 0.1, tt, valid=valid)
         ref = ref_proto_loss(h, c[keep], torch.tensor([remap[int(x)] for x in labels]), 0.1, tt)
         torch.testing.assert_close(ours["loss"], ref)
     # without the mask a zero (empty) prototype competes with logit 0: a different loss
-    assert not torch.isclose(Fn.proto_loss(h, c * valid[:, None], labels, 0.1, 0.01), ours["loss"])
+    assert not torch.isclose(functional.proto_loss(h, c * valid[:, None], labels, 0.1, 0.01), ours["loss"])
 
 
 def test_proto_terms_diagnostics_and_extremes():
     c = torch.eye(4, dtype=torch.float64)
-    t = Fn.proto_terms(c, c, torch.arange(4), 0.01, 0.0)
+    t = functional.proto_terms(c, c, torch.arange(4), 0.01, 0.0)
     assert t["acc"].item() == 1.0 and t["target_entropy"].item() == 0.0
     # float32, τ at its clamp (0.01) and τ_y = 0.01 with collapsed inputs: finite loss and grads
     h = torch.ones(3, 8, requires_grad=True)
-    loss = Fn.proto_loss(torch.nn.functional.normalize(h, dim=-1), torch.ones(5, 8) / 8**0.5,
+    loss = functional.proto_loss(torch.nn.functional.normalize(h, dim=-1), torch.ones(5, 8) / 8**0.5,
                          torch.tensor([0, 1, 4]), 0.01, 0.01)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(h.grad).all()
@@ -138,7 +139,7 @@ def _episode_state(m, k, ke, d, seed=0):
     st = {}
     for name, feats, lab, kk in (("i2t", h_i, labels[:, 1], k), ("t2i", h_t, labels[:, 0], k),
                                  ("i2e", h_i, labels[:, 2], ke), ("t2e", h_t, labels[:, 2], ke)):
-        st[f"{name}_centroids"], st[f"{name}_valid"] = Fn.pbt(feats, lab, kk, return_mask=True)
+        st[f"{name}_centroids"], st[f"{name}_valid"] = functional.pbt(feats, lab, kk, return_mask=True)
     return labels, st
 
 
@@ -153,16 +154,16 @@ def test_objective_combines_eq6_terms_and_warmup():
     rows = torch.arange(3, 3 + b)
     obj.set_episode(0)  # warm-up: L_CLIP only
     warm = obj(_out(hi, ht, zi, zt), rows)
-    torch.testing.assert_close(warm["loss"], 0.5 * Fn.clip_loss(zi, zt, 14.0))
+    torch.testing.assert_close(warm["loss"], 0.5 * functional.clip_loss(zi, zt, 14.0))
     assert "proto/L_proto" not in warm
     obj.set_episode(1, labels, **st)
     t = obj(_out(hi, ht, zi, zt), rows)
     lab = labels[rows]
-    i2t = Fn.proto_loss(hi, st["i2t_centroids"], lab[:, 1], 0.07, 0.01, valid=st["i2t_valid"])
-    t2i = Fn.proto_loss(ht, st["t2i_centroids"], lab[:, 0], 0.07, 0.01, valid=st["t2i_valid"])
-    i2e = Fn.proto_loss(hi, st["i2e_centroids"], lab[:, 2], 0.07, 0.0, valid=st["i2e_valid"])
-    t2e = Fn.proto_loss(ht, st["t2e_centroids"], lab[:, 2], 0.07, 0.0, valid=st["t2e_valid"])
-    want = 0.5 * Fn.clip_loss(zi, zt, 14.0) + 2.0 * (i2t + t2i) / 2 + 0.3 * (i2e + t2e) / 2
+    i2t = functional.proto_loss(hi, st["i2t_centroids"], lab[:, 1], 0.07, 0.01, valid=st["i2t_valid"])
+    t2i = functional.proto_loss(ht, st["t2i_centroids"], lab[:, 0], 0.07, 0.01, valid=st["t2i_valid"])
+    i2e = functional.proto_loss(hi, st["i2e_centroids"], lab[:, 2], 0.07, 0.0, valid=st["i2e_valid"])
+    t2e = functional.proto_loss(ht, st["t2e_centroids"], lab[:, 2], 0.07, 0.0, valid=st["t2e_valid"])
+    want = 0.5 * functional.clip_loss(zi, zt, 14.0) + 2.0 * (i2t + t2i) / 2 + 0.3 * (i2e + t2e) / 2
     torch.testing.assert_close(t["loss"], want)
     torch.testing.assert_close(t["proto/t_proto"], torch.tensor(0.07, dtype=torch.float64))
     # the episode state survives a state_dict round trip into a fresh module (resume)

@@ -1,0 +1,123 @@
+"""Float64 transcriptions of the papers' equations, written independently of nclip's code (explicit
+loops where it helps), and the helpers that compare a loss with them: the references every
+objective test and the registry-wide tests check against."""
+
+import torch
+
+from nclip.objectives import EncoderOutput
+
+
+def ref_infonce(u, v, scale):
+    """Eq. (1): -1/B Σ_i log exp(u_i·v_i/σ) / Σ_j exp(u_i·v_j/σ)."""
+    b = u.shape[0]
+    total = 0.0
+    for i in range(b):
+        logits = torch.stack([scale * (u[i] * v[j]).sum() for j in range(b)])
+        total = total - (logits[i] - torch.log(torch.exp(logits - logits.max()).sum()) - logits.max())
+    return total / b
+
+
+def ref_clip(g_i, g_t, scale):
+    u = g_i / g_i.norm(dim=1, keepdim=True)
+    v = g_t / g_t.norm(dim=1, keepdim=True)
+    return (ref_infonce(u, v, scale) + ref_infonce(v, u, scale)) / 2
+
+
+def ref_nclip(h_i, h_t, lam1, lam2):
+    """Algorithm 1, literally: sums over modalities, L / 2."""
+    p_i = torch.softmax(h_i, dim=1)
+    p_t = torch.softmax(h_t, dim=1)
+    l_ce = -(p_i * torch.log(p_t) + p_t * torch.log(p_i)).sum(dim=1).mean(dim=0)
+    l_eh = -(p_i * torch.log(p_i) + p_t * torch.log(p_t)).sum(dim=1).mean(dim=0)
+    pb_i, pb_t = p_i.mean(dim=0), p_t.mean(dim=0)
+    l_he = -(pb_i * torch.log(pb_i) + pb_t * torch.log(pb_t)).sum()
+    return (l_ce + lam1 * l_eh - lam2 * l_he) / 2
+
+
+def ref_swav_sinkhorn(out, epsilon, n_iters):
+    """SwAV's distributed_sinkhorn (single process), line by line, in the probability domain."""
+    with torch.no_grad():
+        q = torch.exp(out / epsilon).t()  # K x B
+        b, k = q.shape[1], q.shape[0]
+        q /= q.sum()
+        for _ in range(n_iters):
+            q /= q.sum(dim=1, keepdim=True)
+            q /= k
+            q /= q.sum(dim=0, keepdim=True)
+            q /= b
+        q *= b
+        return q.t()
+
+
+def ref_target(f, tau_s, uniform, iters=3, center=None, eps=1e-5):
+    """p = uniform(softmax(f / τ_s)) of Algorithm 1 (centering before the softmax, Tab. A1 †)."""
+    if uniform == "centering":
+        mean, var = center
+        f = (f - mean) / torch.sqrt(var + eps)
+    p = torch.softmax(f / tau_s, dim=1)
+    if uniform == "sinkhorn":  # Sinkhorn's scalings as constants: p = P·(Q/P) with Q/P detached
+        q = ref_swav_sinkhorn(torch.log(p.detach()), 1.0, iters)
+        p = p * (q / p.detach())
+    elif uniform == "batch_softmax":  # softmax over the batch of log P, then over prototypes
+        col = p / p.sum(dim=0, keepdim=True)
+        p = col / col.sum(dim=1, keepdim=True)
+    return p
+
+
+def ref_unified(f_i, f_t, tau_s, tau, lam1, lam2, uniform="none", **kw):
+    """Algorithm 1 (Appendix A) literally, with the cross-modal CE of the main text's copy."""
+    p_i, p_t = ref_target(f_i, tau_s, uniform, center=kw.get("ci"), iters=kw.get("iters", 3)), ref_target(
+        f_t, tau_s, uniform, center=kw.get("ct"), iters=kw.get("iters", 3)
+    )
+    q_i, q_t = torch.softmax(f_i / tau, dim=1), torch.softmax(f_t / tau, dim=1)
+    l_ce = -(p_i * torch.log(q_t) + p_t * torch.log(q_i)).sum(dim=1).mean(dim=0)
+    l_eh = -(p_i * torch.log(p_i) + p_t * torch.log(p_t)).sum(dim=1).mean(dim=0)
+    pb_i, pb_t = p_i.mean(dim=0), p_t.mean(dim=0)
+    l_he = -(pb_i * torch.log(pb_i) + pb_t * torch.log(pb_t)).sum()
+    return (l_ce + lam1 * l_eh - lam2 * l_he) / 2
+
+
+def ref_yclip(h_i, h_t, scale, lam1, lam2):
+    """App. B.2 Eq. 2-3 with explicit sums: S_ij = p_i·log q_j + log p_i·q_j, symmetric InfoNCE."""
+    p, q = torch.softmax(h_i, 1), torch.softmax(h_t, 1)
+    b = p.shape[0]
+    s = torch.stack([torch.stack([(p[i] * q[j].log()).sum() + (p[i].log() * q[j]).sum() for j in range(b)]) for i in range(b)])
+    z = scale * s
+    i2t = -sum(z[i, i] - torch.logsumexp(z[i, :], 0) for i in range(b)) / b
+    t2i = -sum(z[i, i] - torch.logsumexp(z[:, i], 0) for i in range(b)) / b
+    l_eh = -((p * p.log()).sum(1) + (q * q.log()).sum(1)).mean() / 2
+    pb, qb = p.mean(0), q.mean(0)
+    l_he = -((pb * pb.log()).sum() + (qb * qb.log()).sum()) / 2
+    return (i2t + t2i) / 2 + lam1 * l_eh - lam2 * l_he
+
+
+def ref_siglip(x, y, t, b):
+    """Zhai et al. 2023: -1/|B| Σ_i Σ_j log 1/(1 + exp(z_ij(-t x_i·y_j - b)))."""
+    x = x / x.norm(dim=1, keepdim=True)
+    y = y / y.norm(dim=1, keepdim=True)
+    n = x.shape[0]
+    total = 0.0
+    for i in range(n):
+        for j in range(n):
+            z = 1.0 if i == j else -1.0
+            total = total - torch.log(1 / (1 + torch.exp(z * (-t * (x[i] * y[j]).sum() - b))))
+    return total / n
+
+
+def leaves(*shapes, seed, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return [(scale * torch.randn(*s, generator=g, dtype=torch.float64)).requires_grad_() for s in shapes]
+
+
+def assert_value_and_grads(ours, ref, leaves, rtol=1e-9, atol=1e-11):
+    torch.testing.assert_close(ours, ref, rtol=rtol, atol=atol)
+    for a, r in zip(torch.autograd.grad(ours, leaves), torch.autograd.grad(ref, leaves)):
+        torch.testing.assert_close(a, r, rtol=rtol, atol=atol)
+
+
+def encoder_output(h_i=None, h_t=None, g_i=None, g_t=None, scale=14.0):
+    some = next(x for x in (h_i, g_i) if x is not None)
+    return EncoderOutput(
+        image_features=some, text_features=some, image_emb=g_i, text_emb=g_t,
+        image_logits=h_i, text_logits=h_t, logit_scale=torch.tensor(scale, dtype=some.dtype),
+    )

@@ -1,0 +1,107 @@
+"""Every registered objective, as the trainer runs it (its module on an EncoderOutput), against a
+float64 transcription of its paper's equations (values and gradients), and on 2 gloo ranks
+against 1 process with the same global batch.
+
+Registering an objective without a case here makes these tests fail, not skip: add its reference
+to REFERENCES (and, if its module needs inputs beyond an EncoderOutput, say so in COVERED_ELSEWHERE
+with the tests that check it).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from distributed_utils import combine_ranks, loss_and_grads, run_ranks, split_rows
+from references import ref_clip, ref_nclip, ref_siglip, ref_unified, ref_yclip
+
+from nclip.objectives import REGISTRY, EncoderOutput
+
+B, DIM, K = 8, 6, 5
+ROW_KEYS = ("img", "txt", "img_logits", "txt_logits")
+
+# name -> reference(inputs, cfg): the loss of the objective's default config, from the papers
+REFERENCES = {
+    "clip": lambda x, c: ref_clip(x["img"], x["txt"], x["scale"]),
+    "nclip": lambda x, c: ref_nclip(x["img_logits"], x["txt_logits"], c.lambda1, c.lambda2),
+    "xclip": lambda x, c: (c.w_clip * ref_clip(x["img"], x["txt"], x["scale"])
+                           + c.w_nclip * ref_nclip(x["img_logits"], x["txt_logits"], c.lambda1, c.lambda2)),
+    "unified": lambda x, c: ref_unified(x["img_logits"], x["txt_logits"], c.tau_s, c.tau, c.lambda1, c.lambda2,
+                                        c.uniform),
+    "yclip": lambda x, c: ref_yclip(x["img_logits"], x["txt_logits"], x["scale"], c.lambda1, c.lambda2),
+    "siglip": lambda x, c: ref_siglip(x["img"], x["txt"], x["scale"], c.bias_init),
+    "xsiglip": lambda x, c: (c.w_clip * ref_siglip(x["img"], x["txt"], x["scale"], c.bias_init)
+                             + c.w_nclip * ref_nclip(x["img_logits"], x["txt_logits"], c.lambda1, c.lambda2)),
+}
+
+# episodic objectives need an episode's prototypes: their float64 and 2-rank checks live beside them
+COVERED_ELSEWHERE = {
+    "protoclip": ("test_protoclip", ["test_proto_loss_matches_algorithm1", "test_two_ranks_match_one_process"]),
+}
+
+
+def _inputs() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    return {"img": r(B, DIM), "txt": r(B, DIM), "img_logits": 2 * r(B, K), "txt_logits": 2 * r(B, K),
+            "scale": torch.tensor(7.0, dtype=torch.float64)}
+
+
+def _module_loss(name: str):
+    """The registered module with its default config, as a loss of the inputs (float64)."""
+    config_cls, objective_cls = REGISTRY[name]
+
+    def loss(x: dict[str, torch.Tensor]) -> torch.Tensor:
+        objective = objective_cls(config_cls()).double()
+        out = EncoderOutput(image_features=x["img"], text_features=x["txt"], image_emb=x["img"], text_emb=x["txt"],
+                            image_logits=x["img_logits"], text_logits=x["txt_logits"], logit_scale=x["scale"])
+        return objective(out)["loss"]
+
+    return loss
+
+
+def _covered_here() -> list[str]:
+    return [name for name in REGISTRY if name not in COVERED_ELSEWHERE]
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_every_registered_objective_has_a_float64_reference(name):
+    if name in COVERED_ELSEWHERE:
+        module_name, tests = COVERED_ELSEWHERE[name]
+        module = importlib.import_module(module_name)
+        assert all(callable(getattr(module, t, None)) for t in tests), (name, module_name, tests)
+        return
+    assert name in REFERENCES, f"objective {name!r} is registered but has no float64 reference in this file"
+    config = REGISTRY[name][0]()
+    inputs, ref_inputs = ({k: v.clone().requires_grad_() for k, v in _inputs().items()} for _ in range(2))
+    ours, ref = _module_loss(name)(inputs), REFERENCES[name](ref_inputs, config)
+    torch.testing.assert_close(ours, ref, rtol=1e-9, atol=1e-11)
+    keys = list(inputs)
+    grads = torch.autograd.grad(ours, [inputs[k] for k in keys], allow_unused=True)
+    ref_grads = torch.autograd.grad(ref, [ref_inputs[k] for k in keys], allow_unused=True)
+    for k, a, r in zip(keys, grads, ref_grads):
+        zero = torch.zeros_like(inputs[k])
+        torch.testing.assert_close(zero if a is None else a, zero if r is None else r, rtol=1e-9, atol=1e-11,
+                                   msg=f"{name}: d/d{k}")
+
+
+def _rank(rank: int, world: int) -> dict:
+    return {name: loss_and_grads(_module_loss(name), split_rows(_inputs(), ROW_KEYS, rank, world))
+            for name in _covered_here()}
+
+
+@pytest.fixture(scope="module")
+def two_rank_results():
+    return run_ranks(_rank, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _covered_here())
+def test_every_registered_objective_matches_single_process_on_two_ranks(two_rank_results, name):
+    ref_loss, ref_grads = loss_and_grads(_module_loss(name), split_rows(_inputs(), ROW_KEYS, 0, 1))
+    loss, grads = combine_ranks([r[name] for r in two_rank_results], ROW_KEYS)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12)
+    for k in ref_grads:
+        torch.testing.assert_close(grads[k], ref_grads[k], rtol=1e-9, atol=1e-12, msg=f"{name}: d/d{k}")
+    assert any(g.abs().sum() > 0 for g in ref_grads.values())
