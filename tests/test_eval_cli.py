@@ -193,6 +193,56 @@ def test_every_kind_of_checkpoint(tmp_path, xclip_run, capsys):
 
     # xCLIP scored with its nCLIP head, from a training checkpoint directory (config from RUN/config.yaml)
     step = xclip_run / "checkpoints" / "step_00000010"
-    doc = runner.run_eval(step, None, tasks=["zeroshot"], datasets=["digits"], head="nclip")
+    doc = runner.run_eval(step, None, tasks=["zeroshot", "masks"], datasets=["digits"], head="nclip")
     assert doc["checkpoint"]["head"] == "nclip" and doc["checkpoint"]["objective"] == "xclip"
     assert 0.0 <= doc["results"]["zeroshot/digits-digit/top1"] <= 1.0
+    assert doc["skipped"] == {"masks": "none of the selected datasets has object masks (synthetic)"}
+
+
+# (overrides, extra eval arguments) per tower: the image towers at micro size (16 px: the conv net's
+# stem and one pool leave a 4x4 map) and the bundled MiniLM as text tower. MiniLM is evaluated on
+# synthetic scenes only: digits would add ~900 captions through it (10 s on one core) and no text
+# tower code that the synthetic captions, prompts and STS pairs do not already run.
+TOWERS = {
+    "vit": ([], []),
+    "convnet": (["model.vision.kind=convnet", "model.vision.embedding_size=8", "model.vision.depths=[1,1]",
+                 "model.vision.hidden_sizes=[16,32]"], []),
+    "resnet": (["model.vision.kind=resnet", "model.vision.embedding_size=8", "model.vision.depths=[1,1]",
+                "model.vision.hidden_sizes=[16,32]"], []),
+    "minilm-text": (["model.text.kind=pretrained"], ["--dataset", "synthetic"]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tower", list(TOWERS))
+def test_eval_runs_every_task_on_every_tower(tower, tmp_path, capsys):
+    """The README's train-then-eval on a micro run of each tower: every task has results or a
+    one-line reason it was skipped (mask probing needs an attention map; the ResNet has none)."""
+    from nclip.train.loop import train
+
+    overrides, eval_args = TOWERS[tower]
+    run = tmp_path / "run"
+    train(resolve("micro", MICRO + ["train.steps=4", "train.checkpoint_every=4", *overrides]), run,
+          progress=False, evaluate=False)
+    out = tmp_path / "eval"
+    assert main(["eval", "--checkpoint", str(run), "--out", str(out), "--no-cache", *SMALL, *eval_args]) == 0
+    printed = capsys.readouterr()
+    assert "Traceback" not in printed.err
+
+    doc = json.loads((out / "results.json").read_text())
+    done = {key.split("/")[0] for key in doc["results"]}
+    for task in TASKS:
+        assert (task in done) != (task in doc["skipped"]), task
+    page = (out / "report.html").read_text()
+    if tower == "resnet":
+        reason = "the resnet image tower pools without attention: no [CLS] or attention-pool map over image positions"
+        assert list(doc["skipped"]) == ["masks"] and doc["skipped"]["masks"].startswith(reason)
+        assert re.search(r"^masks +skipped: the resnet image tower", printed.out, re.M)
+        assert 'id="skipped"' in page and reason in page
+    else:
+        assert doc["skipped"] == {} and 'id="skipped"' not in page
+        assert 0.0 <= doc["results"]["masks/synthetic/jaccard"] <= 1.0
+        maps = {"convnet": "attention-pool query attention"}.get(tower, "[CLS] attention")
+        assert doc["config"]["mask_maps"] == maps and f"{maps}&#x27;s top-60% mass" in page
+    if tower == "minilm-text":
+        assert doc["checkpoint"]["text_tower"] == "pretrained" and "sts/synthetic/spearman" in doc["results"]

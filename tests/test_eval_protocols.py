@@ -273,22 +273,24 @@ def test_mask_fit_keeps_geometry():
 def test_cls_attention_switches_to_eager_and_back():
     from transformers import CLIPVisionConfig, CLIPVisionModel
 
+    from nclip.models.towers import cls_attention, eager_attention
+
     cfg = CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
                            image_size=16, patch_size=4, attn_implementation="sdpa")
     model = CLIPVisionModel(cfg).eval()
     pixels = torch.randn(3, 3, 16, 16)
-    att = masks.cls_attention(model, pixels)
+    att = cls_attention(model, pixels)
     assert att.shape == (3, 2, 4, 4) and bool((att >= 0).all())
     assert model.config._attn_implementation == "sdpa"  # restored
     # independent check: the [CLS] row of the full eager attention (self weight included) sums to 1
-    with masks.eager_attention(model):
+    with eager_attention(model):
         full = model(pixel_values=pixels, output_attentions=True).attentions[-1]
     assert torch.allclose(full[:, :, 0].sum(-1), torch.ones(3, 2), atol=1e-5)
     assert torch.allclose(att.flatten(2), full[:, :, 0, 1:], atol=1e-6)
     # and the pooled output did not change by switching implementations
     with torch.no_grad():
         a = model(pixel_values=pixels).pooler_output
-        with masks.eager_attention(model):
+        with eager_attention(model):
             b = model(pixel_values=pixels).pooler_output
     assert torch.allclose(a, b, atol=1e-5)
 

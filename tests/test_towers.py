@@ -52,6 +52,33 @@ def test_convnet_trains_and_export_refuses_it(tmp_path, micro_overrides, capsys)
     assert "image tower 'convnet'" in capsys.readouterr().err
 
 
+def test_convnet_attention_maps_are_the_weights_that_make_the_feature(micro_overrides):
+    """Mask probing reads the pooling query's attention: rebuilding the feature from those maps
+    (plus the weight the query puts on itself) must give the tower's own output."""
+    cfg = resolve("micro", micro_overrides + CONVNET)
+    tower = build_model(cfg, pretrained_text=False).eval().vision
+    pixels = torch.randn(3, 3, 16, 16)
+    maps = tower.attention_maps(pixels)
+    assert maps.shape == (3, 2, 4, 4) and bool((maps >= 0).all()) and bool((maps.sum((2, 3)) < 1).all())
+    with torch.no_grad():
+        tokens, _ = tower._tokens(pixels)  # [B, 1 + 16, C]
+        weights = torch.cat([1 - maps.sum((2, 3)).unsqueeze(-1), maps.flatten(2)], dim=2)  # [B, heads, 17]
+        c = tower.width
+        values = tokens @ tower.pool.in_proj_weight[2 * c:].T + tower.pool.in_proj_bias[2 * c:]
+        values = values.view(3, 17, 2, c // 2).transpose(1, 2)  # [B, heads, 17, C / heads]
+        mixed = (weights.unsqueeze(-1) * values).sum(2).flatten(1)  # [B, C]
+        rebuilt = tower.norm(tower.pool.out_proj(mixed))
+        torch.testing.assert_close(rebuilt, tower(pixels), atol=1e-5, rtol=1e-4)
+
+
+def test_each_image_tower_says_whether_it_has_attention_maps():
+    from nclip.models.towers import VISION_TOWERS
+
+    assert {kind: cls.saliency for kind, cls in VISION_TOWERS.items()} == {
+        "vit": "[CLS] attention", "resnet": None, "convnet": "attention-pool query attention"}
+    assert all(hasattr(cls, "attention_maps") == (cls.saliency is not None) for cls in VISION_TOWERS.values())
+
+
 @pytest.mark.parametrize("override,message", [
     ("model.vision.heads=3", "convnet last width 16 is not divisible by heads 3"),
     ("model.vision.depths=[1]", "must be non-empty, positive and of the same length"),

@@ -97,6 +97,7 @@ def summary(doc: dict, out: Path, report: bool = True) -> str:
     width = max([len(k) for k, _ in rows] + [10])
     c = doc["cache"]
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    lines += [f"{task:<{width}}  skipped: {reason}" for task, reason in doc.get("skipped", {}).items()]
     lines.append(f"{'(percent; STS: Spearman x 100)':<{width}}")
     lines.append(f"{'results':<{width}}  {Path(out) / 'results.json'}")
     if report:

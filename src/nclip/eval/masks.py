@@ -6,15 +6,14 @@ mass (DINO's rule), upsampled (nearest) to the mask resolution and compared by J
 ground-truth foreground -- on synthetic scenes the union of all object masks. Jaccard is averaged
 over images per head and the best head is retained (``metrics.attention_mask_jaccard``).
 
-The attention weights come from ``transformers``' ``CLIPVisionModel(output_attentions=True)``.
-The fused SDPA kernel the towers use for speed never materialises them (transformers returns an
-empty tuple), so the tower is switched to the "eager" implementation for the extraction and
-switched back afterwards (:func:`eager_attention`).
+The maps come from the image tower's ``attention_maps`` (:mod:`nclip.models.towers`): [CLS]
+attention for the ViT, the attention-pool query's attention for the conv net. A tower whose
+``saliency`` is None (the ResNet, average-pooled) has no such map: :func:`unsupported` says why,
+and the runner skips the task.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from typing import Sequence
 
 import numpy as np
@@ -30,41 +29,6 @@ from nclip.eval.settings import MASK_THRESHOLD
 THRESHOLD = MASK_THRESHOLD  # DINO: keep 60% of the attention mass
 
 
-def _set_impl(module, impl: str) -> None:
-    if hasattr(module, "set_attn_implementation"):
-        module.set_attn_implementation(impl)
-    else:  # older transformers: the attention classes read the config at call time
-        module.config._attn_implementation = impl
-
-
-@contextmanager
-def eager_attention(module):
-    """Run ``module`` (a transformers model) with eager attention inside the block, then restore."""
-    before = getattr(module.config, "_attn_implementation", None) or "eager"
-    if before != "eager":
-        _set_impl(module, "eager")
-    try:
-        yield module
-    finally:
-        if before != "eager":
-            _set_impl(module, before)
-
-
-@torch.no_grad()
-def cls_attention(vision_model, pixels: torch.Tensor) -> torch.Tensor:
-    """Last-layer attention of [CLS] over the patches: [B, heads, h, w] (rows sum to < 1: the
-    weight [CLS] puts on itself is left out, as in DINO)."""
-    with eager_attention(vision_model):
-        out = vision_model(pixel_values=pixels, output_attentions=True)
-    if not out.attentions:
-        raise NclipError("the vision tower returned no attention weights (output_attentions)")
-    att = out.attentions[-1][:, :, 0, 1:]  # [B, heads, h*w]
-    side = int(round(att.shape[-1] ** 0.5))
-    if side * side != att.shape[-1]:
-        raise NclipError(f"cannot arrange {att.shape[-1]} patch tokens on a square grid")
-    return att.reshape(*att.shape[:2], side, side).float().cpu()
-
-
 def _fit_mask(mask: np.ndarray, size: int) -> np.ndarray:
     """bool [H, W] -> bool [size, size] with the image's eval geometry (shorter side, centre crop)."""
     h, w = mask.shape
@@ -77,16 +41,25 @@ def _fit_mask(mask: np.ndarray, size: int) -> np.ndarray:
     return np.asarray(img.crop((left, top, left + size, top + size))) > 127
 
 
+def unsupported(vision_kind: str) -> str | None:
+    """Why an image tower of ``vision_kind`` cannot be mask-probed (one line), or None if it can."""
+    from nclip.models.towers import VISION_TOWERS  # lazy: transformers costs seconds, `eval compare` needs none
+
+    if VISION_TOWERS[vision_kind].saliency is None:
+        return (f"the {vision_kind} image tower pools without attention: no [CLS] or attention-pool "
+                "map over image positions to probe")
+    return None
+
+
 @torch.no_grad()
 def extract(model, samples: Sequence[Sample], image_size: int, device, batch_size: int = 256) -> dict[str, torch.Tensor]:
     """{"attn": [N, heads, h, w], "masks": bool [N, S, S] (union of the object masks)}."""
     model.eval()
-    vision = model.vision.model
     attn, masks = [], []
     for i in range(0, len(samples), batch_size):
         batch = [samples[j] for j in range(i, min(i + batch_size, len(samples)))]
         pixels = torch.stack([eval_tensor(s.image, image_size) for s in batch]).to(device)
-        attn.append(cls_attention(vision, pixels))
+        attn.append(model.vision.attention_maps(pixels))
         for s in batch:
             if s.masks is None:
                 raise NclipError("mask probing needs samples with object masks")

@@ -5,7 +5,8 @@ zero-shot confusion matrix; t-SNE of image and text class embeddings (xCLIP Figs
 distance for the CLIP head, symmetrised cross-entropy -- i.e. KL -- for the nCLIP head); retrieval
 failure cases (Fig. 5 / D2: the query image, the caption retrieved, the right one); mask probing
 examples; realm-wise accuracies; training curves from the run's metrics.jsonl, nCLIP terms
-included; the resolved config.
+included; the resolved config. Tasks the runner skipped are listed under the tables with their
+reasons.
 """
 
 from __future__ import annotations
@@ -35,21 +36,29 @@ _TASK_TITLES = {
     "cluster": "K-Means clustering of image features (ProtoCLIP Tab. A.12c)",
     "realms": "Realm-wise linear probing (OmniBenchmark Sec. 3.6)",
     "sts": "Text STS: Spearman x 100 of backbone-feature cosine (Tab. 7)",
-    "masks": "Mask probing: Jaccard of [CLS] attention vs object masks (Tab. D3)",
+    "masks": "Mask probing: Jaccard of attention maps vs object masks (Tab. D3)",
     "diagnostics": "Representation diagnostics",
 }
 _TASK_ORDER = list(_TASK_TITLES)
 _TASK_NOTES = {
-    "linear": "Features: the image tower's final-norm [CLS] token, frozen (no projection head).",
+    "linear": "Features: {probe_features}, frozen.",
     "realms": "One probe per realm dataset (on synthetic scenes: the scenes whose main shape is in the realm, "
               "classifying that shape); \"relative\" = accuracy minus the baseline's, in points.",
-    "masks": "Per head: mean Jaccard over scenes of the [CLS] attention's top-60% mass vs the union of object "
+    "masks": "Per head: mean Jaccard over scenes of the {mask_maps}'s top-60% mass vs the union of object "
              "masks; the best head is retained (as in the paper).",
     "diagnostics": "erank: effective rank (1 = collapsed); alignment (0 = paired embeddings coincide, lower is "
                    "better) and uniformity (more negative = more spread) of the CLIP-head embeddings; proto_*: "
                    "prototypes in use by the nCLIP head's argmax and the perplexity of that histogram; row/col "
                    "std of P = softmax(nCLIP logits) (App. B, Fig. B1).",
 }
+
+
+def _task_notes(config: dict) -> dict[str, str]:
+    """The notes under the tables, naming this image tower's features and attention maps (results
+    written before towers said so read as the ViT's)."""
+    fill = {"probe_features": config.get("probe_features", "image backbone features ([CLS], no projection)"),
+            "mask_maps": config.get("mask_maps") or "[CLS] attention"}
+    return {task: note.format(**fill) for task, note in _TASK_NOTES.items()}
 
 
 def _is_percent(metric: str) -> bool:
@@ -126,7 +135,7 @@ def metric_order(metric: str) -> tuple:
     return (len(_ORDER), 0, metric)
 
 
-def _tables(results: dict) -> str:
+def _tables(results: dict, notes: dict[str, str]) -> str:
     by_task: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
     for key, value in results.items():
         task, dataset, metric = split_key(key)
@@ -150,10 +159,19 @@ def _tables(results: dict) -> str:
                     + "".join(f'<td class="num">{fmt(k, m.get(k))}</td>' for k in metrics) + "</tr>"
                     for d, m in sorted(rows.items(), key=lambda kv: ("(mean" in kv[0], kv[0]))]
             first = "dataset"
-        note = f'<p class="note">{html.escape(_TASK_NOTES[task])}</p>' if task in _TASK_NOTES else ""
+        note = f'<p class="note">{html.escape(notes[task])}</p>' if task in notes else ""
         parts.append(f'<h3 id="t-{task}">{html.escape(title)}</h3>{note}<div class="scroll"><table><thead><tr>'
                      f"<th>{first}</th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>")
     return "\n".join(parts)
+
+
+def _skipped(skipped: dict[str, str]) -> str:
+    """The tasks that have no results here, each with its reason."""
+    if not skipped:
+        return ""
+    items = "".join(f"<li><b>{html.escape(_TASK_TITLES.get(task, task))}</b>: {html.escape(reason)}</li>"
+                    for task, reason in skipped.items())
+    return f'<h3 id="skipped">Skipped</h3><ul class="note">{items}</ul>'
 
 
 def _headline(results: dict) -> str:
@@ -339,7 +357,7 @@ def masks_figure(name: str, m: dict, n: int = 6) -> str:
             axes[r, col].set_xticks([])
             axes[r, col].set_yticks([])
     axes[0, 0].set_ylabel("image + true mask", fontsize=8)
-    axes[1, 0].set_ylabel(f"[CLS] attention, head {head}", fontsize=8)
+    axes[1, 0].set_ylabel(f"{m.get('saliency') or '[CLS] attention'}, head {head}", fontsize=8)
     axes[2, 0].set_ylabel(f"top {int(100 * m['threshold'])}% mass", fontsize=8)
     fig.suptitle(f"{name}: best and worst scenes for the best head ({head})", fontsize=10)
     fig.tight_layout()
@@ -471,7 +489,7 @@ def render(doc: dict, artifacts: dict, ck=None) -> str:
     r = doc["results"]
     c = doc["checkpoint"]
     sections: list[tuple[str, str, str]] = []  # (id, title, html)
-    sections.append(("results", "Results", _tables(r)))
+    sections.append(("results", "Results", _tables(r, _task_notes(doc["config"])) + _skipped(doc.get("skipped", {}))))
 
     figs = []
     conf = artifacts.get("confusion", {})

@@ -6,7 +6,9 @@ Result keys are flat and stable, ``task/dataset/metric``: e.g. ``zeroshot/synthe
 ``retrieval/synthetic/i2t@1``, ``linear/digits-digit/top1``, ``realms/synthetic-symbol/top1``,
 ``sts/synthetic/spearman``, ``masks/synthetic/jaccard``, ``diagnostics/synthetic/erank_image_emb``.
 For classification tasks the dataset part is ``<dataset>-<label kind>``. Values are fractions in
-[0, 1] for accuracies and recalls (the report shows percentages).
+[0, 1] for accuracies and recalls (the report shows percentages). A selected task that yields no
+result -- this image tower has no attention map to probe, no selected dataset has what the task
+needs -- is listed under ``skipped`` with a one-line reason instead.
 
 Features are extracted once per (checkpoint weights, dataset, split) and cached on disk
 (:mod:`nclip.eval.cache`), so a second evaluation of the same checkpoint -- another head, another
@@ -110,6 +112,7 @@ class _State:
     device: torch.device
     log: Callable[[str], None]
     results: dict = field(default_factory=dict)
+    skipped: dict = field(default_factory=dict)  # task -> one-line reason it has no results
     artifacts: dict = field(default_factory=dict)
     timing: dict = field(default_factory=dict)
     extract_threads: int | None = None  # thread count for model forward passes
@@ -287,6 +290,10 @@ def _eval_sts(st: _State, data: D.EvalData) -> None:
 
 
 def _eval_masks(st: _State, data: D.EvalData) -> None:
+    reason = masks.unsupported(st.ck.cfg.model.vision.kind)
+    if reason:
+        st.skipped["masks"] = reason
+        return
     samples = data.splits["test"]
     n = min(st.settings.mask_samples, len(samples))
     identity = {"data": data.identity, "n": n, "image_size": st.image_size}
@@ -304,7 +311,38 @@ def _eval_masks(st: _State, data: D.EvalData) -> None:
     st.artifacts.setdefault("masks", {})[data.name] = {"attn": f["attn"], "masks": f["masks"], "samples": samples,
                                                        "best_head": r["best_head"],
                                                        "per_sample": r["per_sample"][:, r["best_head"]],
-                                                       "threshold": st.settings.mask_threshold}
+                                                       "threshold": st.settings.mask_threshold,
+                                                       "saliency": _vision_tower(st.ck.cfg).saliency}
+
+
+# what a selected task needs from the data, for the reason it is skipped when no dataset has it
+_NEEDS = {
+    "zeroshot": "class labels",
+    "retrieval": "captions (synthetic, digits, captions:FILE)",
+    "multilabel": "multi-label annotations (synthetic)",
+    "linear": "class labels and a train split",
+    "knn": "class labels and a train split",
+    "cluster": "test labels of at least two classes",
+    "realms": "realm labels and a train split (synthetic, realms:DIR)",
+    "sts": "sentence pairs (synthetic with --sts-pairs > 0, sts:FILE.csv)",
+    "masks": "object masks (synthetic)",
+    "diagnostics": "captions (synthetic, digits, captions:FILE)",
+}
+
+
+def _explain_missing(st: _State) -> None:
+    """Give every selected task without results and without a reason yet the data-side reason."""
+    done = {key.split("/")[0] for key in st.results}
+    for task in st.settings.tasks:
+        if task not in done and task not in st.skipped:
+            st.skipped[task] = f"none of the selected datasets has {_NEEDS[task]}"
+
+
+def _vision_tower(cfg):
+    """The image tower class of ``cfg`` (its ``feature`` and ``saliency`` descriptions)."""
+    from nclip.models.towers import VISION_TOWERS
+
+    return VISION_TOWERS[cfg.model.vision.kind]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,6 +391,8 @@ def run_eval(checkpoint: str | Path, out: str | Path | None = None, *, tasks=Non
              report: bool = True, log: Callable[[str], None] | None = None) -> dict:
     """Evaluate ``checkpoint`` with the selected protocols; write ``out``/results.json (+ report.html).
 
+    A task that cannot run here (see the module docstring) is skipped with its reason, never an error.
+
     Args:
         checkpoint: run directory, model directory or RUN/checkpoints/step_N.
         out: output directory (None: nothing is written, the results are only returned).
@@ -364,8 +404,8 @@ def run_eval(checkpoint: str | Path, out: str | Path | None = None, *, tasks=Non
         log: progress messages (default: silent).
 
     Returns:
-        the results.json document: ``{"results": {key: value}, "checkpoint": {...}, "config": {...},
-        "timing": {...}, "cache": {...}}``.
+        the results.json document: ``{"results": {key: value}, "skipped": {task: reason},
+        "checkpoint": {...}, "config": {...}, "timing": {...}, "cache": {...}}``.
     """
     t0 = time.perf_counter()
     settings = settings or EvalSettings()
@@ -411,6 +451,7 @@ def run_eval(checkpoint: str | Path, out: str | Path | None = None, *, tasks=Non
             st.timing[f"dataset/{data.name}{'-sts' if data.sts else ''}_s"] = time.perf_counter() - t
         if settings.baseline and "realms" in settings.tasks:
             _add_relative(st)
+    _explain_missing(st)
 
     st.timing["total_s"] = time.perf_counter() - t0
     doc = {
@@ -418,10 +459,14 @@ def run_eval(checkpoint: str | Path, out: str | Path | None = None, *, tasks=Non
         "checkpoint": {"path": str(ck.path), "weights": str(ck.weights), "weights_sha256": ck.sha256,
                        "objective": cfg.objective.name, "heads": model_heads, "head": head_name,
                        "zero_shot_head": objective.zero_shot_head, "image_size": cfg.data.image_size,
-                       "text_tower": cfg.model.text.kind, "run_dir": str(ck.run_dir) if ck.run_dir else None},
-        "config": {**asdict(settings), "probe_features": "image backbone features ([CLS], no projection)",
+                       "vision_tower": cfg.model.vision.kind, "text_tower": cfg.model.text.kind,
+                       "run_dir": str(ck.run_dir) if ck.run_dir else None},
+        "config": {**asdict(settings),
+                   "probe_features": f"image backbone features ({_vision_tower(cfg).feature}, no projection)",
+                   "mask_maps": _vision_tower(cfg).saliency,
                    "sts_features": "text backbone features ([EOS]/pooled, no projection)"},
         "results": dict(sorted(st.results.items())),
+        "skipped": dict(sorted(st.skipped.items())),
         "timing": st.timing,
         "cache": {"dir": settings.cache_dir, "hits": sorted(st.cache.hits), "misses": sorted(st.cache.misses)},
     }

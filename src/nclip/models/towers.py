@@ -1,12 +1,18 @@
 """Image and text towers built from ``transformers`` configs (no weights are downloaded).
 
-The image tower is a CLIP vision transformer; its feature is the final-norm [CLS] token. The text
-tower is either a CLIP text transformer from scratch (causal, feature = final-norm [EOS], here the
-WordPiece [SEP]) or a local pretrained encoder such as the bundled MiniLM (feature = its pooled
-output, or the mean/[CLS] token).
+The image tower is a CLIP vision transformer (feature = final-norm [CLS] token), a ResNet or a
+small conv net with attention pooling. The text tower is either a CLIP text transformer from
+scratch (causal, feature = final-norm [EOS], here the WordPiece [SEP]) or a local pretrained
+encoder such as the bundled MiniLM (feature = its pooled output, or the mean/[CLS] token).
+
+Each image tower class says in ``feature`` what its feature is (the evaluation report quotes it)
+and in ``saliency`` which attention over image positions its ``attention_maps`` returns -- or
+None when it pools without attention, and has no ``attention_maps`` (mask probing is skipped).
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -47,8 +53,48 @@ def text_config(cfg: TextConfig, vocab_size: int, length: int, pad_id: int, cls_
     )
 
 
+def _set_impl(module, impl: str) -> None:
+    if hasattr(module, "set_attn_implementation"):
+        module.set_attn_implementation(impl)
+    else:  # older transformers: the attention classes read the config at call time
+        module.config._attn_implementation = impl
+
+
+@contextmanager
+def eager_attention(module):
+    """Run ``module`` (a transformers model) with eager attention inside the block, then restore.
+
+    The fused SDPA kernel never materialises the attention weights (transformers then returns an
+    empty tuple for ``output_attentions``)."""
+    before = getattr(module.config, "_attn_implementation", None) or "eager"
+    if before != "eager":
+        _set_impl(module, "eager")
+    try:
+        yield module
+    finally:
+        if before != "eager":
+            _set_impl(module, before)
+
+
+@torch.no_grad()
+def cls_attention(vision_model, pixels: torch.Tensor) -> torch.Tensor:
+    """Last-layer attention of [CLS] over the patches of a transformers CLIPVisionModel:
+    [B, heads, h, w] (rows sum to < 1: the weight [CLS] puts on itself is left out, as in DINO)."""
+    with eager_attention(vision_model):
+        out = vision_model(pixel_values=pixels, output_attentions=True)
+    if not out.attentions:
+        raise NclipError("the vision tower returned no attention weights (output_attentions)")
+    att = out.attentions[-1][:, :, 0, 1:]  # [B, heads, h*w]
+    side = int(round(att.shape[-1] ** 0.5))
+    if side * side != att.shape[-1]:
+        raise NclipError(f"cannot arrange {att.shape[-1]} patch tokens on a square grid")
+    return att.reshape(*att.shape[:2], side, side).float().cpu()
+
+
 class VisionTower(nn.Module):
     kind = "vit"
+    feature = "the final-norm [CLS] token"
+    saliency = "[CLS] attention"
 
     def __init__(self, config: CLIPVisionConfig):
         super().__init__()
@@ -58,6 +104,10 @@ class VisionTower(nn.Module):
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         """pixels [B, 3, H, W] normalised → final-norm [CLS] feature [B, width]."""
         return self.model(pixel_values=pixels).pooler_output
+
+    def attention_maps(self, pixels: torch.Tensor) -> torch.Tensor:
+        """[B, heads, h, w]: the last layer's [CLS] attention over the patch grid."""
+        return cls_attention(self.model, pixels)
 
 
 def resnet_config(cfg: VisionConfig) -> ResNetConfig:
@@ -78,6 +128,8 @@ class ResNetTower(nn.Module):
     transformers does not provide). Feature = the global average pool of the last stage."""
 
     kind = "resnet"
+    feature = "the global average pool of the last stage"
+    saliency = None  # average pooling weighs every position alike: no attention to probe
 
     def __init__(self, config: ResNetConfig):
         super().__init__()
@@ -105,6 +157,8 @@ class ConvNetTower(nn.Module):
     """
 
     kind = "convnet"
+    feature = "the attention-pooled last feature map"
+    saliency = "attention-pool query attention"
 
     def __init__(self, cfg: VisionConfig, image_size: int):
         super().__init__()
@@ -127,15 +181,34 @@ class ConvNetTower(nn.Module):
         self.pool = nn.MultiheadAttention(c_in, cfg.heads, batch_first=True)
         self.norm = nn.LayerNorm(c_in)
 
-    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        """pixels [B, 3, H, W] normalised → attention-pooled feature [B, width]."""
-        grid = self.body(pixels).flatten(2).transpose(1, 2)  # [B, h*w, C]
+    def _tokens(self, pixels: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """pixels → ([B, 1 + h*w, C]: the query token (mean of the map) then the map's positions,
+        position embeddings added; (h, w))."""
+        fmap = self.body(pixels)  # [B, C, h, w]
+        grid = fmap.flatten(2).transpose(1, 2)  # [B, h*w, C]
         if grid.shape[1] + 1 != len(self.position):
             raise NclipError(f"convnet image tower built for {len(self.position) - 1} positions got images of "
                              f"{pixels.shape[-2]}x{pixels.shape[-1]} px ({grid.shape[1]} positions)")
-        tokens = torch.cat([grid.mean(dim=1, keepdim=True), grid], dim=1) + self.position
+        return torch.cat([grid.mean(dim=1, keepdim=True), grid], dim=1) + self.position, fmap.shape[-2:]
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        """pixels [B, 3, H, W] normalised → attention-pooled feature [B, width]."""
+        tokens, _ = self._tokens(pixels)
         pooled, _ = self.pool(tokens[:, :1], tokens, tokens, need_weights=False)
         return self.norm(pooled[:, 0])
+
+    @torch.no_grad()
+    def attention_maps(self, pixels: torch.Tensor) -> torch.Tensor:
+        """[B, heads, h, w]: each pooling head's attention from the query over the last map's
+        positions -- the weights that make the feature, as [CLS] attention does in a ViT (the
+        weight the query puts on its own token is left out, as DINO leaves out [CLS])."""
+        tokens, (h, w) = self._tokens(pixels)
+        _, weights = self.pool(tokens[:, :1], tokens, tokens, need_weights=True, average_attn_weights=False)
+        att = weights[:, :, 0, 1:]  # [B, heads, h*w]
+        return att.reshape(*att.shape[:2], h, w).float().cpu()
+
+
+VISION_TOWERS = {"vit": VisionTower, "resnet": ResNetTower, "convnet": ConvNetTower}
 
 
 def build_vision_tower(cfg: VisionConfig, image_size: int) -> nn.Module:
