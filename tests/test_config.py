@@ -56,6 +56,13 @@ def test_vit_image_size_must_be_a_multiple_of_the_patch():
         resolve("micro", ["data.image_size=30"])
 
 
+def test_convnet_stages_must_fit_the_image():
+    resolve("tiny", ["data.image_size=16"])  # 4 stages: 16 → 8 → 4 → 2 → 1
+    with pytest.raises(NclipError, match="too small for a convnet of 5 stages"):
+        resolve("tiny", ["data.image_size=16", "model.vision.depths=[1,1,1,1,1]",
+                         "model.vision.hidden_sizes=[8,8,8,8,8]", "model.vision.heads=2"])
+
+
 def test_clip_objective_rejects_nclip_keys():
     with pytest.raises(NclipError, match="objective.lambda1: unknown key"):
         resolve("clip-tiny", ["objective.lambda1=0.5"])

@@ -211,6 +211,11 @@ class RunConfig(_Section):
                 f"data.image_size {self.data.image_size} is not divisible by "
                 f"model.vision.patch_size {self.model.vision.patch_size}"
             )
+        vision = self.model.vision
+        if vision.kind == "convnet" and -(-self.data.image_size // 2) < 2 ** (len(vision.depths) - 1):
+            # a stride-2 stem, then a 2×2 max pool before every later stage: the map must keep a pixel
+            raise ValueError(f"data.image_size {self.data.image_size} is too small for a convnet of "
+                             f"{len(vision.depths)} stages (at least {2 ** len(vision.depths) - 1} px)")
         if self.train.batch_size % self.data.hard_negative_group:
             raise ValueError(f"train.batch_size {self.train.batch_size} is not divisible by "
                              f"data.hard_negative_group {self.data.hard_negative_group}")
