@@ -53,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="export a trained model")
     p.add_argument("--checkpoint", required=True, type=Path, help="run directory or model directory")
-    p.add_argument("--hf", required=True, type=Path, help="write a transformers CLIPModel directory here")
+    p.add_argument("--hf", required=True, type=Path, help="write a transformers CLIPModel directory here "
+                   "(a new or empty one; never a run directory)")
+    p.add_argument("--force", action="store_true", help="write over a non-empty --hf directory")
 
     p = sub.add_parser("data", help="export built-in data to shards, inspect a data source")
     data = p.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
@@ -153,7 +155,7 @@ def _cmd_presets(args) -> int:
 def _cmd_export(args) -> int:
     from nclip.models.export import export_hf
 
-    print(export_hf(args.checkpoint, args.hf))
+    print(export_hf(args.checkpoint, args.hf, force=args.force))
     return 0
 
 
