@@ -91,8 +91,8 @@ def test_a_checkpoint_that_would_unpickle_code_is_refused(tmp_path, capsys):
     with pytest.raises(NclipError, match="refusing to load .*state.pt"):
         read_checkpoint(ckpt)
     # through the CLI: one line, exit code 2, nothing resumed from it
-    args = ["train", "--preset", "micro", "--out", str(tmp_path), "--resume", "auto", "--no-progress",
-            "--no-eval"] + [x for o in OVERRIDES + ["train.steps=4"] for x in ("--set", o)]
+    args = ["train", "--preset", "micro", "--out", str(tmp_path), "--extend-to", "4", "--no-progress",
+            "--no-eval"] + [x for o in OVERRIDES + ["train.steps=2"] for x in ("--set", o)]
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("nclip: error: no usable checkpoint") and "refusing to load" in err[-1]

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 import torch
 
 from nclip.cli import main
@@ -102,10 +101,10 @@ def test_checkpoint_holds_everything_needed_to_continue(tmp_path):
     torch.load(list_checkpoints(tmp_path)[-1] / "state.pt", weights_only=True)
 
 
-def test_finished_run_refuses_to_resume(tmp_path):
+def test_resuming_a_finished_run_does_nothing(tmp_path):
     cfg = resolve("micro", OVERRIDES + ["train.steps=2"])
     train(cfg, tmp_path, progress=False, evaluate=False)
-    from nclip.errors import NclipError
-
-    with pytest.raises(NclipError, match="already finished"):
-        train(cfg, tmp_path, resume=True, progress=False, evaluate=False)
+    stamps = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
+    result = train(cfg, tmp_path, resume=True, progress=False, evaluate=False)
+    assert result.already_finished and result.steps == 2
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == stamps

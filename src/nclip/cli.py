@@ -19,8 +19,9 @@ class _Parser(argparse.ArgumentParser):
         raise NclipError(f"{self.prog}: {message}")
 
 
-def _add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="tiny", help="preset name (see `nclip presets`) or a YAML file")
+def _add_config_args(p: argparse.ArgumentParser, default: str | None = "tiny", default_help: str = "tiny") -> None:
+    p.add_argument("--preset", default=default,
+                   help=f"preset name (see `nclip presets`) or a YAML file (default: {default_help})")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set train.steps=100 (repeatable)")
 
@@ -30,10 +31,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("train", help="train a dual encoder")
-    _add_config_args(p)
-    p.add_argument("--out", required=True, type=Path, help="run directory")
+    _add_config_args(p, default=None, default_help="tiny; continuing a run: its own config.yaml")
+    p.add_argument("--out", required=True, type=Path, help="run directory (one that holds a run is refused, "
+                   "unless --resume auto or --force)")
     p.add_argument("--resume", choices=["auto", "never"], default="never",
-                   help="auto: continue from the newest complete checkpoint in --out")
+                   help="auto: continue from the newest complete checkpoint in --out, with the run's config "
+                   "(only logging, checkpointing, threads, stop thresholds and eval may change; docs/runs.md)")
+    p.add_argument("--extend-to", type=_positive_int, metavar="STEPS",
+                   help="continue the run in --out to STEPS steps in all (implies --resume auto); the lr "
+                   "follows the run's schedule to its end, then stays at train.min_lr")
+    p.add_argument("--force", action="store_true",
+                   help="start over in an --out that holds a run: its checkpoints, logs, model, eval and "
+                   "config.yaml are removed first (other files are kept)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--no-eval", action="store_true", help="skip the end-of-run evaluation")
 
@@ -44,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="export a trained model")
     p.add_argument("--checkpoint", required=True, type=Path, help="run directory or model directory")
-    p.add_argument("--hf", required=True, type=Path, help="write a transformers CLIPModel directory here")
+    p.add_argument("--hf", required=True, type=Path, help="write a transformers CLIPModel directory here "
+                   "(a new or empty one; never a run directory)")
+    p.add_argument("--force", action="store_true", help="write over a non-empty --hf directory")
 
     p = sub.add_parser("data", help="export built-in data to shards, inspect a data source")
     data = p.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
@@ -81,16 +92,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of steps, got {text!r}")
+    return int(text)
+
+
 def _cmd_train(args) -> int:
     from nclip.config import resolve
     from nclip.train.loop import train
 
-    cfg = resolve(args.preset, args.overrides)
-    result = train(cfg, args.out, resume=args.resume == "auto", progress=not args.no_progress,
-                   evaluate=not args.no_eval)
-    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 reports
+    resume = args.resume == "auto" or args.extend_to is not None
+    cfg = resolve(_train_preset(args.preset, args.out, resume), args.overrides)
+    result = train(cfg, args.out, resume=resume, progress=not args.no_progress, evaluate=not args.no_eval,
+                   force=args.force, extend_to=args.extend_to)
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 reports
+        return 0
+    if result.already_finished:
+        print(f"nclip: {args.out} already finished at step {result.steps}; nothing to do "
+              "(--extend-to STEPS trains it further)", file=sys.stderr)
+    else:
         print(_summary(result))
     return 0
+
+
+def _train_preset(preset: str | None, out: Path, resume: bool) -> str:
+    """--preset if given; else, continuing a run, the run's own config.yaml; else tiny."""
+    if preset:
+        return preset
+    saved = out / "config.yaml"
+    return str(saved) if resume and saved.is_file() else "tiny"
 
 
 def _summary(result) -> str:
@@ -124,7 +155,7 @@ def _cmd_presets(args) -> int:
 def _cmd_export(args) -> int:
     from nclip.models.export import export_hf
 
-    print(export_hf(args.checkpoint, args.hf))
+    print(export_hf(args.checkpoint, args.hf, force=args.force))
     return 0
 
 

@@ -153,6 +153,9 @@ class ModelConfig(_Section):
 
 class TrainConfig(_Section):
     steps: int = Field(1000, ge=1, description="optimizer steps")
+    # the lr schedule's length (None: steps); beyond it the lr stays at min_lr. Set by
+    # `nclip train --extend-to`, so that an extended run keeps the schedule it was started with
+    schedule_steps: int | None = Field(None, ge=1)
     batch_size: int = Field(64, ge=2, description="global batch (pairs per optimizer step)")
     accumulation: int = Field(1, ge=1, description="micro-batches per optimizer step")
     lr: float = Field(1e-3, gt=0)
@@ -177,6 +180,8 @@ class TrainConfig(_Section):
             raise ValueError(
                 f"batch_size {self.batch_size} is not divisible by accumulation {self.accumulation}"
             )
+        if self.schedule_steps is not None and self.schedule_steps > self.steps:
+            raise ValueError(f"schedule_steps {self.schedule_steps} exceeds steps {self.steps}")
         if self.min_lr > self.lr:
             raise ValueError(f"min_lr {self.min_lr} exceeds lr {self.lr}")
         if not all(0 <= b < 1 for b in self.betas):

@@ -63,10 +63,10 @@ from nclip.objectives import REGISTRY
 from nclip.objectives import functional as Fn
 from nclip.precision import autocast_dtype, to_float32, tower_autocast
 from nclip.train.kmeans import kmeans
+from nclip.train.rundir import EPISODES_LOG  # one of the run's files: --force clears it, refusals keep it
 
 EPISODE_STREAM = 0xE915  # separates episode sampling/augmentation from other random streams
 EXTRACT, TRAIN = 0, 1  # phases (seeds of the two independent augmentations)
-EPISODES_LOG = "episodes.jsonl"
 
 
 def steps_per_episode(cfg: RunConfig) -> int:
@@ -380,10 +380,11 @@ class _EpisodeLog:
 
 
 def train_episodic(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: bool = True,
-                   evaluate: bool = True):
+                   evaluate: bool = True, force: bool = False, extend_to: int | None = None):
     """Train an episodic objective (ProtoCLIP): :func:`nclip.train.loop.train` with
-    :class:`EpisodicData` as its data source."""
+    :class:`EpisodicData` as its data source (the same run-directory rules)."""
     from nclip.train.loop import train
 
     _check(cfg, 1)
-    return train(cfg, run_dir, resume=resume, progress=progress, evaluate=evaluate, data_source=EpisodicData)
+    return train(cfg, run_dir, resume=resume, progress=progress, evaluate=evaluate, data_source=EpisodicData,
+                 force=force, extend_to=extend_to)

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from nclip import distributed as D
-from nclip.config import RunConfig, to_yaml
+from nclip.config import RunConfig
 from nclip.data.loader import train_loader
 from nclip.errors import NclipError
 from nclip.launch import (DistContext, TrainStep, full_state_dict, is_fsdp, load_optimizer_state, no_grad_sync,
@@ -49,6 +49,7 @@ from nclip.train.checkpoint import (checkpoint_dir, newest_good_checkpoint, read
                                     save_checkpoint, set_rng_state)
 from nclip.train.monitors import CollapseMonitor
 from nclip.train.optim import build_optimizer, lr_at
+from nclip.train.rundir import agree, plan_run, start_run
 
 BUILTIN_SOURCES = ("synthetic", "digits")
 
@@ -59,6 +60,7 @@ class RunResult:
     steps: int
     metrics: dict = field(default_factory=dict)  # last logged metrics (rank 0)
     eval: dict = field(default_factory=dict)
+    already_finished: bool = False  # resumed a run that had reached its steps: nothing was done
 
 
 def pick_device(cfg: RunConfig) -> torch.device:
@@ -69,8 +71,13 @@ def pick_device(cfg: RunConfig) -> torch.device:
 
 
 def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: bool = True,
-          evaluate: bool = True, data_source=None) -> RunResult:
+          evaluate: bool = True, data_source=None, force: bool = False, extend_to: int | None = None) -> RunResult:
     """Train per ``cfg`` into ``run_dir``; under torchrun on every rank (see the module docstring).
+
+    The run directory's rules (:mod:`nclip.train.rundir`, docs/runs.md): a directory that holds a
+    run is refused unless ``resume`` (same config, up to a few keys) or ``force`` (start over);
+    ``extend_to`` (implies ``resume``) trains a run beyond its ``train.steps``. Resuming a run that
+    has reached its steps returns ``already_finished`` and touches nothing.
 
     ``data_source``: builds the batches instead of :func:`train_loader` (see ``_train``); episodic
     objectives (``Objective.episodic``, e.g. ProtoCLIP) get :class:`nclip.train.episodic.EpisodicData`.
@@ -81,20 +88,21 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: b
         data_source = EpisodicData
     ctx = setup(cfg)
     try:
-        return _train(cfg, Path(run_dir), ctx, resume, progress, evaluate, data_source)
+        return _train(cfg, Path(run_dir), ctx, resume or extend_to is not None, progress, evaluate, data_source,
+                      force, extend_to)
     finally:
         teardown(ctx)
 
 
 def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progress: bool,
-           evaluate: bool, data_source=None) -> RunResult:
+           evaluate: bool, data_source=None, force: bool = False, extend_to: int | None = None) -> RunResult:
     t = cfg.train
     if t.batch_size % (ctx.world_size * t.accumulation):
         raise NclipError(f"train.batch_size {t.batch_size} is not divisible by world size {ctx.world_size} "
                          f"× train.accumulation {t.accumulation}")
-    if ctx.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    # every rank takes rank 0's decision about the run directory before anything is written
+    plan = agree(ctx, lambda: plan_run(cfg, run_dir, resume, force, extend_to))
+    cfg, t = plan.cfg, plan.cfg.train
     if t.threads:
         torch.set_num_threads(t.threads)
     torch.manual_seed(cfg.seed)
@@ -109,8 +117,8 @@ def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progre
         if state is not None:
             model.load_state_dict(weights)
             objective.load_state_dict(state["objective"])
-    if start >= t.steps:
-        raise NclipError(f"{run_dir} has already finished its {t.steps} steps")
+    if start >= t.steps:  # every rank: the step came from rank 0
+        return RunResult(run_dir, start, already_finished=True)
     model.to(device)
     objective.to(device)
     step_module = TrainStep(model, objective, amp)
@@ -128,19 +136,22 @@ def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progre
         set_rng_state(rngs[ctx.rank] if same_world else rngs[0])
         data_state = _data_state_for_rank(data_states, ctx)
 
-    metrics_path = run_dir / "metrics.jsonl"
-    if ctx.is_main:
-        if start > 0:
-            _truncate_metrics(metrics_path, start)
-        elif metrics_path.exists():
-            metrics_path.unlink()
-
     if data_source is None:
         data = train_loader(cfg, model.tokenizer, start_step=start, rank=ctx.rank, world_size=ctx.world_size,
                             state=data_state)
     else:  # e.g. nclip.train.episodic.EpisodicData: the same interface, built with the run's objects
         data = data_source(cfg=cfg, run_dir=run_dir, model=model, objective=objective, optimizer=optimizer,
                            ctx=ctx, start=start, state=data_state)
+
+    # the first write: a run that cannot start (bad config, missing data) leaves no trace
+    metrics_path = run_dir / "metrics.jsonl"
+    if ctx.is_main:
+        start_run(plan, run_dir)
+        if start > 0:
+            _truncate_metrics(metrics_path, start)
+        elif metrics_path.exists():
+            metrics_path.unlink()
+
     accum = t.accumulation
     params = [p for g in optimizer.param_groups for p in g["params"]]
     monitor = CollapseMonitor.for_run(cfg)

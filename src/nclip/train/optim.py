@@ -44,9 +44,10 @@ def build_optimizer(modules: list[nn.Module], cfg: TrainConfig) -> torch.optim.A
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Learning rate of optimizer step ``step`` (0-based): linear warm-up from lr/warmup to lr,
-    then cosine from lr to min_lr at the last step."""
+    then cosine from lr to min_lr at the schedule's last step (``schedule_steps``, else ``steps``),
+    then min_lr (the steps an extended run adds, see nclip.train.rundir)."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
-    span = max(cfg.steps - cfg.warmup_steps - 1, 1)
+    span = max((cfg.schedule_steps or cfg.steps) - cfg.warmup_steps - 1, 1)
     progress = min((step - cfg.warmup_steps) / span, 1.0)
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
