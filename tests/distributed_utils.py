@@ -4,7 +4,7 @@
 
 runs ``fn(rank, world_size, *args)`` in ``world_size`` freshly spawned processes that share a gloo
 process group (from a file rendezvous, or from torchrun's environment variables through
-:func:`nclip.launch.setup` with ``init="torchrun"``), and returns the values ``fn`` returned, in rank order. ``fn`` must be a module-level
+:func:`nclip.train.launch.setup` with ``init="torchrun"``), and returns the values ``fn`` returned, in rank order. ``fn`` must be a module-level
 function (the children import it by name). A failure on any rank fails the caller with that
 rank's traceback; a hang fails after ``timeout`` seconds.
 
@@ -38,7 +38,7 @@ def _child(fn, rank: int, world_size: int, init: str, port: int, init_file: str,
     try:
         if init == "torchrun":  # what torchrun puts in the environment, then nclip's own set-up
             from nclip.config import resolve
-            from nclip.launch import setup
+            from nclip.train.launch import setup
 
             os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                               LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -69,7 +69,7 @@ def run_ranks(fn: Callable, world_size: int = 2, args: tuple = (), timeout: floa
 
     ``init="file"``: the process group comes from a file rendezvous; ``init="torchrun"``: each
     child gets torchrun's environment variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT)
-    and :func:`nclip.launch.setup` creates the group, as under ``torchrun``."""
+    and :func:`nclip.train.launch.setup` creates the group, as under ``torchrun``."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port() if init == "torchrun" else 0

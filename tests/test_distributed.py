@@ -83,7 +83,7 @@ def _all_rank(rank: int, world: int, root: str):
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     root = tmp_path_factory.mktemp("dist")
-    # the process group is created as under torchrun: env variables + nclip.launch.setup
+    # the process group is created as under torchrun: env variables + nclip.train.launch.setup
     return root, run_ranks(_all_rank, WORLD, args=(str(root),), init="torchrun")
 
 
@@ -144,7 +144,7 @@ CAPTIONS = ["a red circle", "two blue squares", "a green star", "a small yellow 
 
 def _model_and_batch(strategy: str = "ddp"):
     from nclip.config import resolve
-    from nclip.launch import TrainStep
+    from nclip.train.launch import TrainStep
     from nclip.models import build_model
     from nclip.objectives import build_objective
 
@@ -172,7 +172,7 @@ def _bn_stats(step) -> dict[str, torch.Tensor]:
 
 
 def _model_rank(rank: int, world: int):
-    from nclip.launch import DistContext, sync_replicated_grads, wrap
+    from nclip.train.launch import DistContext, sync_replicated_grads, wrap
 
     results = {}
     for strategy in ("ddp", "fsdp"):

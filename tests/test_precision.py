@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from nclip.config import resolve
-from nclip.launch import TrainStep
+from nclip.train.launch import TrainStep
 from nclip.models import build_model
 from nclip.objectives import build_objective
 from nclip.objectives.base import EncoderOutput

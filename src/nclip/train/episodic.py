@@ -8,7 +8,7 @@ An *episode* samples m = ``objective.episode_size`` training pairs with replacem
    gathered on every rank;
 2. **prototype construction**: on rank 0, K-Means of each modality (and of the external teacher's
    PCA-reduced caption features) into K clusters (:mod:`nclip.train.kmeans`), the cluster
-   assignments, and Prototype Back Translation (``Fn.pbt``); the results are broadcast to every
+   assignments, and Prototype Back Translation (``functional.pbt``); the results are broadcast to every
    rank (``nclip.distributed.broadcast_no_grad``) and loaded into the objective
    (:meth:`ProtoclipObjective.set_episode`);
 3. **model training**: ⌊m / B⌋ optimizer steps over a seeded permutation of the episode's pairs
@@ -54,16 +54,18 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
-from nclip import distributed as D
+from nclip import distributed as collectives
 from nclip.config import RunConfig
 from nclip.data.loader import build_dataset
 from nclip.data.transforms import augment, to_tensor
 from nclip.errors import NclipError
-from nclip.objectives import REGISTRY
-from nclip.objectives import functional as Fn
+from nclip.jsonio import truncate_jsonl
+from nclip.objectives import REGISTRY, functional
 from nclip.precision import autocast_dtype, to_float32, tower_autocast
 from nclip.train.kmeans import kmeans
-from nclip.train.rundir import EPISODES_LOG  # one of the run's files: --force clears it, refusals keep it
+from nclip.train.rundir import (
+    EPISODES_LOG,  # one of the run's files: --force clears it, refusals keep it
+)
 
 EPISODE_STREAM = 0xE915  # separates episode sampling/augmentation from other random streams
 EXTRACT, TRAIN = 0, 1  # phases (seeds of the two independent augmentations)
@@ -213,8 +215,8 @@ class EpisodicData:
                 txt.append(F.normalize(to_float32(ht), dim=-1))
         finally:
             self.model.train(was_training)
-        h_i = D.all_gather_no_grad(torch.cat(img))[:m]  # [m, d_h] in position order
-        h_t = D.all_gather_no_grad(torch.cat(txt))[:m]
+        h_i = collectives.all_gather_no_grad(torch.cat(img))[:m]  # [m, d_h] in position order
+        h_t = collectives.all_gather_no_grad(torch.cat(txt))[:m]
         return h_i, h_t
 
     def _prototypes(self, episode: int, indices: np.ndarray, h_i: torch.Tensor, h_t: torch.Tensor) -> dict:
@@ -233,16 +235,16 @@ class EpisodicData:
         lab_e = km_e.labels.to(dev) if km_e is not None else torch.zeros(m, dtype=torch.long, device=dev)
         state = {"labels": torch.stack([lab_i, lab_t, lab_e], 1)}  # [m, 3]
         if oc.pbt:  # Sec. 3.2: teacher clusters → centroids of the student's own features
-            state["i2t_centroids"], state["i2t_valid"] = Fn.pbt(h_i, lab_t, k, return_mask=True)  # C_PBT→I
-            state["t2i_centroids"], state["t2i_valid"] = Fn.pbt(h_t, lab_i, k, return_mask=True)  # C_PBT→T
+            state["i2t_centroids"], state["i2t_valid"] = functional.pbt(h_i, lab_t, k, return_mask=True)  # C_PBT→I
+            state["t2i_centroids"], state["t2i_valid"] = functional.pbt(h_t, lab_i, k, return_mask=True)  # C_PBT→T
         else:  # "w/o PBT": the teacher's prototypes themselves (C^T for images, C^I for texts)
             state["i2t_centroids"], state["i2t_valid"] = km_t.centroids.to(dev), torch.bincount(lab_t, minlength=k) > 0
             state["t2i_centroids"], state["t2i_valid"] = km_i.centroids.to(dev), torch.bincount(lab_i, minlength=k) > 0
         if oc.soft_targets_from == "teacher":
             state["i2t_targets"], state["t2i_targets"] = km_t.centroids.to(dev), km_i.centroids.to(dev)
         if km_e is not None:  # the external prototypes live in another space: always PBT
-            state["i2e_centroids"], state["i2e_valid"] = Fn.pbt(h_i, lab_e, ke, return_mask=True)
-            state["t2e_centroids"], state["t2e_valid"] = Fn.pbt(h_t, lab_e, ke, return_mask=True)
+            state["i2e_centroids"], state["i2e_valid"] = functional.pbt(h_i, lab_e, ke, return_mask=True)
+            state["t2e_centroids"], state["t2e_valid"] = functional.pbt(h_t, lab_e, ke, return_mask=True)
             if oc.soft_targets_from == "teacher":
                 state["i2e_targets"] = state["t2e_targets"] = km_e.centroids.to(dev)
         t2 = time.perf_counter()
@@ -333,7 +335,7 @@ _STATE = [("labels", torch.long)] + [(f"{d}_{p}", dt) for d in ("i2t", "t2i", "i
 def _broadcast(state: dict | None, device: torch.device) -> dict:
     """Rank 0's episode state on every rank: per entry a shape header [3] (−1: absent), then the
     tensor (bools travel as uint8)."""
-    if not D.is_distributed():
+    if not collectives.is_distributed():
         return {k: v for k, v in state.items() if v is not None}
     out = {}
     for name, dtype in _STATE:
@@ -342,13 +344,13 @@ def _broadcast(state: dict | None, device: torch.device) -> dict:
         if value is not None:
             header[: value.ndim] = torch.tensor(value.shape, dtype=torch.long)
             header[2] = value.ndim
-        header = D.broadcast_no_grad(header)
+        header = collectives.broadcast_no_grad(header)
         if int(header[2]) < 0:
             continue
         shape = tuple(int(s) for s in header[: int(header[2])])
         wire = torch.uint8 if dtype == torch.bool else dtype
         buf = value.to(device=device, dtype=wire) if value is not None else torch.empty(shape, dtype=wire, device=device)
-        out[name] = D.broadcast_no_grad(buf).to(dtype)
+        out[name] = collectives.broadcast_no_grad(buf).to(dtype)
     return out
 
 
@@ -359,17 +361,9 @@ class _EpisodeLog:
         self.path, self.enabled = path, enabled
 
     def truncate(self, first_episode: int) -> None:
-        if not self.enabled or not self.path.exists():
-            return
-        kept = []
-        for line in self.path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict) and row.get("episode", math.inf) < first_episode:
-                kept.append(line)
-        self.path.write_text("".join(line + "\n" for line in kept))
+        """Drop the episodes logged from ``first_episode`` on (they run again after a resume)."""
+        if self.enabled:
+            truncate_jsonl(self.path, lambda row: row.get("episode", math.inf) < first_episode)
 
     def write(self, row: dict) -> None:
         if not self.enabled:
@@ -377,14 +371,3 @@ class _EpisodeLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as fh:
             fh.write(json.dumps(row) + "\n")
-
-
-def train_episodic(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: bool = True,
-                   evaluate: bool = True, force: bool = False, extend_to: int | None = None):
-    """Train an episodic objective (ProtoCLIP): :func:`nclip.train.loop.train` with
-    :class:`EpisodicData` as its data source (the same run-directory rules)."""
-    from nclip.train.loop import train
-
-    _check(cfg, 1)
-    return train(cfg, run_dir, resume=resume, progress=progress, evaluate=evaluate, data_source=EpisodicData,
-                 force=force, extend_to=extend_to)

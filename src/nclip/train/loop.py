@@ -5,7 +5,7 @@ them, and steps. One optimizer step consumes one global batch (``train.batch_siz
 over the ranks and, on each rank, into ``train.accumulation`` micro-batches; each micro-batch is
 its own contrastive batch (gathered over the ranks when the objective uses the global batch).
 
-Distributed (``torchrun``, see docs/distributed.md and :mod:`nclip.launch`): every rank runs this
+Distributed (``torchrun``, see docs/distributed.md and :mod:`nclip.train.launch`): every rank runs this
 loop on its slice of every global batch; DDP or FSDP2 average the gradients; the logged terms are
 means over ranks (no-grad all-reduce, so metrics.jsonl shows global values); rank 0 alone writes
 logs, checkpoints, the final model and the evaluation.
@@ -35,23 +35,42 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from nclip import distributed as D
+from nclip import distributed as collectives
 from nclip.config import RunConfig
 from nclip.data.loader import train_loader
 from nclip.errors import NclipError
-from nclip.launch import (DistContext, TrainStep, full_state_dict, is_fsdp, load_optimizer_state, no_grad_sync,
-                          optimizer_state, setup, sync_replicated_grads, teardown, wrap)
+from nclip.jsonio import truncate_jsonl
 from nclip.models import build_model
 from nclip.models.io import save_model
 from nclip.objectives import REGISTRY, build_objective
 from nclip.precision import autocast_dtype
-from nclip.train.checkpoint import (checkpoint_dir, newest_good_checkpoint, read_checkpoint, rng_state,
-                                    save_checkpoint, set_rng_state)
+from nclip.train.checkpoint import (
+    checkpoint_dir,
+    newest_good_checkpoint,
+    read_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from nclip.train.launch import (
+    DistContext,
+    TrainStep,
+    full_state_dict,
+    is_fsdp,
+    load_optimizer_state,
+    no_grad_sync,
+    optimizer_state,
+    setup,
+    sync_replicated_grads,
+    teardown,
+    wrap,
+)
 from nclip.train.monitors import CollapseMonitor
 from nclip.train.optim import build_optimizer, lr_at
 from nclip.train.rundir import agree, plan_run, start_run
 
 BUILTIN_SOURCES = ("synthetic", "digits")
+METRICS = "metrics.jsonl"
 
 
 @dataclass
@@ -61,13 +80,6 @@ class RunResult:
     metrics: dict = field(default_factory=dict)  # last logged metrics (rank 0)
     eval: dict = field(default_factory=dict)
     already_finished: bool = False  # resumed a run that had reached its steps: nothing was done
-
-
-def pick_device(cfg: RunConfig) -> torch.device:
-    want = cfg.train.device
-    if want == "cuda" and not torch.cuda.is_available():
-        raise NclipError("train.device is 'cuda' but no CUDA device is available")
-    return torch.device("cuda" if want == "cuda" or (want == "auto" and torch.cuda.is_available()) else "cpu")
 
 
 def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: bool = True,
@@ -82,7 +94,7 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: b
     ``data_source``: builds the batches instead of :func:`train_loader` (see ``_train``); episodic
     objectives (``Objective.episodic``, e.g. ProtoCLIP) get :class:`nclip.train.episodic.EpisodicData`.
     """
-    if data_source is None and getattr(REGISTRY[cfg.objective.name][1], "episodic", False):
+    if data_source is None and REGISTRY[cfg.objective.name][1].episodic:
         from nclip.train.episodic import EpisodicData
 
         data_source = EpisodicData
@@ -102,13 +114,42 @@ def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progre
                          f"× train.accumulation {t.accumulation}")
     # every rank takes rank 0's decision about the run directory before anything is written
     plan = agree(ctx, lambda: plan_run(cfg, run_dir, resume, force, extend_to))
-    cfg, t = plan.cfg, plan.cfg.train
+    run, data_state = _restore(plan.cfg, run_dir, ctx, resume)
+    if run.start >= run.cfg.train.steps:  # every rank: the step came from rank 0
+        return RunResult(run_dir, run.start, already_finished=True)
+    run.data = _open_data(run, data_source, data_state)
+    # the first write: a run that cannot start (bad config, missing data) leaves no trace
+    if ctx.is_main:
+        start_run(plan, run_dir)
+        truncate_jsonl(run_dir / METRICS, lambda row: row.get("step", math.inf) <= run.start)
+    last = _run_steps(run, progress)
+    return _finish(run, last, evaluate)
+
+
+@dataclass
+class _Run:
+    """What a training run holds from its restore to its finish."""
+
+    cfg: RunConfig
+    run_dir: Path
+    ctx: DistContext
+    model: torch.nn.Module
+    step_module: TrainStep  # model + objective
+    module: torch.nn.Module  # step_module, or DDP / FSDP2 around it
+    optimizer: torch.optim.Optimizer
+    start: int  # the step to continue from (0 for a new run)
+    counters: dict = field(default_factory=lambda: {"nonfinite_total": 0, "nonfinite_row": 0})
+    data: object = None  # the batches: train_loader or a data source such as EpisodicData
+
+
+def _restore(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool) -> tuple[_Run, dict | None]:
+    """Build the model, objective and optimizer and, when resuming, restore them, the counters and
+    this rank's RNG from the newest checkpoint. Returns the run and this rank's saved data position.
+    (The order of construction fixes the random initialisation: keep it.)"""
+    t = cfg.train
     if t.threads:
         torch.set_num_threads(t.threads)
     torch.manual_seed(cfg.seed)
-    device = ctx.device
-    amp = autocast_dtype(cfg.train.precision, device)
-
     model = build_model(cfg)
     objective = build_objective(cfg.objective)
     start, state = 0, None
@@ -117,148 +158,175 @@ def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progre
         if state is not None:
             model.load_state_dict(weights)
             objective.load_state_dict(state["objective"])
-    if start >= t.steps:  # every rank: the step came from rank 0
-        return RunResult(run_dir, start, already_finished=True)
-    model.to(device)
-    objective.to(device)
-    step_module = TrainStep(model, objective, amp)
+    model.to(ctx.device)
+    objective.to(ctx.device)
+    step_module = TrainStep(model, objective, autocast_dtype(t.precision, ctx.device))
     module = wrap(step_module, ctx, cfg)
-    optimizer = build_optimizer([model, objective], t)
-    counters = {"nonfinite_total": 0, "nonfinite_row": 0}
-    data_state = None
-    if state is not None:
-        load_optimizer_state(module, optimizer, state.get("optimizer_format", "ids"), state["optimizer"])
-        counters.update({k: int(v) for k, v in state.get("counters", {}).items()})
-        counters["nonfinite_total"] = int(state.get("nonfinite_total", counters["nonfinite_total"]))
-        rngs = state.get("rng") or [{"torch": state["rng_torch"]}]
-        data_states = state.get("data") or []
-        same_world = len(rngs) == ctx.world_size
-        set_rng_state(rngs[ctx.rank] if same_world else rngs[0])
-        data_state = _data_state_for_rank(data_states, ctx)
+    run = _Run(cfg, run_dir, ctx, model, step_module, module, build_optimizer([model, objective], t), start)
+    if state is None:
+        return run, None
+    load_optimizer_state(module, run.optimizer, state.get("optimizer_format", "ids"), state["optimizer"])
+    run.counters.update({k: int(v) for k, v in state.get("counters", {}).items()})
+    run.counters["nonfinite_total"] = int(state.get("nonfinite_total", run.counters["nonfinite_total"]))
+    rngs = state.get("rng") or [{"torch": state["rng_torch"]}]
+    set_rng_state(rngs[ctx.rank] if len(rngs) == ctx.world_size else rngs[0])
+    return run, _data_state_for_rank(state.get("data") or [], ctx)
 
+
+def _open_data(run: _Run, data_source, data_state: dict | None):
+    """The run's batches from its start step: :func:`train_loader`, or ``data_source`` (e.g.
+    :class:`nclip.train.episodic.EpisodicData`: the same interface, built with the run's objects)."""
+    cfg, ctx = run.cfg, run.ctx
     if data_source is None:
-        data = train_loader(cfg, model.tokenizer, start_step=start, rank=ctx.rank, world_size=ctx.world_size,
-                            state=data_state)
-    else:  # e.g. nclip.train.episodic.EpisodicData: the same interface, built with the run's objects
-        data = data_source(cfg=cfg, run_dir=run_dir, model=model, objective=objective, optimizer=optimizer,
-                           ctx=ctx, start=start, state=data_state)
+        return train_loader(cfg, run.model.tokenizer, start_step=run.start, rank=ctx.rank,
+                            world_size=ctx.world_size, state=data_state)
+    return data_source(cfg=cfg, run_dir=run.run_dir, model=run.model, objective=run.step_module.objective,
+                       optimizer=run.optimizer, ctx=ctx, start=run.start, state=data_state)
 
-    # the first write: a run that cannot start (bad config, missing data) leaves no trace
-    metrics_path = run_dir / "metrics.jsonl"
-    if ctx.is_main:
-        start_run(plan, run_dir)
-        if start > 0:
-            _truncate_metrics(metrics_path, start)
-        elif metrics_path.exists():
-            metrics_path.unlink()
 
-    accum = t.accumulation
+@dataclass
+class _StepResult:
+    lr: float
+    terms: dict[str, float]  # the objective's terms, means over micro-batches and ranks
+    grad_norm: float
+    skipped_samples: int  # bad data samples skipped so far, summed over ranks
+    finite: bool  # False: the step was skipped on every rank
+
+
+def _step(run: _Run, step: int, batch: tuple) -> _StepResult:
+    """One optimizer step on one global batch ``(pixels, ids, mask, *rows)`` (a data source may add
+    per-row tensors, such as ProtoCLIP's episode positions, split like the batch and passed on to
+    the objective). A step whose loss or gradient is not finite on any rank is skipped on all."""
+    t, device, module, optimizer = run.cfg.train, run.ctx.device, run.module, run.optimizer
+    lr = lr_at(step, t)
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group.get("lr_scale", 1.0)  # lr_scale: e.g. 0 for a locked tower
+    snapshot = _buffers(run.step_module)  # restored if the step is skipped
+    sums: dict[str, torch.Tensor] = {}
+    nonfinite_loss = torch.zeros((), device=device)
+    chunks = list(zip(*(x.chunk(t.accumulation) for x in batch)))
+    for i, (p_mb, i_mb, m_mb, *r_mb) in enumerate(chunks):
+        # gradients are all-reduced on the last micro-batch only; a non-finite loss is still
+        # back-propagated so that every rank runs the same collectives
+        with no_grad_sync(module, skip=i < len(chunks) - 1):
+            terms = module(p_mb.to(device, non_blocking=True), i_mb.to(device), m_mb.to(device),
+                           *(r.to(device) for r in r_mb))
+            loss = terms["loss"]
+            (loss / t.accumulation).backward()
+        nonfinite_loss += (~torch.isfinite(loss.detach())).float()
+        for k, v in terms.items():
+            v = v.detach().float() if torch.is_tensor(v) else torch.tensor(float(v), device=device)
+            sums[k] = sums.get(k, 0.0) + v / t.accumulation
+    sync_replicated_grads(module)  # FSDP2's unsharded scalars (logit scale): averaged like DDP
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    monitor = CollapseMonitor.for_run(cfg)
-    bar = tqdm(total=t.steps, initial=start, unit="step", disable=not (progress and ctx.is_main), dynamic_ncols=True)
-    window_t, window_samples, last = time.perf_counter(), 0, {}
-    module.train()
-    log = metrics_path.open("a") if ctx.is_main else None
-    try:
-        # a batch is (pixels, ids, mask, *rows): a data source may add per-row tensors (ProtoCLIP's
-        # episode positions), split like the batch and passed on to the objective
-        for step, (pixels, ids, mask, *rows) in enumerate(data, start=start):
-            lr = lr_at(step, t)
-            for group in optimizer.param_groups:
-                group["lr"] = lr * group.get("lr_scale", 1.0)  # lr_scale: e.g. 0 for a locked tower
-            snapshot = _buffers(step_module)  # restored if the step is skipped
-            sums: dict[str, torch.Tensor] = {}
-            nonfinite_loss = torch.zeros((), device=device)
-            chunks = list(zip(pixels.chunk(accum), ids.chunk(accum), mask.chunk(accum), *(r.chunk(accum) for r in rows)))
-            for i, (p_mb, i_mb, m_mb, *r_mb) in enumerate(chunks):
-                # gradients are all-reduced on the last micro-batch only; a non-finite loss is
-                # still back-propagated so that every rank runs the same collectives
-                with no_grad_sync(module, skip=i < len(chunks) - 1):
-                    terms = module(p_mb.to(device, non_blocking=True), i_mb.to(device), m_mb.to(device),
-                                   *(r.to(device) for r in r_mb))
-                    loss = terms["loss"]
-                    (loss / accum).backward()
-                nonfinite_loss += (~torch.isfinite(loss.detach())).float()
-                for k, v in terms.items():
-                    v = v.detach().float() if torch.is_tensor(v) else torch.tensor(float(v), device=device)
-                    sums[k] = sums.get(k, 0.0) + v / accum
-            sync_replicated_grads(module)  # FSDP2's unsharded scalars (logit scale): averaged like DDP
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip if t.grad_clip else math.inf)
-            if hasattr(grad_norm, "full_tensor"):  # FSDP2: a replicated DTensor
-                grad_norm = grad_norm.full_tensor()
-            # one small no-grad all-reduce per step: the terms (logged as means over ranks), the
-            # non-finite flag (every rank must take the same decision) and the bad-sample count
-            keys = list(sums)
-            stats = torch.stack([sums[k] for k in keys] + [nonfinite_loss, torch.tensor(float(data.skipped), device=device)])
-            stats = D.all_reduce_sum_no_grad(stats.double()).tolist()
-            term_means = {k: v / ctx.world_size for k, v in zip(keys, stats)}
-            grad_norm = float(grad_norm)
-            finite = stats[-2] == 0 and math.isfinite(grad_norm)
-            if finite:
-                optimizer.step()
-                counters["nonfinite_row"] = 0
-            else:  # skip the step: weights, optimizer state and buffers stay as they were
-                _restore_buffers(step_module, snapshot)
-                counters["nonfinite_total"] += 1
-                counters["nonfinite_row"] += 1
-            optimizer.zero_grad(set_to_none=True)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip if t.grad_clip else math.inf)
+    if hasattr(grad_norm, "full_tensor"):  # FSDP2: a replicated DTensor
+        grad_norm = grad_norm.full_tensor()
+    # one small no-grad all-reduce per step: the terms (logged as means over ranks), the non-finite
+    # flag (every rank must take the same decision) and the bad-sample count
+    keys = list(sums)
+    stats = torch.stack([sums[k] for k in keys] + [nonfinite_loss, torch.tensor(float(run.data.skipped), device=device)])
+    stats = collectives.all_reduce_sum_no_grad(stats.double()).tolist()
+    grad_norm = float(grad_norm)
+    finite = stats[-2] == 0 and math.isfinite(grad_norm)
+    if finite:
+        optimizer.step()
+        run.counters["nonfinite_row"] = 0
+    else:  # skip the step: weights, optimizer state and buffers stay as they were
+        _restore_buffers(run.step_module, snapshot)
+        run.counters["nonfinite_total"] += 1
+        run.counters["nonfinite_row"] += 1
+    optimizer.zero_grad(set_to_none=True)
+    terms = {k: v / run.ctx.world_size for k, v in zip(keys, stats)}
+    return _StepResult(lr, terms, grad_norm, int(stats[-1]), finite)
 
+
+class _Log:
+    """metrics.jsonl (rank 0), the collapse monitor's warnings and the progress bar."""
+
+    def __init__(self, run: _Run, progress: bool):
+        self.run, self.window_t, self.window_samples, self.last = run, time.perf_counter(), 0, {}
+        self.monitor = CollapseMonitor.for_run(run.cfg)
+        self.bar = tqdm(total=run.cfg.train.steps, initial=run.start, unit="step",
+                        disable=not (progress and run.ctx.is_main), dynamic_ncols=True)
+        self.file = (run.run_dir / METRICS).open("a") if run.ctx.is_main else None
+
+    def step(self, done: int, result: _StepResult, force: bool) -> None:
+        """Count the step; every ``train.log_every`` steps (or when ``force``) write a row."""
+        t = self.run.cfg.train
+        self.window_samples += t.batch_size
+        if done % t.log_every == 0 or done == t.steps or force:
+            self._write(done, result)
+        self.bar.update(1)
+
+    def _write(self, done: int, result: _StepResult) -> None:
+        now = time.perf_counter()
+        row = {"step": done, "lr": result.lr, **result.terms, "grad_norm": result.grad_norm,
+               "nonfinite_steps": self.run.counters["nonfinite_total"], "data/skipped": result.skipped_samples,
+               "samples_per_s": self.window_samples / max(now - self.window_t, 1e-9)}
+        if self.monitor is not None and self.run.ctx.is_main:
+            for warning in self.monitor.update(done, row):
+                row.setdefault("monitor/warnings", []).append(warning)
+                tqdm.write(f"nclip: warning: {warning}", file=sys.stderr)
+        if self.file is not None:
+            self.file.write(json.dumps(row) + "\n")
+            self.file.flush()
+        self.window_t, self.window_samples, self.last = now, 0, row
+        self.bar.set_postfix(loss=f"{row.get('loss', float('nan')):.3f}", samples_s=f"{row['samples_per_s']:.0f}",
+                             refresh=False)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        self.bar.close()
+
+
+def _run_steps(run: _Run, progress: bool) -> dict:
+    """Every step from ``run.start`` to ``train.steps``, with logging and checkpoints; returns the
+    last logged row. Stops with an NclipError after ``train.max_nonfinite_steps`` skipped in a row."""
+    t, counters = run.cfg.train, run.counters
+    log = _Log(run, progress)
+    run.module.train()
+    try:
+        for step, batch in enumerate(run.data, start=run.start):
+            result = _step(run, step, batch)
             done = step + 1
-            window_samples += t.batch_size
             stop = counters["nonfinite_row"] >= t.max_nonfinite_steps
-            if done % t.log_every == 0 or done == t.steps or stop:
-                now = time.perf_counter()
-                last = {
-                    "step": done,
-                    "lr": lr,
-                    **term_means,
-                    "grad_norm": grad_norm,
-                    "nonfinite_steps": counters["nonfinite_total"],
-                    "data/skipped": int(stats[-1]),
-                    "samples_per_s": window_samples / max(now - window_t, 1e-9),
-                }
-                if monitor is not None and ctx.is_main:
-                    for warning in monitor.update(done, last):
-                        last.setdefault("monitor/warnings", []).append(warning)
-                        tqdm.write(f"nclip: warning: {warning}", file=sys.stderr)
-                if log is not None:
-                    log.write(json.dumps(last) + "\n")
-                    log.flush()
-                window_t, window_samples = now, 0
-                bar.set_postfix(loss=f"{last.get('loss', float('nan')):.3f}",
-                                samples_s=f"{last['samples_per_s']:.0f}", refresh=False)
+            log.step(done, result, force=stop)
             if stop:
                 raise NclipError(
                     f"{counters['nonfinite_row']} steps in a row had a non-finite loss or gradient "
-                    f"(last: step {done}); stopping. The last good checkpoint is kept in {run_dir / 'checkpoints'}")
+                    f"(last: step {done}); stopping. The last good checkpoint is kept in {run.run_dir / 'checkpoints'}")
             if (done % t.checkpoint_every == 0 and counters["nonfinite_row"] == 0) or done == t.steps:
-                _save(run_dir, done, module, optimizer, data, counters, ctx, t.keep_checkpoints)
-            bar.update(1)
+                _save(run, done)
     finally:
-        if log is not None:
-            log.close()
-        bar.close()
+        log.close()
+    return log.last
 
-    weights = full_state_dict(module)  # a collective under FSDP
+
+def _finish(run: _Run, last: dict, evaluate: bool) -> RunResult:
+    """Save the final model (rank 0; whole again under FSDP) and run the end-of-run evaluation."""
+    cfg, ctx = run.cfg, run.ctx
+    weights = full_state_dict(run.module)  # a collective under FSDP
     if ctx.distributed:
         dist.barrier()
-    result = RunResult(run_dir, t.steps, metrics=last)
+    result = RunResult(run.run_dir, cfg.train.steps, metrics=last)
     if not ctx.is_main:
         return result
-    final = model
-    if is_fsdp(module):  # the sharded model cannot run on one rank: rebuild it whole
+    final = run.model
+    if is_fsdp(run.module):  # the sharded model cannot run on one rank: rebuild it whole
         final = build_model(cfg, pretrained_text=False)
         final.load_state_dict(_strip(weights, "model."))
-        final.to(device)
+        final.to(ctx.device)
     final.eval()
-    save_model(final, cfg, run_dir / "model")
+    save_model(final, cfg, run.run_dir / "model")
     if evaluate and cfg.data.source not in BUILTIN_SOURCES:
         print(f"nclip: note: no end-of-run evaluation for data.source {cfg.data.source}", file=sys.stderr)
     elif evaluate:
         from nclip.eval.quick import evaluate_run
 
-        result.eval = evaluate_run(final, cfg, device)
-        (run_dir / "eval.json").write_text(json.dumps(result.eval, indent=2, sort_keys=True))
+        result.eval = evaluate_run(final, cfg, ctx.device)
+        (run.run_dir / "eval.json").write_text(json.dumps(result.eval, indent=2, sort_keys=True))
     return result
 
 
@@ -296,10 +364,12 @@ def _data_state_for_rank(states: list, ctx: DistContext) -> dict | None:
     return {"kind": "stream", "world_size": -1, "streams": [[0, total]]}
 
 
-def _save(run_dir: Path, step: int, module, optimizer, data, counters: dict, ctx: DistContext, keep: int) -> None:
-    full = full_state_dict(module)  # collectives under FSDP: every rank takes part
-    fmt, opt_state = optimizer_state(module, optimizer)
-    local = {"rng": rng_state(), "data": data.state()}
+def _save(run: _Run, step: int) -> None:
+    """A checkpoint of ``step``: collectives on every rank, written by rank 0."""
+    ctx = run.ctx
+    full = full_state_dict(run.module)  # collectives under FSDP: every rank takes part
+    fmt, opt_state = optimizer_state(run.module, run.optimizer)
+    local = {"rng": rng_state(), "data": run.data.state()}
     if ctx.distributed:
         everyone: list = [None] * ctx.world_size
         dist.all_gather_object(everyone, local)
@@ -314,9 +384,9 @@ def _save(run_dir: Path, step: int, module, optimizer, data, counters: dict, ctx
         "rng": [e["rng"] for e in everyone],
         "data": [e["data"] for e in everyone],
         "world_size": ctx.world_size,
-        "counters": dict(counters),
+        "counters": dict(run.counters),
     }
-    save_checkpoint(run_dir, step, _strip(full, "model."), state, keep)
+    save_checkpoint(run.run_dir, step, _strip(full, "model."), state, run.cfg.train.keep_checkpoints)
 
 
 def _buffers(module) -> dict[str, torch.Tensor]:
@@ -340,19 +410,3 @@ def _restore_buffers(module, snapshot: dict[str, torch.Tensor]) -> None:
 
 def _strip(state: dict, prefix: str) -> dict:
     return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-
-
-def _truncate_metrics(path: Path, step: int) -> None:
-    """Drop log lines written after the checkpoint we resume from (they will be written again),
-    and a last line torn by a crash in the middle of writing it."""
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and row.get("step", math.inf) <= step:
-            kept.append(line)
-    path.write_text("".join(line + "\n" for line in kept))

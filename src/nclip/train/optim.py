@@ -9,7 +9,6 @@ from torch import nn
 
 from nclip.config import TrainConfig
 
-
 IMAGE_TOWER_PREFIXES = ("vision.", "image_")  # the DualEncoder's image tower and image heads
 
 

@@ -218,7 +218,10 @@ def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
     """The TrainStep's full (unsharded) state dict on CPU; under FSDP a collective, full on rank 0
     only (other ranks get an empty dict)."""
     if is_fsdp(module):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
 
         return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return {k: v.detach().cpu() for k, v in unwrap(module).state_dict().items()}
@@ -228,7 +231,10 @@ def optimizer_state(module: nn.Module, optimizer: torch.optim.Optimizer) -> tupl
     """(format, state): ``ids`` (the optimizer's own state dict) or, under FSDP, ``fqn`` (full,
     keyed by parameter names; a collective, full on rank 0 only)."""
     if is_fsdp(module):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+        )
 
         return "fqn", get_optimizer_state_dict(module, optimizer,
                                                options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -242,7 +248,10 @@ def load_optimizer_state(module: nn.Module, optimizer: torch.optim.Optimizer, fm
         raise NclipError(f"the checkpoint's optimizer state was written with train.strategy {strategy}; "
                          "resume with that strategy")
     if want == "fqn":
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
 
         set_optimizer_state_dict(module, optimizer, state, options=StateDictOptions(full_state_dict=True))
     else:
