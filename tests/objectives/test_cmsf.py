@@ -1,6 +1,6 @@
 """CMSF (Constrained Mean Shift): Eq. 1 against a float64 transcription (values, gradients), its special
 cases (BYOL, MSF, top-all, Tab. 2e), the constraints (labels, cross-modal, semi-supervised), the NN
-purity diagnostic, and 2 gloo ranks against 1 process."""
+purity diagnostic, the memory bank, the momentum encoder, and 2 gloo ranks against 1 process."""
 
 import math
 
@@ -10,6 +10,8 @@ from distributed_utils import run_ranks
 from references import assert_value_and_grads, leaves, ref_cmsf
 
 from nclip.objectives import functional
+from nclip.objectives.cmsf_bank import NO_LABEL, MemoryBank
+from nclip.objectives.momentum import momentum_at, momentum_update
 
 F64 = torch.float64
 
@@ -255,6 +257,96 @@ def test_float32_collapsed_inputs():
     assert t["loss"].abs().item() < 1e-6 and torch.isfinite(x.grad).all()
 
 
+# ---- memory bank -------------------------------------------------------------------------------
+
+
+def _batch(ids, d=3):
+    """Rows that identify themselves: row i points along a direction set by its id, label = id."""
+    ids = torch.as_tensor(ids)
+    x = torch.stack([torch.tensor([1.0, float(i), float(i) ** 2 / 10]) for i in ids.tolist()])[:, :d]
+    return x.double(), ids
+
+
+@pytest.mark.parametrize("size,batches", [(5, [2, 2, 2, 2, 1]), (4, [4, 4, 1, 3]), (3, [5, 1, 7]), (6, [1, 2, 3, 4])])
+def test_bank_is_fifo_with_wrap_around(size, batches):
+    bank = MemoryBank(3, size, dtype=F64)
+    seen, start = [], 0
+    for n in batches:
+        x, ids = _batch(range(start, start + n))
+        bank.enqueue(x, ids)
+        seen += ids.tolist()
+        start += n
+        view = bank.view()
+        assert view.labels.tolist() == seen[-size:]  # oldest first, the oldest evicted
+        torch.testing.assert_close(view.embeddings, _unit(_batch(seen[-size:])[0]))
+        assert int(bank.filled) == min(len(seen), size) and int(bank.ptr) == len(seen) % size
+
+
+def test_bank_labels_aux_keep_and_checkpoint():
+    bank = MemoryBank(3, 4, aux_dim=2, dtype=F64)
+    x, ids = _batch([0, 1, 2])
+    aux = torch.stack([ids.double() + 1, -ids.double()], 1)
+    bank.enqueue(x, None, aux)
+    assert bank.view().labels.tolist() == [NO_LABEL] * 3
+    x2, ids2 = _batch([3, 4, 5])
+    bank.enqueue(x2, ids2, aux[[2, 1, 0]], keep=torch.tensor([True, False, True]))
+    view = bank.view()
+    assert view.labels.tolist() == [NO_LABEL, NO_LABEL, 3, 5]
+    torch.testing.assert_close(view.aux, _unit(torch.stack([aux[1], aux[2], aux[2], aux[0]])))
+    assert set(bank.state_dict()) == {"bank", "labels", "ptr", "filled", "aux"}
+    restored = MemoryBank(3, 4, aux_dim=2, dtype=F64)
+    restored.load_state_dict(bank.state_dict())
+    for a, b in zip(restored.view(), view):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="aux must be given"):
+        bank.enqueue(x, ids)
+    with pytest.raises(ValueError, match="D=3"):
+        MemoryBank(3, 4).enqueue(torch.randn(2, 4))
+    with pytest.raises(ValueError, match="size must be positive"):
+        MemoryBank(3, 0)
+    assert MemoryBank(8).bank.shape == (128_000, 8)
+
+
+# ---- momentum encoder ----------------------------------------------------------------------------
+
+
+def _net(seed):
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3)).double()
+    net(torch.randn(6, 4, dtype=F64))  # non-trivial running statistics
+    return net
+
+
+@pytest.mark.parametrize("m", [0.0, 0.99, 0.7, 1.0])
+def test_momentum_update_is_the_ema(m):
+    target, online = _net(0), _net(1)
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    momentum_update(target, online, m)
+    for name, p in target.named_parameters():
+        want = m * before[name] + (1 - m) * dict(online.named_parameters())[name]
+        torch.testing.assert_close(p, want, rtol=0, atol=1e-15)
+    for name, buf in target.named_buffers():
+        assert torch.equal(buf, dict(online.named_buffers())[name])
+    with pytest.raises(ValueError, match="momentum m"):
+        momentum_update(target, online, 1.5)
+    with pytest.raises(ValueError, match="different parameters"):
+        momentum_update(target, torch.nn.Linear(4, 3), 0.9)
+
+
+def test_momentum_schedules():
+    assert momentum_at(0, 100) == momentum_at(73, 100) == 0.99
+    assert momentum_at(0, 100, 0.996, "cosine") == pytest.approx(0.996)
+    assert momentum_at(50, 100, 0.996, "cosine") == pytest.approx(1 - 0.004 / 2)
+    assert momentum_at(100, 100, 0.996, "cosine") == pytest.approx(1.0)
+    assert momentum_at(250, 100, 0.996, "cosine") == pytest.approx(1.0)
+    ms = [momentum_at(s, 40, 0.9, "cosine") for s in range(41)]
+    assert all(a <= b for a, b in zip(ms, ms[1:]))
+    bad = [((0, 10, 0.9, "linear"), "schedule"), ((0, 0), "total"), ((-1, 10), "step"), ((0, 10, 1.2), "base")]
+    for args, match in bad:
+        with pytest.raises(ValueError, match=match):
+            momentum_at(*args)
+
+
 # ---- 2 ranks (gloo) against 1 process, float64 ---------------------------------------------------
 
 
@@ -301,9 +393,18 @@ def _two_rank_cmsf(rank, world):
     semi = functional.semi_supervised_constraint(semi_labels[sl], bl, 7)
     ref_semi = functional.semi_supervised_constraint(semi_labels, bl, 7, global_batch=False)
     assert torch.equal(semi, ref_semi[sl])
-    return out
+    mem, ref_mem = MemoryBank(d, 8, aux_dim=4, dtype=F64), MemoryBank(d, 8, aux_dim=4, dtype=F64)
+    for step in range(3):  # 6 rows a step into 8: wraps around
+        mem.enqueue(target[sl] + step, ql[sl], aux[sl])
+        ref_mem.enqueue(target + step, ql, aux, global_batch=False)
+    for a, r in zip(mem.view(), ref_mem.view()):
+        torch.testing.assert_close(a, r, rtol=0, atol=0)
+    return {"view": mem.view(), "state": mem.state_dict(), "losses": out}
 
 
 @pytest.mark.slow
 def test_two_ranks_match_one_process():
-    run_ranks(_two_rank_cmsf, 2)
+    r0, r1 = run_ranks(_two_rank_cmsf, 2)
+    for key in r0["state"]:  # the banks are identical on both ranks after the enqueues
+        assert torch.equal(r0["state"][key], r1["state"][key]), key
+    assert int(r0["state"]["filled"]) == 8 and int(r0["state"]["ptr"]) == 18 % 8
