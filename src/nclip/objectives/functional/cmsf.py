@@ -120,6 +120,21 @@ def _check_labels(query, bank, b: int, n: int, names: tuple[str, str]) -> None:
                          f"{tuple(bank.shape)}")
 
 
+@torch.no_grad()
+def _nearest(u: torch.Tensor, cand: torch.Tensor, allowed: torch.Tensor, self_col: torch.Tensor,
+             k: int | None) -> torch.Tensor:
+    """S_b as a [B, C] bool mask: the min(k, |M̂_b|) members of M̂_b (``allowed``) most cosine-similar to
+    u_b, u_b itself first when allowed; every member for k = None (top-all)."""
+    if k is None:
+        return allowed
+    rows = torch.arange(u.shape[0], device=u.device)
+    sim = u @ cand.T  # [B, C]: cos(u_b, candidate), the search is on the target u (Sec. 2)
+    sim[rows, self_col] = 2.0  # above every cosine: u_b is S_b's first member even against a duplicate row
+    idx = sim.masked_fill(~allowed, float("-inf")).topk(min(k, cand.shape[0]), dim=1).indices  # [B, min(k, C)]
+    return torch.zeros_like(allowed).scatter_(1, idx, allowed.gather(1, idx))
+
+
+# Over 80 lines only through its docstring, which documents every constraint in one place.
 def cmsf_terms(
     pred: torch.Tensor,
     target: torch.Tensor,
@@ -193,13 +208,7 @@ def cmsf_terms(
         if constraint_mask is not None:
             allowed &= constraint_mask.to(u.device)
         allowed[rows, self_col] = include_target
-        sim = u @ cand.T  # [B, C]: cos(u_b, candidate), the search is on the target u (Sec. 2)
-        sim[rows, self_col] = 2.0  # above every cosine: u_b is S_b's first member even against a duplicate row
-        if k is None:  # top-all
-            chosen = allowed
-        else:
-            idx = sim.masked_fill(~allowed, float("-inf")).topk(min(k, c), dim=1).indices  # [B, min(k, C)]
-            chosen = torch.zeros_like(allowed).scatter_(1, idx, allowed.gather(1, idx))  # [B, C]: S_b
+        chosen = _nearest(u, cand, allowed, self_col, k)  # [B, C]: S_b
         used = chosen.sum(1)  # [B]: |S_b|
         mean_z = (chosen.to(cand.dtype) / used.clamp(min=1)[:, None]) @ cand  # [B, D]: 1/|S_b| Σ_{z∈S_b} z
 
