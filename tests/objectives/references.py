@@ -104,6 +104,37 @@ def ref_siglip(x, y, t, b):
     return total / n
 
 
+def ref_cmsf(v, u, bank, k, query_labels=None, bank_labels=None, include_target=True, mask=None):
+    """CMSF Sec. 2, Eq. (1), one query at a time: u is enqueued into M before the search, so row b's
+    candidates are every target of the batch and every bank row (column j of ``mask``), kept when
+    their label equals the query's; u_b itself comes first (if included), then the others by
+    decreasing cos(u_b, z); S_b = the first min(k, all) of them; L = mean_b mean_{z ∈ S_b} ||v_b − z||²
+    on unit vectors, no gradient through u or M. An empty S_b contributes 0."""
+    v = v / v.norm(dim=1, keepdim=True)
+    u = u.detach() / u.detach().norm(dim=1, keepdim=True)
+    m = bank.detach() / bank.detach().norm(dim=1, keepdim=True)
+    b = v.shape[0]
+    cands = [u[j] for j in range(b)] + [m[i] for i in range(m.shape[0])]
+    labels = None if query_labels is None else [int(x) for x in query_labels] + [int(x) for x in bank_labels]
+    total = v.new_zeros(())
+    for q in range(b):
+        others = []
+        for j, z in enumerate(cands):
+            if j == q:
+                continue
+            if labels is not None and labels[j] != labels[q]:
+                continue
+            if mask is not None and not bool(mask[q, j]):
+                continue
+            others.append((float((u[q] * z).sum()), j))
+        others.sort(key=lambda t: -t[0])
+        pool = ([q] if include_target else []) + [j for _, j in others]
+        chosen = pool if k is None else pool[:k]
+        if chosen:
+            total = total + sum(((v[q] - cands[j]) ** 2).sum() for j in chosen) / len(chosen)
+    return total / b
+
+
 def leaves(*shapes, seed, scale=1.0):
     g = torch.Generator().manual_seed(seed)
     return [(scale * torch.randn(*s, generator=g, dtype=torch.float64)).requires_grad_() for s in shapes]

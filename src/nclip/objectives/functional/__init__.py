@@ -1,8 +1,9 @@
 """Pure loss functions: nclip's public, tested objective API, one module per family.
 
 ``clip`` (InfoNCE, Eq. 1), ``nclip`` (nCLIP Eq. 2-4, xCLIP Eq. 5, the zero-shot score and head
-diagnostics), ``unified`` (Appendix A), ``yclip`` (App. B.2), ``siglip`` and ``protoclip`` (PBT and
-the prototypical loss); everything public is re-exported here, so
+diagnostics), ``unified`` (Appendix A), ``yclip`` (App. B.2), ``siglip``, ``protoclip`` (PBT and
+the prototypical loss) and ``cmsf`` (Constrained Mean Shift, Eq. 1 of its own paper, and its
+constraints); everything public is re-exported here, so
 ``from nclip.objectives.functional import clip_loss`` works for every family.
 
 Notation follows "Non-Contrastive Learning Meets Language-Image Pre-Training" (xCLIP paper),
@@ -20,6 +21,8 @@ every function is finite in float32 for logits of magnitude 1e4 and for a batch 
 """
 
 from nclip.objectives.functional.clip import clip_loss, clip_terms
+from nclip.objectives.functional.cmsf import (UNLABELLED, cmsf_candidates, cmsf_loss, cmsf_terms,
+                                              semi_supervised_constraint, topk_constraint)
 from nclip.objectives.functional.nclip import (batch_mean_log_prob, distribution_diagnostics, nclip_loss,
                                                nclip_similarity, nclip_terms, xclip_loss)
 from nclip.objectives.functional.protoclip import pbt, proto_loss, proto_terms
@@ -36,4 +39,5 @@ __all__ = [
     "yclip_terms", "yclip_loss",
     "siglip_terms", "siglip_loss",
     "pbt", "proto_loss", "proto_terms",
+    "cmsf_terms", "cmsf_loss", "cmsf_candidates", "topk_constraint", "semi_supervised_constraint", "UNLABELLED",
 ]

@@ -1,0 +1,245 @@
+"""CMSF: Constrained Mean Shift ("Constrained Mean Shift for Representation Learning", Sec. 2, Eq. 1).
+
+Notation of the paper's Fig. 1 and Sec. 2: an image is augmented twice; the momentum (target)
+encoder f gives u = f(T1(x)) / ||f(T1(x))|| and the online encoder g with its predictor h gives
+v = h(g(T2(x))) / ||·||. The memory bank M holds the targets u of recent batches. For each query the
+candidates are narrowed to a constrained set M̂ ⊆ M — rows with the query's label (supervised,
+Sec. 2 and 2.2), rows among the query's n nearest neighbours in a frozen second embedding
+(cross-modal, Sec. 2.3), or no constraint for unlabelled rows (semi-supervised, Sec. 2.1.5/A.2) —
+and S = {z_1..z_k} are the k members of M̂ nearest to u, u itself included. The loss pulls v towards
+them:
+
+    Eq. (1), in MSF's form:   L = 1/k Σ_{i=1..k} ||v − z_i||² = 2 − 2/k Σ_i vᵀz_i   (unit vectors)
+
+with gradient to v only (u and the bank are targets). k = 1 is BYOL's loss (S = {u}); M̂ = M is
+MSF (Koohpayegani et al., 2021); k = |M̂| is the paper's "top-all" (``k=None`` here).
+
+The paper adds u to M *before* the search (Sec. 2: "We add u to the memory bank M ... Then, we find
+top-k neighbors of u in M̂ including u itself"), and so does the authors' code. Here ``bank`` is M
+before this batch is enqueued and the batch's targets are prepended to it, so the candidates of
+every query are [every target of the (global) batch, every bank row]: C = W·B + N columns, in that
+order, with W·B = B on one process. The caller enqueues the batch into its
+:class:`~nclip.objectives.cmsf_bank.MemoryBank` after the loss.
+
+Distributed: with ``global_batch=True`` and a process group, the batch part of the candidates is the
+targets of all ranks (rank order, gathered without gradient through :mod:`nclip.distributed`), so
+every rank searches the same candidates as one process with the whole batch; each rank returns the
+mean over its own rows, and since row b's loss depends on v_b alone no gradient crosses ranks: the
+mean of the per-rank losses and DDP's averaged gradients equal the single-process ones. Every rank
+must hold the same number of rows.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from nclip import distributed as collectives
+from nclip.objectives.functional._common import check_pair
+
+UNLABELLED = -1  # label of a row without one (semi-supervised setting, Sec. 2.1.5 and App. A.2)
+
+
+def cmsf_candidates(batch_rows: torch.Tensor, bank_rows: torch.Tensor, *, global_batch: bool = True) -> torch.Tensor:
+    """The candidate rows of every query: [W·B + N, ...] = every rank's ``batch_rows`` [B, ...] (rank
+    order, no gradient) followed by ``bank_rows`` [N, ...].
+
+    The column order of :func:`cmsf_terms`'s ``constraint_mask``; use it to lay out per-candidate
+    data (labels, the frozen embeddings of :func:`topk_constraint`) the same way."""
+    rows = batch_rows.detach()
+    if global_batch and collectives.is_distributed():
+        rows = collectives.all_gather_no_grad(rows)
+    return torch.cat([rows, bank_rows.detach().to(device=rows.device, dtype=rows.dtype)])
+
+
+def topk_constraint(query_aux: torch.Tensor, candidate_aux: torch.Tensor, k_prime: int) -> torch.Tensor:
+    """Cross-modal constraint (Sec. 2.3): [B, C] bool, True for the min(k', C) candidates most
+    cosine-similar to each query in a frozen second embedding c(.) (the paper's n nearest
+    neighbours of u_c in M_c, whose indices select M̂ from M).
+
+    query_aux: [B, Da] c(x_c) of the batch; candidate_aux: [C, Da] the same embedding of every
+    candidate, laid out as :func:`cmsf_candidates` (the batch's, gathered over ranks, then the bank's
+    aux rows): ``topk_constraint(a, cmsf_candidates(a, bank.view().aux), n)``. The query's own row
+    has cosine 1 and is among its neighbours, as in the paper, where u_c is in M_c. Ties are broken by
+    :func:`torch.topk`.
+    """
+    _check_positive_k(k_prime, "k_prime", allow_none=False)
+    if query_aux.ndim != 2 or candidate_aux.ndim != 2 or query_aux.shape[1] != candidate_aux.shape[1]:
+        raise ValueError(f"query_aux [B, Da] and candidate_aux [C, Da] must share Da, got {tuple(query_aux.shape)} "
+                         f"and {tuple(candidate_aux.shape)}")
+    with torch.no_grad():
+        q = F.normalize(query_aux.detach(), dim=-1)  # [B, Da]
+        c = F.normalize(candidate_aux.detach().to(q.dtype), dim=-1)  # [C, Da]
+        sim = q @ c.T  # [B, C]
+        idx = sim.topk(min(k_prime, c.shape[0]), dim=1).indices  # [B, k']
+        return torch.zeros_like(sim, dtype=torch.bool).scatter_(1, idx, True)
+
+
+def semi_supervised_constraint(
+    query_labels: torch.Tensor,
+    labelled_bank_labels: torch.Tensor,
+    unlabelled_bank_size: int,
+    *,
+    global_batch: bool = True,
+) -> torch.Tensor:
+    """Semi-supervised constraint (Sec. 2.1.5, App. A.2) over two equal-size banks: [B, C] bool with
+    C = W·B + N_l + N_u, for ``bank = cat([labelled.view().embeddings, unlabelled.view().embeddings])``.
+
+    A labelled query (label ≥ 0) searches the labelled bank and the labelled rows of the batch with
+    its label (constrained, the supervised loss); an unlabelled query (:data:`UNLABELLED`) searches
+    the unlabelled bank, which holds every sample, and every row of the batch (unconstrained, MSF).
+    query_labels: [B]; labelled_bank_labels: [N_l] labels of the labelled bank's filled rows.
+    """
+    if query_labels.ndim != 1 or labelled_bank_labels.ndim != 1:
+        raise ValueError(f"query_labels [B] and labelled_bank_labels [N_l] must be 1-D, got "
+                         f"{tuple(query_labels.shape)} and {tuple(labelled_bank_labels.shape)}")
+    if unlabelled_bank_size < 0:
+        raise ValueError(f"unlabelled_bank_size must be >= 0, got {unlabelled_bank_size}")
+    batch_labels = cmsf_candidates(query_labels, query_labels.new_zeros(0), global_batch=global_batch)  # [W·B]
+    labelled = query_labels[:, None] != UNLABELLED  # [B, 1]
+    same = query_labels[:, None] == torch.cat([batch_labels, labelled_bank_labels.to(query_labels.device)])[None]
+    batch_cols = same[:, : batch_labels.shape[0]] | ~labelled  # [B, W·B]
+    labelled_cols = same[:, batch_labels.shape[0]:] & labelled  # [B, N_l]
+    unlabelled_cols = (~labelled).expand(-1, unlabelled_bank_size)  # [B, N_u]
+    return torch.cat([batch_cols, labelled_cols, unlabelled_cols], dim=1)
+
+
+def _check_positive_k(k, name: str, *, allow_none: bool) -> None:
+    if k is None and allow_none:
+        return
+    if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+        raise ValueError(f"{name} must be a positive integer{' or None (top-all)' if allow_none else ''}, got {k!r}")
+
+
+def _check_labels(query, bank, b: int, n: int, names: tuple[str, str]) -> None:
+    if (query is None) != (bank is None):
+        given = names[0] if query is not None else names[1]
+        raise ValueError(f"{names[0]} and {names[1]} must be given together, got only {given}")
+    if query is not None and (tuple(query.shape) != (b,) or tuple(bank.shape) != (n,)):
+        raise ValueError(f"{names[0]} must be [B={b}] and {names[1]} [N={n}], got {tuple(query.shape)} and "
+                         f"{tuple(bank.shape)}")
+
+
+@torch.no_grad()
+def _nearest(u: torch.Tensor, cand: torch.Tensor, allowed: torch.Tensor, self_col: torch.Tensor,
+             k: int | None) -> torch.Tensor:
+    """S_b as a [B, C] bool mask: the min(k, |M̂_b|) members of M̂_b (``allowed``) most cosine-similar to
+    u_b, u_b itself first when allowed; every member for k = None (top-all)."""
+    if k is None:
+        return allowed
+    rows = torch.arange(u.shape[0], device=u.device)
+    sim = u @ cand.T  # [B, C]: cos(u_b, candidate), the search is on the target u (Sec. 2)
+    sim[rows, self_col] = 2.0  # above every cosine: u_b is S_b's first member even against a duplicate row
+    idx = sim.masked_fill(~allowed, float("-inf")).topk(min(k, cand.shape[0]), dim=1).indices  # [B, min(k, C)]
+    return torch.zeros_like(allowed).scatter_(1, idx, allowed.gather(1, idx))
+
+
+# Over 80 lines only through its docstring, which documents every constraint in one place.
+def cmsf_terms(
+    pred: torch.Tensor,
+    target: torch.Tensor,
+    bank: torch.Tensor,
+    *,
+    k: int | None = 10,
+    query_labels: torch.Tensor | None = None,
+    bank_labels: torch.Tensor | None = None,
+    include_target: bool = True,
+    constraint_mask: torch.Tensor | None = None,
+    true_query_labels: torch.Tensor | None = None,
+    true_bank_labels: torch.Tensor | None = None,
+    global_batch: bool = True,
+) -> dict[str, torch.Tensor]:
+    """Constrained mean shift, Eq. (1), with detached diagnostics.
+
+    Args:
+        pred: [B, D] v before normalisation: online encoder g followed by the predictor h (the only
+            input that receives a gradient).
+        target: [B, D] u before normalisation: the momentum encoder f on the other view (detached).
+        bank: [N, D] the memory bank M *before* this batch's targets are enqueued (N may be 0);
+            detached. Candidates are [the (global) batch's targets, the bank's rows] (module doc).
+        k: the number of neighbours (default 10, Sec. 2.1.2); ``None`` means top-all, every member
+            of the constrained set (Tab. 2d). When a query has fewer than k candidates (warm-up,
+            rare classes) it uses the ones there are: S_b has min(k, |M̂_b|) rows. (The authors'
+            code instead pads S_b with the nearest rows of *other* labels.)
+        query_labels, bank_labels: [B] and [N] labels (possibly noisy, Sec. 2.2); given together.
+            A candidate is in M̂_b only if its label equals the query's (Sec. 2 "Supervised-setting").
+        include_target: S_b always contains u_b itself (the paper's default) — it is selected first
+            even if an identical row exists; False removes u_b from M̂_b (Tab. 2e, "target not in
+            top-10"). A query whose M̂_b is then empty contributes 0 to the mean over the batch.
+        constraint_mask: optional [B, C] bool, C = W·B + N (columns as :func:`cmsf_candidates`);
+            False removes a candidate from M̂_b. Combined (AND) with the label constraint. Built e.g.
+            by :func:`topk_constraint` (cross-modal, Sec. 2.3) or :func:`semi_supervised_constraint`.
+            Its entry for u_b itself is overridden by ``include_target``.
+        true_query_labels, true_bank_labels: [B] and [N] clean labels, given together, for the NN
+            purity diagnostic only (never used by the loss).
+        global_batch: search the targets of all ranks' rows when running distributed.
+
+    Returns a dict with ``loss`` = 1/B Σ_b 1/|S_b| Σ_{z ∈ S_b} ||v_b − z||² (Eq. 1 in MSF's form) and
+    detached diagnostics: ``constrained_size`` (mean |M̂_b|), ``neighbours`` (mean |S_b|) and, when
+    true labels are given, ``purity``: the share of all selected neighbours (u_b included when
+    selected, as in the authors' purity) whose true label is the query's true label — the paper's
+    argument for top-k over top-all under label noise (Fig. 2, Sec. 2.2).
+    """
+    check_pair(pred, target, "pred", "target")
+    _check_positive_k(k, "k", allow_none=True)
+    b, d = pred.shape
+    if bank.ndim != 2 or bank.shape[1] != d:
+        raise ValueError(f"bank must be [N, D={d}] like pred's rows, got {tuple(bank.shape)}")
+    n = bank.shape[0]
+    _check_labels(query_labels, bank_labels, b, n, ("query_labels", "bank_labels"))
+    _check_labels(true_query_labels, true_bank_labels, b, n, ("true_query_labels", "true_bank_labels"))
+
+    v = F.normalize(pred, dim=-1)  # [B, D]
+    u = F.normalize(target.detach(), dim=-1)  # [B, D]
+    cand = cmsf_candidates(u, F.normalize(bank.detach().to(u.dtype), dim=-1), global_batch=global_batch)  # [C, D]
+    c = cand.shape[0]
+    offset = collectives.rank() * b if global_batch else 0
+    if constraint_mask is not None and (tuple(constraint_mask.shape) != (b, c) or constraint_mask.dtype != torch.bool):
+        raise ValueError(f"constraint_mask must be bool [B={b}, C={c}] (batch rows of all ranks, then the bank), got "
+                         f"{constraint_mask.dtype} {tuple(constraint_mask.shape)}")
+    rows = torch.arange(b, device=u.device)
+    self_col = offset + rows  # [B]: u_b's column among the candidates
+
+    with torch.no_grad():
+        allowed = torch.ones(b, c, dtype=torch.bool, device=u.device)  # [B, C]: M̂_b
+        if query_labels is not None:
+            cand_labels = cmsf_candidates(query_labels, bank_labels, global_batch=global_batch)  # [C]
+            allowed &= query_labels[:, None] == cand_labels[None]
+        if constraint_mask is not None:
+            allowed &= constraint_mask.to(u.device)
+        allowed[rows, self_col] = include_target
+        chosen = _nearest(u, cand, allowed, self_col, k)  # [B, C]: S_b
+        used = chosen.sum(1)  # [B]: |S_b|
+        mean_z = (chosen.to(cand.dtype) / used.clamp(min=1)[:, None]) @ cand  # [B, D]: 1/|S_b| Σ_{z∈S_b} z
+
+    # Eq. (1): 1/|S| Σ_z ||v − z||² = 2 − 2 v·(1/|S| Σ_z z) for unit v, z
+    row_loss = (2 - 2 * (v * mean_z.to(v.dtype)).sum(1)) * (used > 0)  # [B]
+    terms = {"loss": row_loss.mean()}
+    with torch.no_grad():
+        terms["constrained_size"] = allowed.sum(1).float().mean()
+        terms["neighbours"] = used.float().mean()
+        if true_query_labels is not None:
+            true_cand = cmsf_candidates(true_query_labels, true_bank_labels, global_batch=global_batch)  # [C]
+            pure = (chosen & (true_query_labels[:, None] == true_cand[None])).sum()
+            terms["purity"] = pure.float() / used.sum().clamp(min=1).float()
+    return terms
+
+
+def cmsf_loss(
+    pred: torch.Tensor,
+    target: torch.Tensor,
+    bank: torch.Tensor,
+    *,
+    k: int | None = 10,
+    query_labels: torch.Tensor | None = None,
+    bank_labels: torch.Tensor | None = None,
+    include_target: bool = True,
+    constraint_mask: torch.Tensor | None = None,
+    global_batch: bool = True,
+) -> torch.Tensor:
+    """Constrained mean shift, Eq. (1): mean over the batch of the mean squared distance between v_b and
+    the k nearest members of u_b's constrained set (u_b included). pred, target: [B, D]; bank: [N, D]
+    before this batch is enqueued; labels [B] and [N]. See :func:`cmsf_terms` for every argument."""
+    return cmsf_terms(pred, target, bank, k=k, query_labels=query_labels, bank_labels=bank_labels,
+                      include_target=include_target, constraint_mask=constraint_mask,
+                      global_batch=global_batch)["loss"]

@@ -1,0 +1,58 @@
+"""The momentum (target) encoder: exponential moving average of the online encoder's weights.
+
+CMSF Sec. 2: "the target encoder is updated as a slowly moving average of the online encoder:
+θf ← mθf + (1 − m)θg where m is close to 1" (m = 0.99 for CMSF, Sec. 2.1.2), the momentum idea of
+MoCo; BYOL (Grill et al., 2020, Sec. 3.2) raises m from its base value to 1 along a cosine.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+SCHEDULES = ("constant", "cosine")
+
+
+@torch.no_grad()
+def momentum_update(target_module: nn.Module, online_module: nn.Module, m: float) -> None:
+    """θf ← m·θf + (1 − m)·θg for every parameter, in place; buffers (BatchNorm statistics) are copied.
+
+    The two modules must have the same parameter and buffer names and shapes (f is a copy of g).
+    m = 1 leaves the parameters unchanged, m = 0 copies them.
+    """
+    if not 0.0 <= m <= 1.0:
+        raise ValueError(f"momentum m must be in [0, 1], got {m}")
+    pairs = (("parameters", dict(target_module.named_parameters()), dict(online_module.named_parameters())),
+             ("buffers", dict(target_module.named_buffers()), dict(online_module.named_buffers())))
+    for kind, target, online in pairs:
+        if target.keys() != online.keys():
+            diff = sorted(target.keys() ^ online.keys())
+            raise ValueError(f"target and online modules have different {kind}: {diff[:3]}")
+        for name, t in target.items():
+            o = online[name]
+            if t.shape != o.shape:
+                raise ValueError(f"{name}: target shape {tuple(t.shape)} != online shape {tuple(o.shape)}")
+            if kind == "parameters":
+                t.mul_(m).add_(o.detach().to(t.dtype), alpha=1.0 - m)
+            else:
+                t.copy_(o)
+
+
+def momentum_at(step: int, total: int, base: float = 0.99, schedule: str = "constant") -> float:
+    """The momentum m at ``step`` of ``total`` steps.
+
+    ``constant``: m = base (CMSF Sec. 2.1.2: 0.99). ``cosine`` (BYOL Sec. 3.2):
+    m = 1 − (1 − base)·(cos(π·step/total) + 1)/2, from base at step 0 to 1 at step = total; steps
+    past ``total`` stay at 1.
+    """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    if not 0.0 <= base <= 1.0:
+        raise ValueError(f"base momentum must be in [0, 1], got {base}")
+    if total <= 0 or step < 0:
+        raise ValueError(f"need total > 0 and step >= 0, got step={step}, total={total}")
+    if schedule == "constant":
+        return base
+    return 1.0 - (1.0 - base) * (math.cos(math.pi * min(step, total) / total) + 1.0) / 2.0
