@@ -1,10 +1,12 @@
-"""JSON in and out with nclip's conventions: a bad file is a one-line NclipError, and non-finite
-floats (which JSON cannot hold) are replaced on the way out."""
+"""JSON in and out with nclip's conventions: a bad file is a one-line NclipError, non-finite
+floats (which JSON cannot hold) are replaced on the way out, and JSONL logs have one reader and one
+truncation, which skip damaged lines (:func:`read_jsonl`)."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,3 +31,49 @@ def read_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise NclipError(f"{path}: invalid JSON ({e.msg}, line {e.lineno})") from None
+
+
+def _jsonl_rows(path: Path) -> list[tuple[str, dict]]:
+    """(line, row) for every line of ``path`` that decodes to a JSON object; see :func:`read_jsonl`."""
+    if not path.is_file():
+        return []
+    rows = []
+    for raw in path.read_bytes().splitlines():
+        try:
+            line = raw.decode("utf-8")
+            row = json.loads(line)
+        except ValueError:  # blank, torn by a crash, or not UTF-8 / not JSON (UnicodeDecodeError is one)
+            continue
+        if isinstance(row, dict):
+            rows.append((line, row))
+    return rows
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """The rows of a JSONL log (metrics.jsonl, episodes.jsonl): every line that decodes to a JSON
+    object, in file order.
+
+    Everything else is skipped, never an error, wherever it is in the file: blank lines; a line
+    torn by a crash in the middle of writing it (the last line, which is also what a reader running
+    beside the writer may see); a line that is not UTF-8 or not JSON; a JSON value that is not an
+    object. A log is evidence of what a run did, and one damaged line must not make the rest
+    unreadable. A file that does not exist (yet) has no rows. ``NaN``/``Infinity`` read as floats.
+    """
+    return [row for _, row in _jsonl_rows(Path(path))]
+
+
+def truncate_jsonl(path: str | Path, keep: Callable[[dict], bool]) -> None:
+    """Rewrite a JSONL log with only the rows for which ``keep(row)`` is true, each line kept as it
+    was written, and without the lines :func:`read_jsonl` skips (a torn last line among them).
+
+    The new file replaces the old atomically (written beside it, then renamed), so a crash leaves
+    one or the other. A missing file stays missing. Used on resume, e.g. ``keep=lambda row:
+    row.get("step", math.inf) <= step`` to drop what was logged after the checkpoint.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return
+    kept = [line for line, row in _jsonl_rows(path) if keep(row)]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    os.replace(tmp, path)
