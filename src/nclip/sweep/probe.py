@@ -18,14 +18,9 @@ def preload_probe() -> None:
     import nclip.data.digits  # noqa: F401
     import nclip.data.synthetic  # noqa: F401
     import nclip.eval.features  # noqa: F401
-    import nclip.eval.metrics  # noqa: F401
+    import nclip.eval.probe  # noqa: F401
     import nclip.models.dual_encoder  # noqa: F401
     import nclip.models.io  # noqa: F401
-
-    try:
-        import nclip.eval.probe  # noqa: F401
-    except ImportError:  # pragma: no cover
-        pass
 
 
 def probe_run(run_dir: str | Path, train_samples: int = 2000, test_samples: int = 1000, seed: int | None = None,
@@ -42,6 +37,7 @@ def probe_run(run_dir: str | Path, train_samples: int = 2000, test_samples: int 
     import torch
 
     from nclip.eval.features import extract
+    from nclip.eval.probe import linear
     from nclip.models.io import load_model
 
     t = time.perf_counter()
@@ -64,18 +60,8 @@ def probe_run(run_dir: str | Path, train_samples: int = 2000, test_samples: int 
     ftr = extract(model, train, cfg.data.image_size, dev, texts=False)
     fte = extract(model, test, cfg.data.image_size, dev, texts=False)
     n_cls = len(test.label_spaces[kind])
-    args = (ftr.image["features"], ftr.labels[kind], fte.image["features"], fte.labels[kind], n_cls)
-    try:
-        from nclip.eval.probe import linear
-
-        r = linear(*args, seed=seed)
-        protocol = "nclip.eval.probe.linear"
-    except ImportError:  # pragma: no cover - a checkout without the eval protocols
-        from nclip.eval.metrics import linear_probe
-
-        r = linear_probe(*args, val_fraction=0.2, seed=seed)
-        protocol = "nclip.eval.metrics.linear_probe"
+    r = linear(ftr.image["features"], ftr.labels[kind], fte.image["features"], fte.labels[kind], n_cls, seed=seed)
     return {"linear/top1": float(r["top1"]), "linear/mean_per_class": float(r["mean_per_class"]),
             "linear/l2": float(r["l2"]), "dataset": f"{dataset}-{kind}", "train_samples": len(train),
             "test_samples": len(test), "seed": seed, "features": "image backbone ([CLS], frozen)",
-            "protocol": protocol, "wall_s": time.perf_counter() - t}
+            "protocol": "nclip.eval.probe.linear", "wall_s": time.perf_counter() - t}
