@@ -44,11 +44,8 @@ def available_cores() -> int:
 
 def plan_parallelism(cores: int, parallel: int | None, threads: int | None) -> tuple[int, int]:
     """(runs at once N, threads per run T): N = max(1, cores // T) with T = 1 unless given;
-    with only N given, T = max(1, cores // N)."""
-    if parallel is not None and parallel < 1:
-        raise NclipError(f"--parallel must be >= 1, got {parallel}")
-    if threads is not None and threads < 1:
-        raise NclipError(f"--threads must be >= 1, got {threads}")
+    with only N given, T = max(1, cores // N). ``parallel`` and ``threads`` are >= 1 when given
+    (:class:`SweepOptions` checks the options)."""
     if threads is None:
         threads = max(1, cores // parallel) if parallel else 1
     if parallel is None:
@@ -184,8 +181,6 @@ def run_sweep(opts: SweepOptions, log: Callable[[str], None] = print) -> dict:
     """Run (or resume) a sweep; returns the sweep.json document. See :mod:`nclip.sweep`."""
     t0 = time.perf_counter()
     runs = expand(opts.grid, opts.settings)
-    if not runs or (not opts.grid and not opts.settings):
-        raise NclipError("nothing to sweep: give --grid, --grid-file or --table")
     configs = {r.slug: _resolve(opts, r) for r in runs}  # every config is valid before anything runs
     opts.out.mkdir(parents=True, exist_ok=True)
     with _exclusive(opts.out):
