@@ -68,11 +68,26 @@ def test_other_user_errors(tmp_path, capsys):
         (["--table", "b7"], "unknown table 'b7'"),
         ([], "nothing to sweep"),
         (["--grid-file", str(tmp_path / "nope.yaml")], "grid file not found"),
-        (["--grid", "objective.lambda1=[0.3]", "--parallel", "0"], "--parallel must be >= 1"),
+        (["--grid", "objective.lambda1=[0.3]", "--parallel", "0"],
+         "sweep: --parallel: Input should be greater than or equal to 1 (got 0)"),
+        (["--grid", "objective.lambda1=[0.3]", "--threads", "0"], "sweep: --threads: Input should be greater"),
+        (["--grid", "objective.lambda1=[0.3]", "--probe-test", "9"],
+         "sweep: --probe-test: Input should be greater than or equal to 10 (got 9)"),
     ]:
         assert main(["sweep", "--preset", "micro", "--out", str(tmp_path / "s"), *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert needle in err and len(err.splitlines()) == 1, err
+
+
+def test_sweep_options_validate_like_the_run_config(tmp_path):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="nothing to sweep"):
+        SweepOptions(preset="micro", out=tmp_path)
+    with pytest.raises(ValidationError, match="paralel"):
+        SweepOptions(preset="micro", out=tmp_path, grid={"seed": [0]}, paralel=2)  # unknown options are errors
+    opts = SweepOptions(preset="micro", out=str(tmp_path), settings=table_settings("9e"))
+    assert opts.out == tmp_path and opts.probe_train == 2000
 
 
 def test_grid_file_and_tables(tmp_path):
@@ -109,8 +124,9 @@ def test_parallelism_and_train_command(tmp_path):
     assert plan_parallelism(16, None, 4) == (4, 4)
     assert plan_parallelism(16, 2, None) == (2, 8)
     assert plan_parallelism(2, None, 4) == (1, 4)
-    opts = SweepOptions(preset="micro", out=tmp_path, overrides=["train.steps=4"])
-    run = expand({"objective.lambda1": [0.3]})[0]
+    grid = {"objective.lambda1": [0.3]}
+    opts = SweepOptions(preset="micro", out=tmp_path, grid=grid, overrides=["train.steps=4"])
+    run = expand(grid)[0]
     cmd = train_command(opts, run, threads=3, resume=True)
     assert cmd[1:4] == ["-m", "nclip", "train"]
     assert cmd[-6:] == ["--set", "objective.lambda1=0.3", "--set", "train.threads=3", "--resume", "auto"]

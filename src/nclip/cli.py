@@ -160,6 +160,9 @@ def _cmd_export(args) -> int:
 
 
 def _cmd_sweep(args) -> int:
+    from pydantic import ValidationError
+
+    from nclip.config import describe_validation_error
     from nclip.sweep import SweepOptions, load_grid_file, parse_grid, run_sweep, table_settings
 
     grid, settings = parse_grid(args.grid), None
@@ -172,13 +175,17 @@ def _cmd_sweep(args) -> int:
         if settings:
             raise NclipError("give either --table or settings in --grid-file, not both")
         settings = table_settings(args.table)
-    if args.probe_train < 10 or args.probe_test < 10:
-        raise NclipError("--probe-train and --probe-test must be >= 10")
-    opts = SweepOptions(preset=args.preset, out=args.out, grid=grid, settings=settings, overrides=args.overrides,
-                        parallel=args.parallel, threads=args.threads, resume=args.resume,
-                        probe_train=args.probe_train, probe_test=args.probe_test,
-                        source={"grid": args.grid, "grid_file": str(args.grid_file) if args.grid_file else None,
-                                "table": args.table})
+    def option(field: str) -> str:  # probe_train → --probe-train; "" for a check across options
+        return "--" + field.replace("_", "-") if field else ""
+
+    try:
+        opts = SweepOptions(preset=args.preset, out=args.out, grid=grid, settings=settings, overrides=args.overrides,
+                            parallel=args.parallel, threads=args.threads, resume=args.resume,
+                            probe_train=args.probe_train, probe_test=args.probe_test,
+                            source={"grid": args.grid, "grid_file": str(args.grid_file) if args.grid_file else None,
+                                    "table": args.table})
+    except ValidationError as e:  # one line, as the run config's: "sweep: --probe-train: ..."
+        raise NclipError(describe_validation_error(e, "sweep", option)) from None
     run_sweep(opts, log=lambda msg: print(msg, file=sys.stderr, flush=True))
     print((args.out / "table.md").read_text(), end="")
     return 0

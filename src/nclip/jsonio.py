@@ -53,9 +53,10 @@ def read_jsonl(path: str | Path) -> list[dict]:
     """The rows of a JSONL log (metrics.jsonl, episodes.jsonl): every line that decodes to a JSON
     object, in file order.
 
-    Everything else is skipped, never an error, wherever it is in the file: blank lines, a line
-    torn by a crash in the middle of writing it (the last one, also as a reader running beside the
-    writer may see it), a line that is not UTF-8 or not JSON, and JSON values that are not objects. A log is evidence of what a run did, and a damaged line must not make the rest
+    Everything else is skipped, never an error, wherever it is in the file: blank lines; a line
+    torn by a crash in the middle of writing it (the last line, which is also what a reader running
+    beside the writer may see); a line that is not UTF-8 or not JSON; a JSON value that is not an
+    object. A log is evidence of what a run did, and one damaged line must not make the rest
     unreadable. A file that does not exist (yet) has no rows. ``NaN``/``Infinity`` read as floats.
     """
     return [row for _, row in _jsonl_rows(Path(path))]

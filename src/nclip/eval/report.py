@@ -23,6 +23,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from nclip.jsonio import read_jsonl
+
 # metrics shown as percentages (fractions in results.json)
 _PERCENT = ("top1", "top5", "mean_per_class", "chance", "mean_recall", "mAP", "ari", "ami", "nmi", "jaccard",
             "mean_heads", "mean_top1", "relative", "mean_relative")
@@ -390,15 +392,8 @@ def realms_figure(per: dict[str, dict], baseline: dict[str, float] | None, datas
 
 
 def read_metrics(path: Path) -> list[dict]:
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and "step" in row:
-            rows.append(row)
-    return rows
+    """The logged steps of a run's metrics.jsonl (damaged lines skipped, as :func:`nclip.jsonio.read_jsonl`)."""
+    return [row for row in read_jsonl(path) if "step" in row]
 
 
 def curve_panels(keys: list[str]) -> list[tuple[str, list[str]]]:
