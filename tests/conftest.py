@@ -1,20 +1,36 @@
+import json
 import os
 
 import pytest
 import torch
+
+from nclip.config import load_preset
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
-# Overrides that make any preset a seconds-long run (also for module-scoped fixtures, which cannot
-# use the function-scoped fixture below).
+def micro_sizes() -> list[str]:
+    """The data and model sizes of presets/micro.yaml as overrides: with them any preset makes a
+    seconds-long run. The one place the tests take their tiny sizes from."""
+    raw = load_preset("micro")
+    sizes = {"data": {k: v for k, v in raw["data"].items() if k != "source"}, "model": raw["model"]}
+    return [f"{key}={json.dumps(value)}" for key, value in _leaves(sizes)]
+
+
+def _leaves(tree: dict, prefix: str = ""):
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+# micro sizes and a six-step schedule (also for module-scoped fixtures, which cannot use the
+# function-scoped fixture below)
 MICRO_OVERRIDES = (
-    "data.image_size=16", "data.text_length=16",
-    "model.vision.patch_size=4", "model.vision.width=32", "model.vision.layers=1", "model.vision.heads=2",
-    "model.text.width=32", "model.text.layers=1", "model.text.heads=2",
-    "model.embed_dim=32", "model.nclip_hidden=64", "model.nclip_dim=128",
+    *micro_sizes(),
     "train.steps=6", "train.batch_size=8", "train.warmup_steps=1", "train.log_every=2",
     "train.checkpoint_every=3", "eval.samples=32", "eval.batch_size=32",
 )

@@ -9,6 +9,7 @@ import pytest
 from nclip.cli import main
 
 
+@pytest.mark.slow
 def test_train_end_to_end(tmp_path, micro_overrides, capsys):
     out = tmp_path / "run"
     args = ["train", "--preset", "micro", "--out", str(out), "--no-progress"]
@@ -41,6 +42,7 @@ def test_train_end_to_end(tmp_path, micro_overrides, capsys):
         (["frobnicate"], "invalid choice"),
     ],
 )
+@pytest.mark.slow
 def test_user_errors_are_one_line_exit_2(argv, needle, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "nclip", *argv], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 2

@@ -15,9 +15,12 @@ import json
 import pytest
 import torch
 
+from conftest import micro_sizes
 from distributed_utils import combine_ranks, loss_and_grads, run_ranks, split_rows
 from nclip import distributed as collectives
 from nclip.objectives import functional
+
+pytestmark = pytest.mark.slow  # every test here trains or spawns processes
 
 WORLD = 2
 B, DIM, K = 8, 6, 5
@@ -132,12 +135,7 @@ def test_collectives_are_identities_without_a_process_group():
 # a real (tiny) dual encoder with global-batch BatchNorm in the nCLIP heads, under DDP and FSDP2
 # --------------------------------------------------------------------------------------------
 
-MODEL_OVERRIDES = [
-    "data.image_size=16", "data.text_length=8", "model.vision.patch_size=8", "model.vision.width=16",
-    "model.vision.layers=1", "model.vision.heads=2", "model.text.width=16", "model.text.layers=1",
-    "model.text.heads=2", "model.embed_dim=8", "model.nclip_hidden=16", "model.nclip_dim=8",
-    "objective.name=xclip", "model.sync_batchnorm=true",
-]
+MODEL_OVERRIDES = micro_sizes() + ["objective.name=xclip", "model.sync_batchnorm=true"]
 CAPTIONS = ["a red circle", "two blue squares", "a green star", "a small yellow triangle",
             "three big circles", "a purple cross", "an orange heart", "one grey square"]
 
@@ -229,6 +227,7 @@ def test_dual_encoder_grads_match_single_process(model_results, model_reference,
 
 RUN_OVERRIDES = ["train.steps=4", "train.batch_size=8", "train.log_every=1", "train.checkpoint_every=2",
                  "train.warmup_steps=1", "data.train_length=64", "train.threads=1"]
+
 
 
 def _run_cfg(*extra):

@@ -66,6 +66,7 @@ PROTOCLIP_MICRO = [  # ProtoCLIP's episodic trainer: prototypes from episode 1 o
     ("micro", [], ("loss", "clip/loss", "nclip/L_HE")),
     ("protoclip-tiny", PROTOCLIP_MICRO, ("loss", "clip/loss")),
 ])
+@pytest.mark.slow
 def test_logged_losses_are_not_on_the_bf16_grid(tmp_path, micro_overrides, preset, extra, keys):
     cfg = resolve(preset, micro_overrides + extra + ["train.precision=bf16", "train.steps=8", "train.log_every=1",
                                                      "train.checkpoint_every=8"])

@@ -289,5 +289,6 @@ def _two_rank_checks(rank, world):
         torch.testing.assert_close(getattr(objs[0], buf), getattr(objs[1], buf), msg=buf)
 
 
+@pytest.mark.slow
 def test_two_ranks_match_one_process():
     run_ranks(_two_rank_checks, 2)

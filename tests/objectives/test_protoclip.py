@@ -207,6 +207,7 @@ def test_kmeans_methods():
         km.kmeans(x[:3], 4)
 
 
+@pytest.mark.slow
 def test_teacher_cache_and_pca(tmp_path, monkeypatch):
     cfg = resolve("protoclip-tiny", ["data.train_length=24", f"objective.ext_cache_dir={tmp_path}"])
     calls = []
@@ -287,6 +288,7 @@ def shared_cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("teacher-cache"))
 
 
+@pytest.mark.slow
 def test_episodic_run_end_to_end(tmp_path, capsys, shared_cache):
     out = tmp_path / "run"
     args = ["train", "--preset", "protoclip-tiny", "--out", str(out), "--no-progress"]
@@ -404,6 +406,7 @@ def _episodic_rank(rank, world, root, cache):
     return True
 
 
+@pytest.mark.slow
 def test_two_ranks_match_one_process(tmp_path, shared_cache):
     """The objective: loss and gradients of 2 ranks with half the batch each = 1 process with the
     whole batch, and the broadcast episode state = rank 0's. The episodic loop: sharded extraction
@@ -425,6 +428,7 @@ def test_two_ranks_match_one_process(tmp_path, shared_cache):
     assert sum("proto/L_proto" in r for r in rows[1]) == 4  # episodes 1 and 2 (episode 0 warms up)
 
 
+@pytest.mark.slow
 def test_resume_in_the_middle_of_an_episode_is_exact(tmp_path, shared_cache):
     import shutil
 

@@ -200,6 +200,7 @@ def test_too_many_bad_samples_stop_with_the_shard_name(tmp_path, tokenizer):
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_stream_resumes_exactly_from_its_saved_position(tmp_path, tokenizer):
     urls = _write(tmp_path, 30, shard_size=7)
     cfg = _cfg("data.source=webdataset", f"data.shards={urls}", "data.shuffle_buffer=6", "data.num_workers=2",
@@ -223,6 +224,7 @@ def test_stream_resumes_exactly_from_its_saved_position(tmp_path, tokenizer):
     assert len(other) == 4 and not torch.equal(other[0][0], full[3][0])
 
 
+@pytest.mark.slow
 def test_training_on_shards_resumes_bitwise(tmp_path):
     from nclip.train.checkpoint import list_checkpoints
     from nclip.train.loop import train
@@ -248,6 +250,7 @@ def test_training_on_shards_resumes_bitwise(tmp_path):
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_csv_source_skips_bad_rows_and_trains(tmp_path, tokenizer):
     from PIL import Image
 

@@ -80,6 +80,7 @@ def user_data(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_eval_end_to_end_cache_report_compare(xclip_run, user_data, tmp_path, capsys, monkeypatch):
     out1 = tmp_path / "eval1"
     datasets = ["--dataset", "synthetic", "--dataset", f"folder:{user_data / 'folder'}",
@@ -163,6 +164,7 @@ def test_eval_end_to_end_cache_report_compare(xclip_run, user_data, tmp_path, ca
         (["--checkpoint", "{run}"], "--checkpoint and --out are required"),
     ],
 )
+@pytest.mark.slow
 def test_eval_errors_are_one_line_exit_2(xclip_run, tmp_path, capsys, argv, needle):
     (tmp_path / "bad.csv").write_text("image,caption\nbad.csv,the csv itself is a file\nmissing.png,x\n")
     argv = [a.format(tmp=tmp_path, run=xclip_run) for a in argv]
@@ -171,6 +173,7 @@ def test_eval_errors_are_one_line_exit_2(xclip_run, tmp_path, capsys, argv, need
     assert needle in err and len(err.splitlines()) == 1 and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_every_kind_of_checkpoint(tmp_path, xclip_run, capsys):
     # nCLIP only: zero-shot through -L_CE; the CLIP head does not exist
     nclip_dir = _untrained(tmp_path, "nclip")

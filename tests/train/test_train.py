@@ -9,6 +9,7 @@ from nclip.train.loop import train
 from nclip.train.optim import lr_at
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", ["clip", "xclip"])
 def test_loss_falls(tmp_path, micro_overrides, objective):
     cfg = resolve("micro", micro_overrides + [
@@ -33,6 +34,7 @@ def test_warmup_then_cosine():
     assert all(a >= b for a, b in zip(lrs, lrs[1:]))
 
 
+@pytest.mark.slow
 def test_collapse_warnings_reach_the_log_and_stderr(tmp_path, micro_overrides, monkeypatch, capsys):
     from nclip.train import monitors
 

@@ -10,15 +10,14 @@ import torch
 
 import nclip.train.loop as loop_mod
 from nclip.cli import main
+from conftest import micro_sizes
+
 from nclip.config import resolve
 from nclip.errors import NclipError
 from nclip.train.checkpoint import list_checkpoints, read_checkpoint
 from nclip.train.loop import train
 
-OVERRIDES = [
-    "data.image_size=16", "data.text_length=12", "model.vision.patch_size=8", "model.vision.width=16",
-    "model.vision.layers=1", "model.vision.heads=2", "model.text.width=16", "model.text.layers=1",
-    "model.text.heads=2", "model.embed_dim=16", "model.nclip_hidden=32", "model.nclip_dim=32",
+OVERRIDES = micro_sizes() + [
     "train.steps=8", "train.batch_size=16", "train.warmup_steps=1", "train.log_every=1",
     "train.checkpoint_every=2", "train.keep_checkpoints=10", "train.threads=1", "data.train_length=128",
 ]
@@ -52,6 +51,7 @@ def _rows(run):
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_nonfinite_steps_are_skipped_and_counted(tmp_path, monkeypatch):
     _poison_batches(monkeypatch, {2, 3})
     train(resolve("micro", OVERRIDES), tmp_path, progress=False, evaluate=False)
@@ -65,6 +65,7 @@ def test_nonfinite_steps_are_skipped_and_counted(tmp_path, monkeypatch):
     assert state["counters"] == {"nonfinite_total": 2, "nonfinite_row": 0}
 
 
+@pytest.mark.slow
 def test_too_many_nonfinite_steps_in_a_row_stop_the_run(tmp_path, monkeypatch):
     _poison_batches(monkeypatch, set(range(5, 100)))
     cfg = resolve("micro", OVERRIDES + ["train.max_nonfinite_steps=3"])
@@ -82,6 +83,7 @@ class Payload:
         self.note = "not a tensor"
 
 
+@pytest.mark.slow
 def test_a_checkpoint_that_would_unpickle_code_is_refused(tmp_path, capsys):
     cfg = resolve("micro", OVERRIDES + ["train.steps=2"])
     train(cfg, tmp_path, progress=False, evaluate=False)

@@ -3,6 +3,7 @@ metrics.jsonl as a run never interrupted: bitwise, on CPU, wall-clock fields asi
 
 from __future__ import annotations
 
+import pytest
 import json
 import os
 import random
@@ -14,15 +15,16 @@ import time
 import torch
 
 from nclip.cli import main
+from conftest import micro_sizes
+
 from nclip.config import resolve
 from nclip.train.checkpoint import list_checkpoints, read_checkpoint
 from nclip.train.loop import train
 
+pytestmark = pytest.mark.slow  # every test here trains or spawns processes
+
 # tiny widths, batch 16, 30 steps; checkpoints every 4 steps, a log line every step
-OVERRIDES = [
-    "data.image_size=16", "data.text_length=12", "model.vision.patch_size=8", "model.vision.width=16",
-    "model.vision.layers=1", "model.vision.heads=2", "model.text.width=16", "model.text.layers=1",
-    "model.text.heads=2", "model.embed_dim=16", "model.nclip_hidden=32", "model.nclip_dim=32",
+OVERRIDES = micro_sizes() + [
     "train.steps=30", "train.batch_size=16", "train.warmup_steps=3", "train.log_every=1",
     "train.checkpoint_every=4", "train.keep_checkpoints=3", "train.threads=1", "data.train_length=256",
 ]
@@ -70,6 +72,7 @@ def test_sigkill_then_resume_writes_the_same_metrics(tmp_path):
     got = _rows(metrics)
     assert got == expected, f"killed after {logged} logged steps; first difference at step " + str(
         next((a["step"] for a, b in zip(got, expected) if a != b), "?"))
+
 
 
 def test_resume_skips_a_damaged_newest_checkpoint(tmp_path):

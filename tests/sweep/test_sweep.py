@@ -191,6 +191,7 @@ def micro_sweep(tmp_path_factory):
     return {"out": out, "code": code, "bad": root / "bad", "bad_code": bad.get("code")}
 
 
+@pytest.mark.slow
 def test_micro_sweep_end_to_end(micro_sweep, capsys):
     out = micro_sweep["out"]
     assert micro_sweep["code"] == 0
@@ -219,6 +220,7 @@ def test_micro_sweep_end_to_end(micro_sweep, capsys):
     assert (out / "curves.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_resume_skips_finished_runs(micro_sweep, capsys):
     out = micro_sweep["out"]
     stamps = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/metrics.jsonl")}
@@ -237,6 +239,7 @@ def test_resume_skips_finished_runs(micro_sweep, capsys):
     assert "resume it with the same options" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_failed_run_is_recorded_and_the_sweep_completes(micro_sweep):
     bad = micro_sweep["bad"]
     assert micro_sweep["bad_code"] == 0  # a failed run does not fail the sweep

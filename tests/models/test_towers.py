@@ -42,6 +42,7 @@ def test_convnet_feature_depends_on_where_things_are(micro_overrides):
         assert (tower(left) - tower(right)).abs().max() > 1e-3
 
 
+@pytest.mark.slow
 def test_convnet_trains_and_export_refuses_it(tmp_path, micro_overrides, capsys):
     out = tmp_path / "run"
     args = ["train", "--preset", "micro", "--out", str(out), "--no-progress"]

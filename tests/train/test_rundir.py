@@ -174,6 +174,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_no_command_destroys_a_run(case: Case, runs, tmp_path, capsys):
     run = tmp_path / "R"
@@ -193,6 +194,7 @@ def test_no_command_destroys_a_run(case: Case, runs, tmp_path, capsys):
         case.check(run, before)
 
 
+@pytest.mark.slow
 def test_a_failed_start_leaves_nothing_behind(tmp_path, capsys):
     """A run that cannot start (here: missing data) writes nothing, so fixing it needs no --force."""
     run = tmp_path / "R"
@@ -243,6 +245,7 @@ def _decisions_on_every_rank(rank, world, run):
     return out
 
 
+@pytest.mark.slow
 def test_every_rank_takes_the_same_decision(runs, tmp_path):
     from distributed_utils import run_ranks
 
