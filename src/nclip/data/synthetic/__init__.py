@@ -31,37 +31,24 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image, ImageDraw
 
+from nclip.data.synthetic.picker import Picker
+from nclip.data.synthetic.shapes import (
+    BACKGROUNDS,
+    COLOURS,
+    COUNT_NAMES,
+    JITTER_DEG,
+    REALMS,
+    RGB,
+    SHAPE_PARTS,
+    SHAPE_REALM,
+    SHAPE_TURNS,
+    SHAPES,
+    SIZES,
+)
 from nclip.data.types import LabelSpace, Sample
 
-# ---------------------------------------------------------------------------------------------
-# Vocabulary. Class names are the exact words the captions use, so zero-shot prompts built from
-# ``label_spaces`` match the training text.
-# ---------------------------------------------------------------------------------------------
-
-SHAPES: tuple[str, ...] = (
-    "triangle", "square", "pentagon", "hexagon", "rectangle",      # realm 0: polygons
-    "circle", "ellipse", "crescent", "ring", "semicircle",         # realm 1: curved shapes
-    "star", "cross", "arrow", "diamond", "heart",                  # realm 2: symbols
-)  # fmt: skip
-REALMS: tuple[str, ...] = ("polygon", "curved shape", "symbol")
-SHAPE_REALM: tuple[int, ...] = (0,) * 5 + (1,) * 5 + (2,) * 5
-COLOURS: tuple[str, ...] = (
-    "red", "orange", "yellow", "green", "cyan", "blue", "purple", "pink", "white", "black",
-)  # fmt: skip
-COUNT_NAMES: tuple[str, ...] = ("one", "two", "three", "four", "five", "six")
-SIZES: tuple[str, ...] = ("small", "large")
 SPLITS: tuple[str, ...] = ("train", "val", "test")
-BACKGROUNDS: tuple[str, ...] = ("noisy", "gradient", "striped")
-
 _PLURAL = {"cross": "crosses"}  # every other noun takes a plain "s"
-# Base RGB of each colour, far from the mid-grey backgrounds so objects stay clearly visible.
-_RGB = np.array(
-    [
-        [220, 35, 35], [245, 140, 20], [235, 215, 40], [40, 170, 60], [40, 210, 220],
-        [35, 70, 215], [140, 50, 190], [245, 130, 190], [240, 240, 240], [25, 25, 25],
-    ],
-    dtype=np.int16,
-)  # fmt: skip
 # Radius (of the shape's bounding circle) as a fraction of the image side, per size class.
 _RADIUS = ((0.10, 0.13), (0.17, 0.22))
 _MIN_SEPARATION = 0.85  # centres at least this times (r1 + r2) apart: small overlaps only
@@ -78,107 +65,6 @@ def _plural(noun: str) -> str:
 
 def _article(word: str) -> str:
     return "an" if word[0] in "aeiou" else "a"
-
-
-# ---------------------------------------------------------------------------------------------
-# Shape geometry: each shape is a few polygons in unit coordinates (x right, y down, inside the
-# unit circle), drawn with fill (True) or cleared (False) in order, so rings and crescents are
-# a disc minus a disc.
-# ---------------------------------------------------------------------------------------------
-
-
-def _arc(n: int, radius: float = 1.0, start_deg: float = 0.0, stop_deg: float = 360.0,
-         centre: tuple[float, float] = (0.0, 0.0), closed: bool = True) -> np.ndarray:
-    """[n, 2] points on a circular arc (``closed``: the end point is left out)."""
-    t = np.deg2rad(np.linspace(start_deg, stop_deg, n, endpoint=not closed))
-    return np.stack([centre[0] + radius * np.cos(t), centre[1] + radius * np.sin(t)], axis=1)
-
-
-def _heart(n: int = 36) -> np.ndarray:
-    """[n, 2] classic parametric heart, scaled into the unit circle and centred."""
-    t = np.linspace(0, 2 * np.pi, n, endpoint=False)
-    x = 16 * np.sin(t) ** 3
-    y = -(13 * np.cos(t) - 5 * np.cos(2 * t) - 2 * np.cos(3 * t) - np.cos(4 * t))
-    pts = np.stack([x, y + 2.5], axis=1)
-    return pts / np.abs(pts).max()
-
-
-def _star(points: int = 5, inner: float = 0.42) -> np.ndarray:
-    radii = np.tile([1.0, inner], points)
-    t = np.deg2rad(-90 + np.arange(2 * points) * 180 / points)
-    return np.stack([radii * np.cos(t), radii * np.sin(t)], axis=1)
-
-
-def _poly(*xy: float) -> np.ndarray:
-    return np.asarray(xy, dtype=np.float64).reshape(-1, 2)
-
-
-_W = 0.33  # half width of a cross arm
-_SHAPE_PARTS: tuple[tuple[tuple[np.ndarray, bool], ...], ...] = (
-    ((_arc(3, start_deg=-90), True),),                                   # triangle
-    ((_arc(4, start_deg=45), True),),                                    # square
-    ((_arc(5, start_deg=-90), True),),                                   # pentagon
-    ((_arc(6), True),),                                                  # hexagon
-    ((_poly(-0.87, -0.48, 0.87, -0.48, 0.87, 0.48, -0.87, 0.48), True),),  # rectangle
-    ((_arc(32), True),),                                                 # circle
-    ((_arc(32) * (1.0, 0.55), True),),                                   # ellipse
-    ((_arc(32), True), (_arc(32, 0.85, centre=(0.5, 0.0)), False)),      # crescent
-    ((_arc(32), True), (_arc(24, 0.55), False)),                         # ring
-    ((_arc(17, 1.0, 180, 360, centre=(0, 0.4), closed=False), True),),   # semicircle
-    ((_star(), True),),                                                  # star
-    ((_poly(-_W, -1, _W, -1, _W, -_W, 1, -_W, 1, _W, _W, _W,
-            _W, 1, -_W, 1, -_W, _W, -1, _W, -1, -_W, -_W, -_W) * 0.95, True),),  # cross
-    ((_poly(-1, -0.25, 0.15, -0.25, 0.15, -0.65, 1, 0,
-            0.15, 0.65, 0.15, 0.25, -1, 0.25), True),),                   # arrow
-    ((_poly(0, -1, 0.62, 0, 0, 1, -0.62, 0), True),),                    # diamond
-    ((_heart(), True),),                                                 # heart
-)  # fmt: skip
-# Base orientations (multiples of 90 degrees) a shape may take before a small jitter. Shapes whose
-# identity survives any quarter turn get 4; shapes that would turn into another one (a square
-# turned 45 degrees is a diamond) only get the jitter.
-_SHAPE_TURNS = (1, 1, 1, 1, 2, 1, 2, 4, 1, 4, 1, 1, 4, 2, 1)
-_JITTER_DEG = 20.0
-
-assert len(SHAPES) == len(_SHAPE_PARTS) == len(SHAPE_REALM) == len(_SHAPE_TURNS)
-assert len(COLOURS) == len(_RGB)
-
-
-# ---------------------------------------------------------------------------------------------
-# Cheap discrete choices. One numpy call per ~64 choices instead of one per choice: per-call
-# overhead of numpy's Generator dominates the generation time otherwise.
-# ---------------------------------------------------------------------------------------------
-
-
-class _Picker:
-    """Uniform draws from a buffered ``numpy.random.Generator`` (deterministic given the rng)."""
-
-    def __init__(self, rng: np.random.Generator, block: int = 64):
-        self._rng, self._block = rng, block
-        self._buf: list[float] = []
-        self._pos = 0
-
-    def uniform(self) -> float:
-        if self._pos == len(self._buf):
-            self._buf, self._pos = self._rng.random(self._block).tolist(), 0
-        self._pos += 1
-        return self._buf[self._pos - 1]
-
-    def chance(self, p: float) -> bool:
-        return self.uniform() < p
-
-    def index(self, n: int) -> int:
-        return min(int(self.uniform() * n), n - 1)
-
-    def choice(self, seq: Sequence):
-        return seq[self.index(len(seq))]
-
-    def sample(self, seq: Sequence, k: int) -> list:
-        """k distinct items of ``seq`` in random order (partial Fisher–Yates)."""
-        items = list(seq)
-        for j in range(k):
-            r = j + self.index(len(items) - j)
-            items[j], items[r] = items[r], items[j]
-        return items[:k]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,8 +104,8 @@ def _place(rng: np.random.Generator, radius: float, centres: np.ndarray, radii: 
     return cand[int(clearance.argmax())], False
 
 
-def _layout(rng: np.random.Generator, pick: _Picker, side: int, max_objects: int,
-            shape_pick: _Picker | None = None) -> list[_Obj]:
+def _layout(rng: np.random.Generator, pick: Picker, side: int, max_objects: int,
+            shape_pick: Picker | None = None) -> list[_Obj]:
     """Random objects with little overlap; a large object that finds no room becomes small.
 
     With ``shape_pick`` the shapes come from it and everything else from ``pick``/``rng``: every
@@ -241,8 +127,8 @@ def _layout(rng: np.random.Generator, pick: _Picker, side: int, max_objects: int
             if ok or size == 0:
                 break
             size = 0  # no room for a large one: try small before accepting an overlap
-        turns = pick.index(_SHAPE_TURNS[shape])
-        angle = math.radians(90.0 * turns + _JITTER_DEG * (2 * pick.uniform() - 1))
+        turns = pick.index(SHAPE_TURNS[shape])
+        angle = math.radians(90.0 * turns + JITTER_DEG * (2 * pick.uniform() - 1))
         objs.append(_Obj(shape, colour, size, radius, float(centre[0]), float(centre[1]), angle))
         centres[k], radii[k] = centre, radius
     return objs
@@ -254,7 +140,7 @@ def _object_mask(obj: _Obj, side: int) -> np.ndarray:
     rot = np.array([[c, s], [-s, c]]) * obj.radius  # row-vector convention: p' = p @ rot + centre
     canvas = Image.new("L", (side, side), 0)
     draw = ImageDraw.Draw(canvas)
-    for verts, fill in _SHAPE_PARTS[obj.shape]:
+    for verts, fill in SHAPE_PARTS[obj.shape]:
         pts = verts @ rot + (obj.cx, obj.cy)
         draw.polygon(pts.ravel().tolist(), fill=255 if fill else 0)
     return np.asarray(canvas) > 0
@@ -273,7 +159,7 @@ class _Grid(NamedTuple):
     y: np.ndarray  # float32 [S, S] row coordinate in [-0.5, 0.5]
 
 
-def _background(rng: np.random.Generator, pick: _Picker, kind: int, grid: _Grid) -> np.ndarray:
+def _background(rng: np.random.Generator, pick: Picker, kind: int, grid: _Grid) -> np.ndarray:
     """int16 [3, S, S] (channel planes) low-contrast background: noise, gradient or stripes.
 
     Values stay within [50, 205] so no clipping is needed, and objects (saturated colours,
@@ -298,7 +184,7 @@ def _background(rng: np.random.Generator, pick: _Picker, kind: int, grid: _Grid)
     return pattern.astype(np.int16)[None] + base.astype(np.int16)[:, None, None]
 
 
-def _render(rng: np.random.Generator, pick: _Picker, objs: list[_Obj], kind: int,
+def _render(rng: np.random.Generator, pick: Picker, objs: list[_Obj], kind: int,
             grid: _Grid) -> tuple[np.ndarray, list[_Obj], np.ndarray, np.ndarray]:
     """Draw a scene.
 
@@ -321,7 +207,7 @@ def _render(rng: np.random.Generator, pick: _Picker, objs: list[_Obj], kind: int
     planes = _background(rng, pick, kind, grid)  # int16 [3, S, S]
     for k, obj in enumerate(objs):
         for c in range(3):  # each object's colour jitters by up to +-12 per channel
-            value = _RGB[obj.colour, c] + pick.index(25) - 12
+            value = RGB[obj.colour, c] + pick.index(25) - 12
             planes[c][visible[k]] = min(max(value, 0), 255)
     image = np.empty((side, side, 3), dtype=np.uint8)
     for c in range(3):
@@ -360,7 +246,7 @@ def _join(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def _phrase(obj: _Obj, pick: _Picker, size_word: bool = False, colour: bool = True,
+def _phrase(obj: _Obj, pick: Picker, size_word: bool = False, colour: bool = True,
             article: str | None = None) -> str:
     """Noun phrase of one object: 'a red star', 'the big red star', 'an ellipse'."""
     words = []
@@ -394,7 +280,7 @@ def _relation(a: _Obj, b: _Obj) -> str:
     return "above" if dy > 0 else "below"
 
 
-def _list_caption(objs: list[_Obj], main: int, pick: _Picker, bg: str) -> str:
+def _list_caption(objs: list[_Obj], main: int, pick: Picker, bg: str) -> str:
     """'a picture of a large red star and a small blue circle.' (main object first)."""
     others = [o for k, o in enumerate(objs) if k != main]
     order = [objs[main]] + pick.sample(others, len(others))
@@ -403,7 +289,7 @@ def _list_caption(objs: list[_Obj], main: int, pick: _Picker, bg: str) -> str:
     return pick.choice(_LIST_TEMPLATES).format(items, bg=bg)
 
 
-def _count_caption(objs: list[_Obj], main: int, pick: _Picker, bg: str) -> str:
+def _count_caption(objs: list[_Obj], main: int, pick: Picker, bg: str) -> str:
     """'three shapes: two red stars and a blue circle.' (groups of equal shape and colour)."""
     groups: dict[tuple[int, int], int] = {}
     for o in [objs[main]] + [o for k, o in enumerate(objs) if k != main]:
@@ -421,7 +307,7 @@ def _count_caption(objs: list[_Obj], main: int, pick: _Picker, bg: str) -> str:
     return template.format(_join(parts), n=COUNT_NAMES[n - 1], noun=noun, bg=bg)
 
 
-def _relation_caption(objs: list[_Obj], main: int, pick: _Picker, bg: str, side: int) -> str:
+def _relation_caption(objs: list[_Obj], main: int, pick: Picker, bg: str, side: int) -> str:
     """'a red star left of a blue circle, with a green square.'; alone: 'a red star on the left.'"""
     a = objs[main]
     if len(objs) == 1:
@@ -443,7 +329,7 @@ def _relation_caption(objs: list[_Obj], main: int, pick: _Picker, bg: str, side:
     return pick.choice(_RELATION_TEMPLATES).format(core, bg=bg)
 
 
-def _loose_caption(objs: list[_Obj], main: int, pick: _Picker) -> str:
+def _loose_caption(objs: list[_Obj], main: int, pick: Picker) -> str:
     """A true but partial caption, never equal to a faithful one (those name every object with
     its colour): only the main shape's realm, only some objects, or only a colour."""
     mode = pick.uniform()
@@ -465,7 +351,7 @@ def _loose_caption(objs: list[_Obj], main: int, pick: _Picker) -> str:
     return pick.choice(_LOOSE_COLOUR_TEMPLATES).format(colour)
 
 
-def _reference_captions(objs: list[_Obj], main: int, pick: _Picker, bg: str,
+def _reference_captions(objs: list[_Obj], main: int, pick: Picker, bg: str,
                         side: int) -> tuple[str, ...]:
     """2–3 faithful captions, each from a different caption kind, so they are distinct."""
     kinds = pick.sample((0, 1, 2), 2 + pick.index(2))
@@ -578,13 +464,13 @@ class SyntheticScenes(Sequence):
         rng = np.random.default_rng([self.seed, _SALT, split, i])
         side = self.image_size
         # Image first, captions after: the picture does not depend on the caption settings.
-        pick = _Picker(rng)  # scalar draws; array draws (positions, noise) come from rng
+        pick = Picker(rng)  # scalar draws; array draws (positions, noise) come from rng
         if self.hard_negative_group == 1:
             scene_rng, scene_pick, shape_pick = rng, pick, None
         else:  # the group's stream draws the scene, this sample's stream only the shapes
             group = i // self.hard_negative_group
             scene_rng = np.random.default_rng([self.seed, _SALT, split, _GROUP_TAG, group])
-            scene_pick, shape_pick = _Picker(scene_rng), pick
+            scene_pick, shape_pick = Picker(scene_rng), pick
         objs = _layout(scene_rng, scene_pick, side, self.max_objects, shape_pick)
         bg_kind = scene_pick.index(len(BACKGROUNDS))
         image, objs, masks, counts = _render(scene_rng, scene_pick, objs, bg_kind, self._grid)
@@ -634,17 +520,17 @@ _STS_WEIGHTS = {"shape": 2.0, "realm": 1.0, "colour": 1.5, "count": 1.0}
 _STS_RELATION_WEIGHT = 1.0
 
 
-def _random_group(pick: _Picker) -> _Group:
+def _random_group(pick: Picker) -> _Group:
     return _Group(pick.index(len(SHAPES)), pick.index(len(COLOURS)), 1 + pick.index(3))
 
 
-def _random_description(pick: _Picker) -> _Description:
+def _random_description(pick: Picker) -> _Description:
     if pick.chance(0.3):
         return _Description(_random_group(pick), None, None)
     return _Description(_random_group(pick), pick.choice(tuple(_INVERSE)), _random_group(pick))
 
 
-def _mutate(desc: _Description, pick: _Picker, p: float) -> _Description:
+def _mutate(desc: _Description, pick: Picker, p: float) -> _Description:
     """Re-draw each attribute of ``desc`` with probability p (p = 0 keeps it)."""
     def group(g: _Group) -> _Group:
         shape = pick.index(len(SHAPES)) if pick.chance(p) else g.shape
@@ -704,7 +590,7 @@ def _group_text(g: _Group) -> str:
 _STS_TEMPLATES = ("{}.", "a picture of {}.", "an image with {}.", "we see {}.")
 
 
-def _describe(d: _Description, pick: _Picker) -> str:
+def _describe(d: _Description, pick: Picker) -> str:
     """Caption of a description, in a random paraphrase (relation possibly said backwards)."""
     if d.second is None:
         core = _group_text(d.first)
@@ -726,7 +612,7 @@ def sts_pairs(n: int, seed: int = 0) -> list[tuple[str, str, float]]:
     """
     n = _check_int("n", n, 0)
     seed = _check_int("seed", seed, 0)
-    pick = _Picker(np.random.default_rng([seed, _STS_SALT]))
+    pick = Picker(np.random.default_rng([seed, _STS_SALT]))
     pairs = []
     for _ in range(n):
         a = _random_description(pick)
