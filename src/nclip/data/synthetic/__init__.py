@@ -23,36 +23,19 @@ image does not depend on ``loose_caption_prob`` (the caption draws come after th
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
-from PIL import Image, ImageDraw
 
 from nclip.data.synthetic.picker import Picker
-from nclip.data.synthetic.shapes import (
-    BACKGROUNDS,
-    COLOURS,
-    COUNT_NAMES,
-    JITTER_DEG,
-    REALMS,
-    RGB,
-    SHAPE_PARTS,
-    SHAPE_REALM,
-    SHAPE_TURNS,
-    SHAPES,
-    SIZES,
-)
+from nclip.data.synthetic.render import Grid, Obj, layout, render
+from nclip.data.synthetic.shapes import BACKGROUNDS, COLOURS, COUNT_NAMES, REALMS, SHAPE_REALM, SHAPES, SIZES
 from nclip.data.types import LabelSpace, Sample
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 _PLURAL = {"cross": "crosses"}  # every other noun takes a plain "s"
-# Radius (of the shape's bounding circle) as a fraction of the image side, per size class.
-_RADIUS = ((0.10, 0.13), (0.17, 0.22))
-_MIN_SEPARATION = 0.85  # centres at least this times (r1 + r2) apart: small overlaps only
-_MIN_VISIBLE = 0.3  # an object must keep this share of its pixels, else it is dropped
 _SALT = 0x5C3E  # separates this generator's streams from other users of the same seed
 _STS_SALT = 0x575
 _GROUP_TAG = 0x6E  # the streams of hard-negative groups, apart from those of single samples
@@ -65,154 +48,6 @@ def _plural(noun: str) -> str:
 
 def _article(word: str) -> str:
     return "an" if word[0] in "aeiou" else "a"
-
-
-# ---------------------------------------------------------------------------------------------
-# Scene layout and rendering.
-# ---------------------------------------------------------------------------------------------
-
-
-class _Obj(NamedTuple):
-    """One object of a scene, in pixel units."""
-
-    shape: int
-    colour: int
-    size: int  # 0 small, 1 large
-    radius: float
-    cx: float
-    cy: float
-    angle: float  # radians
-
-
-def _place(rng: np.random.Generator, radius: float, centres: np.ndarray, radii: np.ndarray,
-           side: int, tries: int = 32) -> tuple[np.ndarray, bool]:
-    """A centre [2] for a new object that keeps clear of the placed ones (``centres`` [k, 2]).
-
-    Draws ``tries`` candidates at once; returns the first that is far enough from all placed
-    objects and True, or else the candidate with the largest clearance and False.
-    """
-    lo, hi = radius + 0.5, side - 1.5 - radius
-    cand = lo + (hi - lo) * rng.random((tries, 2))  # [T, 2]
-    if len(centres) == 0:
-        return cand[0], True
-    diff = cand[:, None, :] - centres[None, :, :]  # [T, k, 2]
-    dist = np.sqrt((diff * diff).sum(axis=2))  # [T, k]
-    clearance = (dist - _MIN_SEPARATION * (radius + radii)).min(axis=1)  # [T]
-    ok = clearance >= 0
-    if ok.any():
-        return cand[int(ok.argmax())], True
-    return cand[int(clearance.argmax())], False
-
-
-def _layout(rng: np.random.Generator, pick: Picker, side: int, max_objects: int,
-            shape_pick: Picker | None = None) -> list[_Obj]:
-    """Random objects with little overlap; a large object that finds no room becomes small.
-
-    With ``shape_pick`` the shapes come from it and everything else from ``pick``/``rng``: every
-    ``pick.index`` takes one draw whatever its range, so two calls with the same ``pick`` stream and
-    different ``shape_pick`` streams give the same layout with other shapes (a hard-negative group).
-    """
-    n = 1 + pick.index(max_objects)
-    objs: list[_Obj] = []
-    centres, radii = np.zeros((n, 2)), np.zeros(n)  # filled as objects are placed
-    for k in range(n):
-        shape, colour, size = pick.index(len(SHAPES)), pick.index(len(COLOURS)), pick.index(2)
-        if shape_pick is not None:
-            shape = shape_pick.index(len(SHAPES))
-        share = pick.uniform()  # where the radius lies in its size class
-        while True:
-            lo, hi = _RADIUS[size]
-            radius = side * (lo + (hi - lo) * share)
-            centre, ok = _place(rng, radius, centres[:k], radii[:k], side)
-            if ok or size == 0:
-                break
-            size = 0  # no room for a large one: try small before accepting an overlap
-        turns = pick.index(SHAPE_TURNS[shape])
-        angle = math.radians(90.0 * turns + JITTER_DEG * (2 * pick.uniform() - 1))
-        objs.append(_Obj(shape, colour, size, radius, float(centre[0]), float(centre[1]), angle))
-        centres[k], radii[k] = centre, radius
-    return objs
-
-
-def _object_mask(obj: _Obj, side: int) -> np.ndarray:
-    """bool [side, side]: the pixels the object covers when nothing hides it."""
-    c, s = math.cos(obj.angle), math.sin(obj.angle)
-    rot = np.array([[c, s], [-s, c]]) * obj.radius  # row-vector convention: p' = p @ rot + centre
-    canvas = Image.new("L", (side, side), 0)
-    draw = ImageDraw.Draw(canvas)
-    for verts, fill in SHAPE_PARTS[obj.shape]:
-        pts = verts @ rot + (obj.cx, obj.cy)
-        draw.polygon(pts.ravel().tolist(), fill=255 if fill else 0)
-    return np.asarray(canvas) > 0
-
-
-def _visible_masks(full: list[np.ndarray]) -> np.ndarray:
-    """bool [n, H, W] visible pixels of each object; later objects are drawn on top."""
-    owner = np.zeros(full[0].shape, dtype=np.uint8)  # 0 = background, k + 1 = object k
-    for k, mask in enumerate(full):
-        owner[mask] = k + 1
-    return owner[None] == np.arange(1, len(full) + 1, dtype=np.uint8)[:, None, None]
-
-
-class _Grid(NamedTuple):
-    x: np.ndarray  # float32 [S, S] column coordinate in [-0.5, 0.5]
-    y: np.ndarray  # float32 [S, S] row coordinate in [-0.5, 0.5]
-
-
-def _background(rng: np.random.Generator, pick: Picker, kind: int, grid: _Grid) -> np.ndarray:
-    """int16 [3, S, S] (channel planes) low-contrast background: noise, gradient or stripes.
-
-    Values stay within [50, 205] so no clipping is needed, and objects (saturated colours,
-    black and white) stand out. Planes, not [S, S, 3]: numpy is several times slower on
-    arrays whose last axis has length 3.
-    """
-    side = grid.x.shape[0]
-    grey = 95 + 65 * pick.uniform()
-    base = np.array([grey + 24 * pick.uniform() - 12 for _ in range(3)])  # [3] slight tint
-    if kind == 0:  # noisy: uniform noise of amplitude 12..20
-        amplitude = 12 + 8 * pick.uniform()
-        pattern = (rng.random((side, side), dtype=np.float32) - 0.5) * np.float32(2 * amplitude)
-    else:
-        theta = 2 * math.pi * pick.uniform()
-        along = grid.x * np.float32(math.cos(theta)) + grid.y * np.float32(math.sin(theta))
-        if kind == 1:  # gradient: up to +-30 over the half diagonal (|along| <= 0.71)
-            pattern = along * np.float32(25 + 17 * pick.uniform())
-        else:  # striped: 3 to 8 soft stripes across the image
-            freq, phase = 3 + 5 * pick.uniform(), 2 * math.pi * pick.uniform()
-            pattern = np.sin(along * np.float32(2 * math.pi * freq) + np.float32(phase))
-            pattern *= np.float32(8 + 6 * pick.uniform())
-    return pattern.astype(np.int16)[None] + base.astype(np.int16)[:, None, None]
-
-
-def _render(rng: np.random.Generator, pick: Picker, objs: list[_Obj], kind: int,
-            grid: _Grid) -> tuple[np.ndarray, list[_Obj], np.ndarray, np.ndarray]:
-    """Draw a scene.
-
-    Returns (uint8 image [S, S, 3], kept objects, visible masks bool [n, S, S], visible pixel
-    counts int [n]). An object hidden below ``_MIN_VISIBLE`` of its own area by later ones is
-    dropped (its caption would lie); that only happens when ``_layout`` accepted an overlap.
-    """
-    side = grid.x.shape[0]
-    full = [_object_mask(o, side) for o in objs]
-    area = np.array([np.count_nonzero(m) for m in full])  # [n]
-    while True:
-        visible = _visible_masks(full)  # [n, S, S]
-        counts = np.count_nonzero(visible, axis=(1, 2))  # [n]
-        keep = counts >= np.maximum(_MIN_VISIBLE * area, 1)
-        if keep.all():
-            break
-        objs = [o for o, k in zip(objs, keep) if k]
-        full = [m for m, k in zip(full, keep) if k]
-        area = area[keep]
-    planes = _background(rng, pick, kind, grid)  # int16 [3, S, S]
-    for k, obj in enumerate(objs):
-        for c in range(3):  # each object's colour jitters by up to +-12 per channel
-            value = RGB[obj.colour, c] + pick.index(25) - 12
-            planes[c][visible[k]] = min(max(value, 0), 255)
-    image = np.empty((side, side, 3), dtype=np.uint8)
-    for c in range(3):
-        image[:, :, c] = planes[c]
-    return image, objs, visible, counts
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,7 +81,7 @@ def _join(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def _phrase(obj: _Obj, pick: Picker, size_word: bool = False, colour: bool = True,
+def _phrase(obj: Obj, pick: Picker, size_word: bool = False, colour: bool = True,
             article: str | None = None) -> str:
     """Noun phrase of one object: 'a red star', 'the big red star', 'an ellipse'."""
     words = []
@@ -258,7 +93,7 @@ def _phrase(obj: _Obj, pick: Picker, size_word: bool = False, colour: bool = Tru
     return f"{article or _article(words[0])} {' '.join(words)}"
 
 
-def _position(obj: _Obj, side: int) -> str:
+def _position(obj: Obj, side: int) -> str:
     """Where a single object sits, in thirds of the image: 'in the top left corner'."""
     col = min(int(3 * obj.cx / side), 2)
     row = min(int(3 * obj.cy / side), 2)
@@ -272,7 +107,7 @@ def _position(obj: _Obj, side: int) -> str:
     return "in the centre"
 
 
-def _relation(a: _Obj, b: _Obj) -> str:
+def _relation(a: Obj, b: Obj) -> str:
     """Relation of a to b along the axis on which they are further apart (image y points down)."""
     dx, dy = b.cx - a.cx, b.cy - a.cy
     if abs(dx) >= abs(dy):
@@ -280,7 +115,7 @@ def _relation(a: _Obj, b: _Obj) -> str:
     return "above" if dy > 0 else "below"
 
 
-def _list_caption(objs: list[_Obj], main: int, pick: Picker, bg: str) -> str:
+def _list_caption(objs: list[Obj], main: int, pick: Picker, bg: str) -> str:
     """'a picture of a large red star and a small blue circle.' (main object first)."""
     others = [o for k, o in enumerate(objs) if k != main]
     order = [objs[main]] + pick.sample(others, len(others))
@@ -289,7 +124,7 @@ def _list_caption(objs: list[_Obj], main: int, pick: Picker, bg: str) -> str:
     return pick.choice(_LIST_TEMPLATES).format(items, bg=bg)
 
 
-def _count_caption(objs: list[_Obj], main: int, pick: Picker, bg: str) -> str:
+def _count_caption(objs: list[Obj], main: int, pick: Picker, bg: str) -> str:
     """'three shapes: two red stars and a blue circle.' (groups of equal shape and colour)."""
     groups: dict[tuple[int, int], int] = {}
     for o in [objs[main]] + [o for k, o in enumerate(objs) if k != main]:
@@ -307,7 +142,7 @@ def _count_caption(objs: list[_Obj], main: int, pick: Picker, bg: str) -> str:
     return template.format(_join(parts), n=COUNT_NAMES[n - 1], noun=noun, bg=bg)
 
 
-def _relation_caption(objs: list[_Obj], main: int, pick: Picker, bg: str, side: int) -> str:
+def _relation_caption(objs: list[Obj], main: int, pick: Picker, bg: str, side: int) -> str:
     """'a red star left of a blue circle, with a green square.'; alone: 'a red star on the left.'"""
     a = objs[main]
     if len(objs) == 1:
@@ -329,7 +164,7 @@ def _relation_caption(objs: list[_Obj], main: int, pick: Picker, bg: str, side: 
     return pick.choice(_RELATION_TEMPLATES).format(core, bg=bg)
 
 
-def _loose_caption(objs: list[_Obj], main: int, pick: Picker) -> str:
+def _loose_caption(objs: list[Obj], main: int, pick: Picker) -> str:
     """A true but partial caption, never equal to a faithful one (those name every object with
     its colour): only the main shape's realm, only some objects, or only a colour."""
     mode = pick.uniform()
@@ -351,7 +186,7 @@ def _loose_caption(objs: list[_Obj], main: int, pick: Picker) -> str:
     return pick.choice(_LOOSE_COLOUR_TEMPLATES).format(colour)
 
 
-def _reference_captions(objs: list[_Obj], main: int, pick: Picker, bg: str,
+def _reference_captions(objs: list[Obj], main: int, pick: Picker, bg: str,
                         side: int) -> tuple[str, ...]:
     """2–3 faithful captions, each from a different caption kind, so they are distinct."""
     kinds = pick.sample((0, 1, 2), 2 + pick.index(2))
@@ -438,7 +273,7 @@ class SyntheticScenes(Sequence):
         self.hard_negative_group = _check_int("hard_negative_group", hard_negative_group, 1)
         self.label_spaces = _label_spaces(self.max_objects)
         coords = ((np.arange(self.image_size) + 0.5) / self.image_size - 0.5).astype(np.float32)
-        self._grid = _Grid(*np.meshgrid(coords, coords, indexing="xy"))
+        self._grid = Grid(*np.meshgrid(coords, coords, indexing="xy"))
 
     def __len__(self) -> int:
         return self.length
@@ -471,9 +306,9 @@ class SyntheticScenes(Sequence):
             group = i // self.hard_negative_group
             scene_rng = np.random.default_rng([self.seed, _SALT, split, _GROUP_TAG, group])
             scene_pick, shape_pick = Picker(scene_rng), pick
-        objs = _layout(scene_rng, scene_pick, side, self.max_objects, shape_pick)
+        objs = layout(scene_rng, scene_pick, side, self.max_objects, shape_pick)
         bg_kind = scene_pick.index(len(BACKGROUNDS))
-        image, objs, masks, counts = _render(scene_rng, scene_pick, objs, bg_kind, self._grid)
+        image, objs, masks, counts = render(scene_rng, scene_pick, objs, bg_kind, self._grid)
         main = int(counts.argmax())  # most visible pixels; argmax breaks ties to the first drawn
 
         captions = _reference_captions(objs, main, pick, BACKGROUNDS[bg_kind], side)
