@@ -29,176 +29,23 @@ from typing import NamedTuple
 
 import numpy as np
 
+from nclip.data.synthetic.captions import (
+    INVERSE,
+    RELATION_WORDS,
+    indefinite_article,
+    loose_caption,
+    plural,
+    reference_captions,
+)
 from nclip.data.synthetic.picker import Picker
-from nclip.data.synthetic.render import Grid, Obj, layout, render
+from nclip.data.synthetic.render import Grid, layout, render
 from nclip.data.synthetic.shapes import BACKGROUNDS, COLOURS, COUNT_NAMES, REALMS, SHAPE_REALM, SHAPES, SIZES
 from nclip.data.types import LabelSpace, Sample
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
-_PLURAL = {"cross": "crosses"}  # every other noun takes a plain "s"
 _SALT = 0x5C3E  # separates this generator's streams from other users of the same seed
 _STS_SALT = 0x575
 _GROUP_TAG = 0x6E  # the streams of hard-negative groups, apart from those of single samples
-
-
-def _plural(noun: str) -> str:
-    """English plural of a shape, realm or "shape" noun ("cross" -> "crosses")."""
-    return _PLURAL.get(noun, noun + "s")
-
-
-def _article(word: str) -> str:
-    return "an" if word[0] in "aeiou" else "a"
-
-
-# ---------------------------------------------------------------------------------------------
-# Caption grammar.
-# ---------------------------------------------------------------------------------------------
-
-_SIZE_WORDS = (("small", "small", "little"), ("large", "large", "big"))
-# Relation of object a to object b, with paraphrases; the first is the canonical word.
-_RELATION_WORDS = {
-    "left of": ("left of", "to the left of"),
-    "right of": ("right of", "to the right of"),
-    "above": ("above", "above"),
-    "below": ("below", "under"),
-}
-_INVERSE = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
-_LIST_TEMPLATES = ("a picture of {}.", "an image showing {}.", "{} on a {bg} background.",
-                   "a drawing of {}.", "there is {}.", "{}.")
-_COUNT_TEMPLATES = ("{n} {noun}: {}.", "a picture of {n} {noun}: {}.", "{}, {n} {noun} in total.",
-                    "{n} {noun} on a {bg} background: {}.")
-_RELATION_TEMPLATES = ("{}.", "a picture of {}.", "an image where {}.", "{} on a {bg} background.")
-_LOOSE_REALM_TEMPLATES = ("a picture with {}.", "{} on a background.", "something with {}.",
-                          "a scene with {}.")
-_LOOSE_OBJECT_TEMPLATES = ("a picture with {}.", "an image that has {} in it.", "{} somewhere.",
-                           "look, {}!")
-_LOOSE_COLOUR_TEMPLATES = ("something {}.", "a picture with something {} in it.",
-                           "a {} thing in a picture.")
-
-
-def _join(items: list[str]) -> str:
-    """'a', 'a and b', 'a, b and c'."""
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
-
-
-def _phrase(obj: Obj, pick: Picker, size_word: bool = False, colour: bool = True,
-            article: str | None = None) -> str:
-    """Noun phrase of one object: 'a red star', 'the big red star', 'an ellipse'."""
-    words = []
-    if size_word:
-        words.append(pick.choice(_SIZE_WORDS[obj.size]))
-    if colour:
-        words.append(COLOURS[obj.colour])
-    words.append(SHAPES[obj.shape])
-    return f"{article or _article(words[0])} {' '.join(words)}"
-
-
-def _position(obj: Obj, side: int) -> str:
-    """Where a single object sits, in thirds of the image: 'in the top left corner'."""
-    col = min(int(3 * obj.cx / side), 2)
-    row = min(int(3 * obj.cy / side), 2)
-    horizontal, vertical = ("left", None, "right")[col], ("top", None, "bottom")[row]
-    if horizontal and vertical:
-        return f"in the {vertical} {horizontal} corner"
-    if horizontal:
-        return f"on the {horizontal}"
-    if vertical:
-        return f"at the {vertical}"
-    return "in the centre"
-
-
-def _relation(a: Obj, b: Obj) -> str:
-    """Relation of a to b along the axis on which they are further apart (image y points down)."""
-    dx, dy = b.cx - a.cx, b.cy - a.cy
-    if abs(dx) >= abs(dy):
-        return "left of" if dx > 0 else "right of"
-    return "above" if dy > 0 else "below"
-
-
-def _list_caption(objs: list[Obj], main: int, pick: Picker, bg: str) -> str:
-    """'a picture of a large red star and a small blue circle.' (main object first)."""
-    others = [o for k, o in enumerate(objs) if k != main]
-    order = [objs[main]] + pick.sample(others, len(others))
-    sized = pick.chance(0.5)
-    items = _join([_phrase(o, pick, size_word=sized) for o in order])
-    return pick.choice(_LIST_TEMPLATES).format(items, bg=bg)
-
-
-def _count_caption(objs: list[Obj], main: int, pick: Picker, bg: str) -> str:
-    """'three shapes: two red stars and a blue circle.' (groups of equal shape and colour)."""
-    groups: dict[tuple[int, int], int] = {}
-    for o in [objs[main]] + [o for k, o in enumerate(objs) if k != main]:
-        groups[(o.colour, o.shape)] = groups.get((o.colour, o.shape), 0) + 1
-    parts = []
-    for (colour, shape), count in groups.items():
-        if count == 1:
-            det = "one" if pick.chance(0.3) else _article(COLOURS[colour])
-            parts.append(f"{det} {COLOURS[colour]} {SHAPES[shape]}")
-        else:
-            parts.append(f"{COUNT_NAMES[count - 1]} {COLOURS[colour]} {_plural(SHAPES[shape])}")
-    n = len(objs)
-    noun = pick.choice(("shape", "object")) if n == 1 else pick.choice(("shapes", "objects"))
-    template = pick.choice(_COUNT_TEMPLATES)
-    return template.format(_join(parts), n=COUNT_NAMES[n - 1], noun=noun, bg=bg)
-
-
-def _relation_caption(objs: list[Obj], main: int, pick: Picker, bg: str, side: int) -> str:
-    """'a red star left of a blue circle, with a green square.'; alone: 'a red star on the left.'"""
-    a = objs[main]
-    if len(objs) == 1:
-        core = f"{_phrase(a, pick, size_word=pick.chance(0.5))} {_position(a, side)}"
-        return pick.choice(_RELATION_TEMPLATES).format(core, bg=bg)
-    others = [o for k, o in enumerate(objs) if k != main]
-    others = pick.sample(others, len(others))
-    b, rest = others[0], others[1:]
-    rel = _relation(a, b)
-    if pick.chance(0.5):  # say it from the other object's side
-        a, b, rel = b, a, _INVERSE[rel]
-    rel_words = pick.choice(_RELATION_WORDS[rel])
-    if pick.chance(0.3):
-        core = f"{_phrase(a, pick, article='the')} is {rel_words} {_phrase(b, pick, article='the')}"
-    else:
-        core = f"{_phrase(a, pick)} {rel_words} {_phrase(b, pick)}"
-    if rest:
-        core += f", {pick.choice(('with', 'plus'))} {_join([_phrase(o, pick) for o in rest])}"
-    return pick.choice(_RELATION_TEMPLATES).format(core, bg=bg)
-
-
-def _loose_caption(objs: list[Obj], main: int, pick: Picker) -> str:
-    """A true but partial caption, never equal to a faithful one (those name every object with
-    its colour): only the main shape's realm, only some objects, or only a colour."""
-    mode = pick.uniform()
-    if mode < 0.4:  # realm of the main object only
-        realm = SHAPE_REALM[objs[main].shape]
-        n_realm = sum(SHAPE_REALM[o.shape] == realm for o in objs)
-        name = REALMS[realm]
-        phrase = f"some {_plural(name)}" if n_realm > 1 else f"{_article(name)} {name}"
-        return pick.choice(_LOOSE_REALM_TEMPLATES).format(phrase)
-    if mode < 0.85:  # some of the objects; all of them only when their colours are left out
-        k = 1 + pick.index(len(objs))
-        chosen = pick.sample(objs, k)
-        with_colour = k < len(objs) and pick.chance(0.5)
-        items = _join([_phrase(o, pick, colour=with_colour) for o in chosen])
-        if k < len(objs) and pick.chance(0.4):
-            return f"{items} {pick.choice(('and more', 'among other shapes', 'and other things'))}."
-        return pick.choice(_LOOSE_OBJECT_TEMPLATES).format(items)
-    colour = COLOURS[pick.choice(objs).colour]
-    return pick.choice(_LOOSE_COLOUR_TEMPLATES).format(colour)
-
-
-def _reference_captions(objs: list[Obj], main: int, pick: Picker, bg: str,
-                        side: int) -> tuple[str, ...]:
-    """2–3 faithful captions, each from a different caption kind, so they are distinct."""
-    kinds = pick.sample((0, 1, 2), 2 + pick.index(2))
-    out = []
-    for kind in kinds:
-        if kind == 0:
-            out.append(_list_caption(objs, main, pick, bg))
-        elif kind == 1:
-            out.append(_count_caption(objs, main, pick, bg))
-        else:
-            out.append(_relation_caption(objs, main, pick, bg, side))
-    return tuple(dict.fromkeys(out))  # drop an (unexpected) duplicate, keep order
 
 
 # ---------------------------------------------------------------------------------------------
@@ -311,9 +158,9 @@ class SyntheticScenes(Sequence):
         image, objs, masks, counts = render(scene_rng, scene_pick, objs, bg_kind, self._grid)
         main = int(counts.argmax())  # most visible pixels; argmax breaks ties to the first drawn
 
-        captions = _reference_captions(objs, main, pick, BACKGROUNDS[bg_kind], side)
+        captions = reference_captions(objs, main, pick, BACKGROUNDS[bg_kind], side)
         if pick.chance(self.loose_caption_prob):
-            caption = _loose_caption(objs, main, pick)
+            caption = loose_caption(objs, main, pick)
         else:
             caption = pick.choice(captions)
 
@@ -362,7 +209,7 @@ def _random_group(pick: Picker) -> _Group:
 def _random_description(pick: Picker) -> _Description:
     if pick.chance(0.3):
         return _Description(_random_group(pick), None, None)
-    return _Description(_random_group(pick), pick.choice(tuple(_INVERSE)), _random_group(pick))
+    return _Description(_random_group(pick), pick.choice(tuple(INVERSE)), _random_group(pick))
 
 
 def _mutate(desc: _Description, pick: Picker, p: float) -> _Description:
@@ -375,12 +222,12 @@ def _mutate(desc: _Description, pick: Picker, p: float) -> _Description:
 
     if pick.chance(p / 2):  # change the structure: add or drop the second group
         if desc.second is None:
-            return _Description(group(desc.first), pick.choice(tuple(_INVERSE)),
+            return _Description(group(desc.first), pick.choice(tuple(INVERSE)),
                                 _random_group(pick))
         return _Description(group(desc.first), None, None)
     if desc.second is None:
         return _Description(group(desc.first), None, None)
-    relation = pick.choice(tuple(_INVERSE)) if pick.chance(p) else desc.relation
+    relation = pick.choice(tuple(INVERSE)) if pick.chance(p) else desc.relation
     return _Description(group(desc.first), relation, group(desc.second))
 
 
@@ -397,7 +244,7 @@ def _flip(d: _Description) -> _Description:
     """The same meaning said from the second group's side."""
     if d.second is None:
         return d
-    return _Description(d.second, _INVERSE[d.relation], d.first)
+    return _Description(d.second, INVERSE[d.relation], d.first)
 
 
 def _sts_similarity(a: _Description, b: _Description) -> float:
@@ -418,8 +265,8 @@ def _sts_similarity(a: _Description, b: _Description) -> float:
 
 def _group_text(g: _Group) -> str:
     if g.count == 1:
-        return f"{_article(COLOURS[g.colour])} {COLOURS[g.colour]} {SHAPES[g.shape]}"
-    return f"{COUNT_NAMES[g.count - 1]} {COLOURS[g.colour]} {_plural(SHAPES[g.shape])}"
+        return f"{indefinite_article(COLOURS[g.colour])} {COLOURS[g.colour]} {SHAPES[g.shape]}"
+    return f"{COUNT_NAMES[g.count - 1]} {COLOURS[g.colour]} {plural(SHAPES[g.shape])}"
 
 
 _STS_TEMPLATES = ("{}.", "a picture of {}.", "an image with {}.", "we see {}.")
@@ -432,7 +279,7 @@ def _describe(d: _Description, pick: Picker) -> str:
     else:
         if pick.chance(0.3):
             d = _flip(d)
-        core = f"{_group_text(d.first)} {pick.choice(_RELATION_WORDS[d.relation])} " \
+        core = f"{_group_text(d.first)} {pick.choice(RELATION_WORDS[d.relation])} " \
                f"{_group_text(d.second)}"
     return pick.choice(_STS_TEMPLATES).format(core)
 
