@@ -157,7 +157,7 @@ def loose_caption(objs: list[Obj], main: int, pick: Picker) -> str:
 
 
 def reference_captions(objs: list[Obj], main: int, pick: Picker, bg: str,
-                        side: int) -> tuple[str, ...]:
+                       side: int) -> tuple[str, ...]:
     """2–3 faithful captions, each from a different caption kind, so they are distinct."""
     kinds = pick.sample((0, 1, 2), 2 + pick.index(2))
     out = []

@@ -54,7 +54,7 @@ def _place(rng: np.random.Generator, radius: float, centres: np.ndarray, radii: 
 
 
 def layout(rng: np.random.Generator, pick: Picker, side: int, max_objects: int,
-            shape_pick: Picker | None = None) -> list[Obj]:
+           shape_pick: Picker | None = None) -> list[Obj]:
     """Random objects with little overlap; a large object that finds no room becomes small.
 
     With ``shape_pick`` the shapes come from it and everything else from ``pick``/``rng``: every
@@ -134,7 +134,7 @@ def _background(rng: np.random.Generator, pick: Picker, kind: int, grid: Grid) -
 
 
 def render(rng: np.random.Generator, pick: Picker, objs: list[Obj], kind: int,
-            grid: Grid) -> tuple[np.ndarray, list[Obj], np.ndarray, np.ndarray]:
+           grid: Grid) -> tuple[np.ndarray, list[Obj], np.ndarray, np.ndarray]:
     """Draw a scene.
 
     Returns (uint8 image [S, S, 3], kept objects, visible masks bool [n, S, S], visible pixel
