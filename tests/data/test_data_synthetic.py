@@ -5,10 +5,9 @@ import re
 import numpy as np
 import pytest
 
-from nclip.data import synthetic as syn
-from nclip.data.synthetic import (
-    COLOURS, REALMS, SHAPE_REALM, SHAPES, SyntheticScenes, sts_pairs,
-)  # fmt: skip
+from nclip.data.synthetic import COLOURS, REALMS, SHAPE_REALM, SHAPES, SyntheticScenes, sts, sts_pairs
+from nclip.data.synthetic.picker import Picker
+from nclip.data.synthetic.shapes import RGB
 from nclip.data.types import LabelSpace, Sample
 
 
@@ -91,7 +90,7 @@ def test_labels_and_masks_are_consistent(samples):
         assert s.multilabels["colour"][lab["colour"]]
         # The main object has the largest mask, and the pixels there have its colour.
         main_pixels = s.image[s.masks[int(areas.argmax())]].astype(int)  # [P, 3]
-        assert np.abs(main_pixels - syn._RGB[lab["colour"]]).max() <= 12
+        assert np.abs(main_pixels - RGB[lab["colour"]]).max() <= 12
         assert (main_pixels == main_pixels[0]).all()  # flat colour
 
 
@@ -187,11 +186,11 @@ def test_sts_pairs():
 
 
 def test_sts_similarity_is_symmetric_and_reads_relations_both_ways():
-    pick = syn._Picker(np.random.default_rng(0))
+    pick = Picker(np.random.default_rng(0))
     for _ in range(50):
-        a, b = syn._random_description(pick), syn._random_description(pick)
-        assert syn._sts_similarity(a, a) == 5.0
-        assert syn._sts_similarity(a, syn._flip(a)) == 5.0  # "X left of Y" == "Y right of X"
-        assert syn._sts_similarity(a, b) == pytest.approx(syn._sts_similarity(b, a))
+        a, b = sts._random_description(pick), sts._random_description(pick)
+        assert sts._sts_similarity(a, a) == 5.0
+        assert sts._sts_similarity(a, sts._flip(a)) == 5.0  # "X left of Y" == "Y right of X"
+        assert sts._sts_similarity(a, b) == pytest.approx(sts._sts_similarity(b, a))
     with pytest.raises(ValueError):
         sts_pairs(-1)
