@@ -78,8 +78,8 @@ def predicted_mask(attn: torch.Tensor, size: int, threshold: float = THRESHOLD) 
     """bool [size, size]: one head's map [h, w] thresholded to ``threshold`` of its mass and
     upsampled (nearest) -- what the Jaccard compares, for drawing in the report. Uses the metric's
     own thresholding rule (ties at the cut are kept) so the picture matches the number."""
-    from nclip.eval.metrics import _mass_threshold
+    from nclip.eval.metrics import mass_threshold
 
-    keep = _mass_threshold(attn.reshape(1, -1).double(), threshold)[0]  # [h*w]
+    keep = mass_threshold(attn.reshape(1, -1).double(), threshold)[0]  # [h*w]
     grid = keep.view(1, 1, *attn.shape).float()
     return torch.nn.functional.interpolate(grid, size=(size, size), mode="nearest")[0, 0] > 0.5
