@@ -278,7 +278,12 @@ def render(doc: dict, artifacts: dict, ck=None) -> str:
                         indent=2, default=str)
     sections.append(("config", "Configuration", f"<details><summary>resolved eval config, timing, cache</summary>"
                                                 f"<pre>{html.escape(config)}</pre></details>"))
+    return _page(doc, sections)
 
+
+def _page(doc: dict, sections: list[tuple[str, str, str]]) -> str:
+    """The whole page: header, navigation, headline numbers and the (id, title, html) sections."""
+    c = doc["checkpoint"]
     nav = "".join(f'<a href="#{sid}">{html.escape(title.split(":")[0].split(" (")[0])}</a>'
                   for sid, title, _ in sections)
     body = "".join(f'<section id="{sid}"><h2>{html.escape(title)}</h2>{content}</section>'
@@ -293,6 +298,6 @@ def render(doc: dict, artifacts: dict, ck=None) -> str:
     return (f"<!doctype html><html lang=en><head><meta charset=utf-8>"
             f"<title>nclip eval: {html.escape(c['path'])}</title>"
             f"<meta name=viewport content='width=device-width,initial-scale=1'><style>{_CSS}</style></head><body><main>"
-            f"<h1>nclip evaluation</h1><div class=meta>{meta}</div><nav>{nav}</nav>{_headline(r)}{body}"
+            f"<h1>nclip evaluation</h1><div class=meta>{meta}</div><nav>{nav}</nav>{_headline(doc['results'])}{body}"
             f'<p class="note">Percentages unless noted; STS is Spearman x 100; "relative" is accuracy minus the '
             f"baseline's, in points.</p></main></body></html>")
