@@ -161,6 +161,13 @@ def test_eval_end_to_end_cache_report_compare(xclip_run, user_data, tmp_path, ca
         (["--checkpoint", "{run}", "--out", "{tmp}/o", "--dataset", "captions:{tmp}/bad.csv"],
          "bad.csv line 3: image not found"),
         (["--checkpoint", "{run}"], "--checkpoint and --out are required"),
+        # bad values are caught by EvalSettings and named by their option, in the run config's wording
+        (["--checkpoint", "{run}", "--out", "{tmp}/o", "--batch-size", "0"],
+         "eval: --batch-size: Input should be greater than or equal to 1 (got 0)"),
+        (["--checkpoint", "{run}", "--out", "{tmp}/o", "--samples", "5"],
+         "eval: --samples: Input should be greater than or equal to 10 (got 5)"),
+        (["--checkpoint", "{run}", "--out", "{tmp}/o", "--sts-pairs", "1"], "eval: --sts-pairs: "),
+        (["--checkpoint", "{run}", "--out", "{tmp}/o", "--tasks", ","], "eval: --tasks: no task selected"),
     ],
 )
 def test_eval_errors_are_one_line_exit_2(xclip_run, tmp_path, capsys, argv, needle):

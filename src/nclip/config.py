@@ -11,11 +11,12 @@ from __future__ import annotations
 import copy
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Callable, Literal, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from nclip.defaults import EVAL_BATCH_SIZE
 from nclip.errors import NclipError
 from nclip.objectives import REGISTRY, ObjectiveConfig
 
@@ -191,7 +192,7 @@ class TrainConfig(_Section):
 
 class EvalConfig(_Section):
     samples: int = Field(1000, ge=10, description="held-out synthetic pairs for the end-of-run eval")
-    batch_size: int = Field(250, ge=1)
+    batch_size: int = Field(EVAL_BATCH_SIZE, ge=1)  # the same default as `nclip eval --batch-size`
 
 
 def _objective_union():
@@ -287,8 +288,18 @@ def validate(raw: dict[str, Any]) -> RunConfig:
         raise NclipError(describe_validation_error(e)) from None
 
 
-def describe_validation_error(e: ValidationError) -> str:
-    """The first problem of a pydantic error as one line: ``config: a.b: message (got x)``."""
+def _dotted_key(loc: str) -> str:
+    return loc or "<root>"
+
+
+def describe_validation_error(e: ValidationError, subject: str = "config",
+                              location_name: Callable[[str], str] = _dotted_key) -> str:
+    """The first problem of a pydantic error as one line: ``config: a.b: message (got x)``.
+
+    ``subject`` names what was validated; ``location_name`` turns the dotted location into the
+    name the user typed (for ``nclip sweep``, its option: ``probe_train`` → ``--probe-train``);
+    where it gives "" (a check across fields) the line names no location.
+    """
     err = e.errors()[0]
     loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
     # the discriminated union adds the objective name to the location; keep the user's key path
@@ -304,7 +315,8 @@ def describe_validation_error(e: ValidationError) -> str:
     suffix = "" if quiet else f" (got {err.get('input')!r})"
     more = len(e.errors()) - 1
     tail = f"; and {more} more problem{'s' * (more > 1)}" if more else ""
-    return f"config: {loc or '<root>'}: {msg}{suffix}{tail}"
+    where = location_name(loc)
+    return f"{subject}: {where + ': ' if where else ''}{msg}{suffix}{tail}"
 
 
 def resolve(preset: str, overrides: list[str] | None = None) -> RunConfig:

@@ -22,6 +22,7 @@ from PIL import Image
 
 from nclip.data.loader import eval_tensor
 from nclip.data.types import Sample
+from nclip.defaults import EVAL_BATCH_SIZE
 from nclip.errors import NclipError
 from nclip.eval.metrics import attention_mask_jaccard
 from nclip.eval.settings import MASK_THRESHOLD
@@ -52,7 +53,8 @@ def unsupported(vision_kind: str) -> str | None:
 
 
 @torch.no_grad()
-def extract(model, samples: Sequence[Sample], image_size: int, device, batch_size: int = 256) -> dict[str, torch.Tensor]:
+def extract(model, samples: Sequence[Sample], image_size: int, device,
+            batch_size: int = EVAL_BATCH_SIZE) -> dict[str, torch.Tensor]:
     """{"attn": [N, heads, h, w], "masks": bool [N, S, S] (union of the object masks)}."""
     model.eval()
     attn, masks = [], []

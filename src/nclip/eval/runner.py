@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -356,7 +356,7 @@ def _baseline_results(st: _State) -> tuple[dict, str]:
     for candidate in (p, p / "results.json"):
         if candidate.is_file() and candidate.suffix == ".json":
             return load_results(candidate)["results"], str(candidate)
-    settings = replace(st.settings, tasks=("realms",), baseline=None)
+    settings = st.settings.updated(tasks=("realms",), baseline=None)
     st.log(f"evaluating baseline {p} (realms)")
     doc = run_eval(p, out=None, settings=settings, report=False, log=st.log)
     return doc["results"], f"{p} (weights {doc['checkpoint']['weights_sha256'][:12]})"
@@ -419,7 +419,7 @@ def run_eval(checkpoint: str | Path, out: str | Path | None = None, *, tasks=Non
         cache_dir = settings.cache_dir if settings.cache_dir else (
             str(Path(out).expanduser().resolve().parent / ".nclip-cache") if out is not None else None)
     over["cache_dir"] = str(cache_dir) if cache_dir is not None else None
-    settings = replace(settings, **over).validate()
+    settings = settings.updated(**over)
 
     ck = resolve_checkpoint(checkpoint)
     from nclip.objectives import REGISTRY
@@ -461,7 +461,7 @@ def run_eval(checkpoint: str | Path, out: str | Path | None = None, *, tasks=Non
                        "zero_shot_head": objective.zero_shot_head, "image_size": cfg.data.image_size,
                        "vision_tower": cfg.model.vision.kind, "text_tower": cfg.model.text.kind,
                        "run_dir": str(ck.run_dir) if ck.run_dir else None},
-        "config": {**asdict(settings),
+        "config": {**settings.model_dump(),
                    "probe_features": f"image backbone features ({_vision_tower(cfg).feature}, no projection)",
                    "mask_maps": _vision_tower(cfg).saliency,
                    "sts_features": "text backbone features ([EOS]/pooled, no projection)"},
