@@ -11,7 +11,7 @@ from PIL import Image
 
 from nclip.cli import main
 from nclip.config import resolve
-from nclip.eval import runner
+from nclip.eval import dispatch, runner
 from nclip.eval.settings import TASKS
 
 MICRO = [
@@ -124,10 +124,10 @@ def test_eval_end_to_end_cache_report_compare(xclip_run, user_data, tmp_path, ca
     def boom(*a, **k):
         raise AssertionError("features were extracted again")
 
-    monkeypatch.setattr(runner, "extract", boom)
-    monkeypatch.setattr(runner, "encode_texts", boom)
-    monkeypatch.setattr(runner, "prompt_outputs", boom)
-    monkeypatch.setattr(runner.masks, "extract", boom)
+    monkeypatch.setattr(dispatch, "extract", boom)
+    monkeypatch.setattr(dispatch, "encode_texts", boom)
+    monkeypatch.setattr(dispatch, "prompt_outputs", boom)
+    monkeypatch.setattr(dispatch.masks, "extract", boom)
     out2 = tmp_path / "eval2"
     tasks = "zeroshot,retrieval,multilabel,realms,sts,masks,diagnostics"
     assert main(["eval", "--checkpoint", str(xclip_run), "--out", str(out2), *SMALL, *datasets, "--tasks", tasks,
