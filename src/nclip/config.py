@@ -16,6 +16,7 @@ from typing import Annotated, Any, Callable, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from nclip.defaults import EVAL_BATCH_SIZE
 from nclip.errors import NclipError
 from nclip.objectives import REGISTRY, ObjectiveConfig
 
@@ -191,7 +192,7 @@ class TrainConfig(_Section):
 
 class EvalConfig(_Section):
     samples: int = Field(1000, ge=10, description="held-out synthetic pairs for the end-of-run eval")
-    batch_size: int = Field(250, ge=1)
+    batch_size: int = Field(EVAL_BATCH_SIZE, ge=1)  # the same default as `nclip eval --batch-size`
 
 
 def _objective_union():

@@ -11,7 +11,7 @@ from PIL import Image
 
 from nclip.cli import main
 from nclip.config import resolve
-from nclip.eval import runner
+from nclip.eval import dispatch, runner
 from nclip.eval.settings import TASKS
 
 MICRO = [
@@ -125,10 +125,10 @@ def test_eval_end_to_end_cache_report_compare(xclip_run, user_data, tmp_path, ca
     def boom(*a, **k):
         raise AssertionError("features were extracted again")
 
-    monkeypatch.setattr(runner, "extract", boom)
-    monkeypatch.setattr(runner, "encode_texts", boom)
-    monkeypatch.setattr(runner, "prompt_outputs", boom)
-    monkeypatch.setattr(runner.masks, "extract", boom)
+    monkeypatch.setattr(dispatch, "extract", boom)
+    monkeypatch.setattr(dispatch, "encode_texts", boom)
+    monkeypatch.setattr(dispatch, "prompt_outputs", boom)
+    monkeypatch.setattr(dispatch.masks, "extract", boom)
     out2 = tmp_path / "eval2"
     tasks = "zeroshot,retrieval,multilabel,realms,sts,masks,diagnostics"
     assert main(["eval", "--checkpoint", str(xclip_run), "--out", str(out2), *SMALL, *datasets, "--tasks", tasks,
@@ -162,6 +162,13 @@ def test_eval_end_to_end_cache_report_compare(xclip_run, user_data, tmp_path, ca
         (["--checkpoint", "{run}", "--out", "{tmp}/o", "--dataset", "captions:{tmp}/bad.csv"],
          "bad.csv line 3: image not found"),
         (["--checkpoint", "{run}"], "--checkpoint and --out are required"),
+        # bad values are caught by EvalSettings and named by their option, in the run config's wording
+        (["--checkpoint", "{run}", "--out", "{tmp}/o", "--batch-size", "0"],
+         "eval: --batch-size: Input should be greater than or equal to 1 (got 0)"),
+        (["--checkpoint", "{run}", "--out", "{tmp}/o", "--samples", "5"],
+         "eval: --samples: Input should be greater than or equal to 10 (got 5)"),
+        (["--checkpoint", "{run}", "--out", "{tmp}/o", "--sts-pairs", "1"], "eval: --sts-pairs: "),
+        (["--checkpoint", "{run}", "--out", "{tmp}/o", "--tasks", ","], "eval: --tasks: no task selected"),
     ],
 )
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from nclip.errors import NclipError
-from nclip.eval import datasets as D
+from nclip.eval import datasets as eval_data
 from nclip.eval.cache import FeatureCache
 
 
@@ -22,7 +22,7 @@ def test_image_folder_with_and_without_splits(tmp_path):
     for c, name in enumerate(["red_car", "blue_boat", "green-tree"]):
         for i in range(10):
             _png(tmp_path / "flat" / name / f"{i}.png", (80 * c, 10, 10))
-    data = D.image_folder(tmp_path / "flat", seed=0)
+    data = eval_data.image_folder(tmp_path / "flat", seed=0)
     assert data.name == "flat" and data.label_spaces["class"].names == ("blue boat", "green tree", "red car")
     assert len(data.splits["train"]) == 21 and len(data.splits["test"]) == 9  # stratified 70 / 30
     s = data.splits["test"][0]
@@ -34,11 +34,11 @@ def test_image_folder_with_and_without_splits(tmp_path):
         for name in ("cat", "dog"):
             for i in range(n):
                 _png(tmp_path / "split" / split / name / f"{i}.jpg")
-    data = D.image_folder(tmp_path / "split")
+    data = eval_data.image_folder(tmp_path / "split")
     assert len(data.splits["train"]) == 8 and len(data.splits["test"]) == 4
     ident = data.identity["files"]
     _png(tmp_path / "split" / "test" / "cat" / "9.jpg")
-    assert D.image_folder(tmp_path / "split").identity["files"] != ident  # a new file invalidates the cache key
+    assert eval_data.image_folder(tmp_path / "split").identity["files"] != ident  # a new file invalidates the cache key
 
 
 def test_realm_folders(tmp_path):
@@ -46,7 +46,7 @@ def test_realm_folders(tmp_path):
         for name in classes:
             for i in range(5):
                 _png(tmp_path / "r" / realm / name / f"{i}.png")
-    data = D.realm_folders(tmp_path / "r")
+    data = eval_data.realm_folders(tmp_path / "r")
     assert data.realm == ("realm", "class")
     assert data.label_spaces["realm"].names == ("animals", "tools")
     assert data.label_spaces["class"].names == ("cat", "dog", "drill", "hammer", "saw")
@@ -60,7 +60,7 @@ def test_caption_files_csv_and_jsonl(tmp_path):
     (tmp_path / "caps.csv").write_text(
         "image,caption,caption_2\nimg/0.png,a red square,a square in red\nimg/1.png,one red block,\n"
         "img/0.png,red again,\nimg/2.png,three,\n")
-    data = D.caption_file(tmp_path / "caps.csv")
+    data = eval_data.caption_file(tmp_path / "caps.csv")
     samples = data.splits["test"]
     assert len(samples) == 3 and data.retrieval
     assert samples[0].captions == ("a red square", "a square in red", "red again")
@@ -68,13 +68,13 @@ def test_caption_files_csv_and_jsonl(tmp_path):
 
     lines = [{"image": "img/0.png", "captions": ["a", "b"]}, {"image": "img/1.png", "caption": "c"}]
     (tmp_path / "caps.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
-    data = D.caption_file(tmp_path / "caps.jsonl")
+    data = eval_data.caption_file(tmp_path / "caps.jsonl")
     assert [s.captions for s in data.splits["test"]] == [("a", "b"), ("c",)]
 
 
 def test_sts_file(tmp_path):
     (tmp_path / "sts.tsv").write_text("sentence1\tsentence2\tscore\na cat\ta dog\t1.5\nsame\tsame\t5\n")
-    data = D.sts_file(tmp_path / "sts.tsv")
+    data = eval_data.sts_file(tmp_path / "sts.tsv")
     assert data.sts == [("a cat", "a dog", 1.5), ("same", "same", 5.0)]
 
 
@@ -96,7 +96,7 @@ def test_caption_file_errors_name_file_and_line(tmp_path, name, content, needle)
     _png(tmp_path / "img" / "0.png")
     (tmp_path / name).write_text(content)
     with pytest.raises(NclipError) as e:
-        D.caption_file(tmp_path / name)
+        eval_data.caption_file(tmp_path / name)
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
@@ -112,32 +112,32 @@ def test_caption_file_errors_name_file_and_line(tmp_path, name, content, needle)
 def test_sts_file_errors(tmp_path, content, needle):
     (tmp_path / "s.csv").write_text(content)
     with pytest.raises(NclipError, match=needle):
-        D.sts_file(tmp_path / "s.csv")
+        eval_data.sts_file(tmp_path / "s.csv")
 
 
 def test_folder_errors(tmp_path):
     with pytest.raises(NclipError, match="dataset folder not found"):
-        D.image_folder(tmp_path / "nope")
+        eval_data.image_folder(tmp_path / "nope")
     _png(tmp_path / "one" / "only" / "0.png")
     with pytest.raises(NclipError, match="at least 2"):
-        D.image_folder(tmp_path / "one")
+        eval_data.image_folder(tmp_path / "one")
     _png(tmp_path / "two" / "a" / "0.png")
     (tmp_path / "two" / "b").mkdir()
     with pytest.raises(NclipError, match=r"two/b: no images"):
-        D.image_folder(tmp_path / "two")
+        eval_data.image_folder(tmp_path / "two")
     (tmp_path / "bad" / "a").mkdir(parents=True)
     (tmp_path / "bad" / "a" / "0.png").write_bytes(b"not a png")
-    files = D.FileSamples([tmp_path / "bad" / "a" / "0.png"], [("x",)], [{}], ["caps.csv line 7: "])
+    files = eval_data.FileSamples([tmp_path / "bad" / "a" / "0.png"], [("x",)], [{}], ["caps.csv line 7: "])
     with pytest.raises(NclipError, match="caps.csv line 7: cannot read image"):
         files[0]
 
 
 def test_spec_parsing():
-    assert D.parse_spec("synthetic") == ("synthetic", None)
-    assert D.parse_spec("folder:/data/x") == ("folder", "/data/x")
+    assert eval_data.parse_spec("synthetic") == ("synthetic", None)
+    assert eval_data.parse_spec("folder:/data/x") == ("folder", "/data/x")
     for bad in ("imagenet", "folder", "folder:", "synthetic:/x"):
         with pytest.raises(NclipError, match="unknown dataset"):
-            D.parse_spec(bad)
+            eval_data.parse_spec(bad)
 
 
 def test_feature_cache_roundtrip_and_identity(tmp_path):

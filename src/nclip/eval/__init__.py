@@ -6,7 +6,9 @@ see :mod:`nclip.eval.runner`. One module per protocol: :mod:`~nclip.eval.zerosho
 :mod:`~nclip.eval.retrieval`, :mod:`~nclip.eval.multilabel`, :mod:`~nclip.eval.probe` (linear,
 k-NN, clustering), :mod:`~nclip.eval.realms`, :mod:`~nclip.eval.sts`, :mod:`~nclip.eval.masks`,
 :mod:`~nclip.eval.diagnostics`; data adapters in :mod:`~nclip.eval.datasets`, the feature cache in
-:mod:`~nclip.eval.cache`, the page in :mod:`~nclip.eval.report`, tables in :mod:`~nclip.eval.compare`.
+:mod:`~nclip.eval.cache`, the checkpoint in :mod:`~nclip.eval.checkpoint`, the per-dataset task
+dispatch in :mod:`~nclip.eval.dispatch`, the settings in :mod:`~nclip.eval.settings`, the page in
+:mod:`~nclip.eval.report` (its figures in :mod:`~nclip.eval.figures`), tables in :mod:`~nclip.eval.compare`.
 """
 
 from nclip.eval.settings import TASKS, EvalSettings

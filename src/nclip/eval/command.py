@@ -65,16 +65,15 @@ def run_eval_command(args) -> int:
     if args.checkpoint is None or args.out is None:
         raise NclipError("eval: --checkpoint and --out are required (or use `nclip eval compare`)")
 
-    from dataclasses import replace
-
     from nclip.eval.runner import run_eval
     from nclip.eval.settings import EvalSettings
 
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
-    settings = replace(EvalSettings(), tasks=tasks, datasets=tuple(args.datasets or EvalSettings().datasets),
-                       head=args.head, baseline=args.baseline, test_samples=args.samples,
-                       train_samples=args.train_samples, sts_pairs=args.sts_pairs, mask_samples=args.mask_samples,
-                       batch_size=args.batch_size, seed=args.seed, device=args.device)
+    settings = EvalSettings().updated(
+        _option, tasks=tasks, datasets=tuple(args.datasets or EvalSettings().datasets), head=args.head,
+        baseline=args.baseline, test_samples=args.samples, train_samples=args.train_samples,
+        sts_pairs=args.sts_pairs, mask_samples=args.mask_samples, batch_size=args.batch_size, seed=args.seed,
+        device=args.device)
     cache = None if args.no_cache else (args.cache_dir if args.cache_dir else "default")
     log = None if args.quiet else (lambda msg: print(f"eval: {msg}", file=sys.stderr, flush=True))
     doc = run_eval(args.checkpoint, args.out, settings=settings, cache_dir=cache, report=not args.no_report, log=log)
@@ -82,12 +81,21 @@ def run_eval_command(args) -> int:
     return 0
 
 
+_OPTIONS = {"test_samples": "--samples", "datasets": "--dataset"}  # the settings fields not named as their option
+
+
+def _option(location: str) -> str:
+    """The option that sets a settings field (``train_samples`` → ``--train-samples``), for errors;
+    "" for a check across fields."""
+    name = location.split(".")[0]
+    return _OPTIONS.get(name, "--" + name.replace("_", "-")) if name else ""
+
+
 _SUMMARY = ("/top1", "/mean_recall", "/mAP", "/mean_top1", "/spearman", "/jaccard", "/ari")
 
 
 def summary(doc: dict, out: Path, report: bool = True) -> str:
     from nclip.eval.report import fmt
-
     from nclip.eval.settings import TASKS
 
     r = doc["results"]

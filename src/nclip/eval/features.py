@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from nclip.data.loader import eval_tensor
 from nclip.data.types import LabelSpace, Sample
+from nclip.defaults import EVAL_BATCH_SIZE
 from nclip.objectives.functional import nclip_similarity
 from nclip.precision import to_float32
 
@@ -38,7 +39,7 @@ def _cat(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def encode_texts(model, texts: Sequence[str], device, batch_size: int = 256) -> dict[str, torch.Tensor]:
+def encode_texts(model, texts: Sequence[str], device, batch_size: int = EVAL_BATCH_SIZE) -> dict[str, torch.Tensor]:
     parts = []
     for i in range(0, len(texts), batch_size):
         ids, mask = model.tokenizer(list(texts[i : i + batch_size]))
@@ -47,7 +48,8 @@ def encode_texts(model, texts: Sequence[str], device, batch_size: int = 256) -> 
 
 
 @torch.no_grad()
-def encode_images(model, images: Sequence[np.ndarray], size: int, device, batch_size: int = 256) -> dict[str, torch.Tensor]:
+def encode_images(model, images: Sequence[np.ndarray], size: int, device,
+                  batch_size: int = EVAL_BATCH_SIZE) -> dict[str, torch.Tensor]:
     parts = []
     for i in range(0, len(images), batch_size):
         pixels = torch.stack([eval_tensor(im, size) for im in images[i : i + batch_size]])
@@ -56,7 +58,7 @@ def encode_images(model, images: Sequence[np.ndarray], size: int, device, batch_
 
 
 @torch.no_grad()
-def extract(model, samples: Sequence[Sample], image_size: int, device, batch_size: int = 256,
+def extract(model, samples: Sequence[Sample], image_size: int, device, batch_size: int = EVAL_BATCH_SIZE,
             texts: bool = True) -> Features:
     """Every head's output for the images (and, with ``texts``, the reference captions) of ``samples``."""
     model.eval()

@@ -22,6 +22,7 @@ from PIL import Image
 
 from nclip.data.loader import eval_tensor
 from nclip.data.types import Sample
+from nclip.defaults import EVAL_BATCH_SIZE
 from nclip.errors import NclipError
 from nclip.eval.metrics import attention_mask_jaccard
 from nclip.eval.settings import MASK_THRESHOLD
@@ -52,7 +53,8 @@ def unsupported(vision_kind: str) -> str | None:
 
 
 @torch.no_grad()
-def extract(model, samples: Sequence[Sample], image_size: int, device, batch_size: int = 256) -> dict[str, torch.Tensor]:
+def extract(model, samples: Sequence[Sample], image_size: int, device,
+            batch_size: int = EVAL_BATCH_SIZE) -> dict[str, torch.Tensor]:
     """{"attn": [N, heads, h, w], "masks": bool [N, S, S] (union of the object masks)}."""
     model.eval()
     attn, masks = [], []
@@ -78,8 +80,8 @@ def predicted_mask(attn: torch.Tensor, size: int, threshold: float = THRESHOLD) 
     """bool [size, size]: one head's map [h, w] thresholded to ``threshold`` of its mass and
     upsampled (nearest) -- what the Jaccard compares, for drawing in the report. Uses the metric's
     own thresholding rule (ties at the cut are kept) so the picture matches the number."""
-    from nclip.eval.metrics import _mass_threshold
+    from nclip.eval.metrics import mass_threshold
 
-    keep = _mass_threshold(attn.reshape(1, -1).double(), threshold)[0]  # [h*w]
+    keep = mass_threshold(attn.reshape(1, -1).double(), threshold)[0]  # [h*w]
     grid = keep.view(1, 1, *attn.shape).float()
     return torch.nn.functional.interpolate(grid, size=(size, size), mode="nearest")[0, 0] > 0.5

@@ -1,60 +1,101 @@
 """The evaluation config (:class:`EvalSettings`) and the task names -- importable without torch, so
-that building the CLI parser stays fast."""
+that building the CLI parser stays fast.
+
+:class:`EvalSettings` is typed and checked like the run config (:mod:`nclip.config`): a frozen
+pydantic model that forbids unknown keys, ranges as ``Field`` constraints, and a bad value is one
+line in the run config's wording (``eval: batch_size: Input should be greater than or equal to 1
+(got 0)``) through :func:`validated` / :meth:`EvalSettings.updated`.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from typing import Annotated, Any, Callable, Literal, get_args
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from nclip.defaults import EVAL_BATCH_SIZE
 from nclip.errors import NclipError
 
 TASKS = ("zeroshot", "retrieval", "multilabel", "linear", "knn", "cluster", "realms", "sts", "masks", "diagnostics")
-HEADS = ("clip", "nclip")
+Head = Literal["clip", "nclip"]
+HEADS = get_args(Head)
 L2_GRID = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 1e-5, 1e-6)  # linear-probe L2 strengths (validated)
 MASK_THRESHOLD = 0.6  # DINO: keep the patches holding 60% of the [CLS] attention mass
 
 
-@dataclass(frozen=True)
-class EvalSettings:
+class EvalSettings(BaseModel):
     """The resolved evaluation config (written to results.json)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     tasks: tuple[str, ...] = TASKS
     datasets: tuple[str, ...] = ("synthetic", "digits")
-    head: str | None = None  # None: the objective's zero_shot_head
-    test_samples: int = 1000  # synthetic test scenes
-    train_samples: int = 2000  # synthetic scenes for the probes' training split
-    sts_pairs: int = 1000  # built-in STS pairs (with the synthetic dataset)
-    mask_samples: int = 500  # test scenes for mask probing
-    mask_threshold: float = MASK_THRESHOLD
-    knn_k: int = 20
-    knn_temperature: float = 0.07
-    l2_grid: tuple[float, ...] = L2_GRID
+    head: Head | None = None  # None: the objective's zero_shot_head
+    test_samples: int = Field(1000, ge=10, description="synthetic test scenes")
+    train_samples: int = Field(2000, ge=10, description="synthetic scenes for the probes' training split")
+    sts_pairs: int = Field(1000, ge=0, description="built-in STS pairs (with the synthetic dataset); 0 or >= 2")
+    mask_samples: int = Field(500, ge=1, description="test scenes for mask probing")
+    mask_threshold: float = Field(MASK_THRESHOLD, gt=0, le=1)
+    knn_k: int = Field(20, ge=1)
+    knn_temperature: float = Field(0.07, gt=0)
+    l2_grid: tuple[Annotated[float, Field(ge=0, allow_inf_nan=False)], ...] = Field(L2_GRID, min_length=1)
     seed: int = 0
-    batch_size: int = 256
-    device: str = "auto"
+    batch_size: int = Field(EVAL_BATCH_SIZE, ge=1)  # the same default as the run config's eval.batch_size
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     cache_dir: str | None = None  # None: no cache
     baseline: str | None = None  # run dir, eval dir or results.json for relative realm accuracy
 
-    def validate(self) -> "EvalSettings":
-        from nclip.eval.datasets import parse_spec
+    @field_validator("tasks")
+    @classmethod
+    def _known_tasks(cls, tasks: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [t for t in tasks if t not in TASKS]
+        if bad:
+            raise ValueError(f"unknown task {bad[0]!r}; available: {', '.join(TASKS)}")
+        if not tasks:
+            raise ValueError("no task selected")
+        return tasks
 
-        bad = [t for t in self.tasks if t not in TASKS]
-        if bad or not self.tasks:
-            raise NclipError(f"unknown task {bad[0]!r}; available: {', '.join(TASKS)}" if bad else "no task selected")
-        if self.head is not None and self.head not in HEADS:
-            raise NclipError(f"unknown head {self.head!r}; available: {', '.join(HEADS)}")
-        for name in ("mask_samples", "batch_size", "knn_k"):
-            if getattr(self, name) < 1:
-                raise NclipError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.test_samples < 10 or self.train_samples < 10:
-            raise NclipError("test_samples and train_samples must be >= 10")
-        if self.sts_pairs < 0 or (0 < self.sts_pairs < 2):
-            raise NclipError(f"sts_pairs must be 0 or >= 2, got {self.sts_pairs}")
-        if not 0 < self.mask_threshold <= 1 or not self.knn_temperature > 0:
-            raise NclipError("mask_threshold must lie in (0, 1] and knn_temperature be > 0")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise NclipError(f"device must be auto, cpu or cuda, got {self.device!r}")
-        if not self.datasets:
-            raise NclipError("no dataset selected")
-        for spec in self.datasets:
-            parse_spec(spec)
-        return self
+    @field_validator("datasets")
+    @classmethod
+    def _dataset_specs(cls, datasets: tuple[str, ...]) -> tuple[str, ...]:
+        from nclip.eval.datasets import parse_spec  # no torch
+
+        if not datasets:
+            raise ValueError("no dataset selected")
+        for spec in datasets:
+            try:
+                parse_spec(spec)
+            except NclipError as e:
+                raise ValueError(str(e)) from None
+        return datasets
+
+    @field_validator("sts_pairs")
+    @classmethod
+    def _pairs(cls, n: int) -> int:
+        if n == 1:
+            raise ValueError("a Spearman correlation needs 0 (no STS) or at least 2 sentence pairs, got 1")
+        return n
+
+    @field_validator("cache_dir", "baseline", mode="before")
+    @classmethod
+    def _path_text(cls, value: Any) -> Any:
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+    def updated(self, location_name: Callable[[str], str] | None = None, **changes) -> "EvalSettings":
+        """A copy with ``changes``, validated (see :func:`validated`)."""
+        return validated({**self.model_dump(), **changes}, location_name)
+
+
+def validated(fields: dict[str, Any], location_name: Callable[[str], str] | None = None) -> EvalSettings:
+    """:class:`EvalSettings` from ``fields``; a bad value raises a one-line :class:`NclipError` in the
+    run config's wording, ``eval: <field>: <problem>``. ``location_name`` names a field as the user
+    gave it (``nclip eval``: its option, ``test_samples`` → ``--samples``)."""
+    try:
+        return EvalSettings.model_validate(fields)
+    except ValidationError as e:
+        from nclip.config import describe_validation_error  # the one formatter (imports torch: errors only)
+
+        naming = {"location_name": location_name} if location_name else {}
+        raise NclipError(describe_validation_error(e, "eval", **naming)) from None
+

@@ -1,0 +1,77 @@
+"""The checkpoint an evaluation reads: where its weights and config are, and the model they load into.
+
+``nclip eval --checkpoint`` takes a run directory (RUN/model/), a model directory
+(model.safetensors + config.json) or a training checkpoint (RUN/checkpoints/step_N/, with the
+config of RUN/config.yaml); :func:`resolve_checkpoint` tells them apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from nclip.errors import NclipError
+from nclip.eval.cache import file_sha256
+
+
+@dataclass
+class Checkpoint:
+    path: Path  # as given
+    weights: Path  # model.safetensors
+    run_dir: Path | None  # where metrics.jsonl lives, if known
+    cfg: object  # RunConfig
+    sha256: str = ""
+
+    def load(self, device):
+        from safetensors.torch import load_file
+
+        from nclip.models.dual_encoder import build_model
+
+        model = build_model(self.cfg, pretrained_text=False)
+        try:
+            state = load_file(str(self.weights), device="cpu")
+        except Exception as e:  # safetensors raises its own error types for corrupt files
+            raise NclipError(f"cannot read {self.weights}: {e}") from None
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise NclipError(f"{self.weights} does not match its config: missing {missing[:3]}, "
+                             f"unexpected {unexpected[:3]}")
+        return model.to(device).eval()
+
+    @property
+    def vision_tower(self):
+        """The image tower class of the config (its ``feature`` and ``saliency`` descriptions)."""
+        from nclip.models.towers import VISION_TOWERS
+
+        return VISION_TOWERS[self.cfg.model.vision.kind]
+
+
+def resolve_checkpoint(path: str | Path) -> Checkpoint:
+    """A run directory (RUN/model/), a model directory (model.safetensors + config.json) or a
+    training checkpoint (RUN/checkpoints/step_N/, config from RUN/config.yaml)."""
+    import yaml
+
+    from nclip.config import validate
+    from nclip.models.io import CONFIG, WEIGHTS, read_config
+
+    p = Path(path).expanduser()
+    if (p / "model" / CONFIG).is_file():
+        model_dir, run_dir = p / "model", p
+    elif (p / CONFIG).is_file():
+        model_dir, run_dir = p, p.parent
+    elif (p / WEIGHTS).is_file() and (p.parent.parent / "config.yaml").is_file():
+        run_dir = p.parent.parent
+        try:
+            cfg = validate(yaml.safe_load((run_dir / "config.yaml").read_text()) or {})
+        except yaml.YAMLError as e:
+            raise NclipError(f"{run_dir / 'config.yaml'}: {str(e).splitlines()[0]}") from None
+        return Checkpoint(p, p / WEIGHTS, run_dir, cfg, file_sha256(p / WEIGHTS))
+    else:
+        raise NclipError(f"no nclip checkpoint in {p} (expected RUN_DIR/model/{CONFIG}, a model directory "
+                         f"with {CONFIG} and {WEIGHTS}, or RUN_DIR/checkpoints/step_N)")
+    weights = model_dir / WEIGHTS
+    if not weights.is_file():
+        raise NclipError(f"missing weights file: {weights}")
+    cfg = read_config(model_dir)
+    return Checkpoint(p, weights, run_dir if (run_dir / "metrics.jsonl").is_file() else None, cfg,
+                      file_sha256(weights))

@@ -1,0 +1,282 @@
+"""Every selected protocol on one dataset: :func:`eval_dataset` gets (cached) features and runs the
+tasks the dataset has what they need for, writing results, skip reasons and the report's artifacts
+into the evaluation's :class:`EvalState`. :func:`explain_missing` then gives every selected task
+without results the data-side reason.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from nclip.errors import NclipError
+from nclip.eval import diagnostics, masks, multilabel, probe, realms, retrieval, sts, zeroshot
+from nclip.eval.cache import FeatureCache
+from nclip.eval.checkpoint import Checkpoint
+from nclip.eval.datasets import EvalData
+from nclip.eval.features import encode_texts, ensemble, extract, prompt_outputs, similarity
+from nclip.eval.probe import threads as _threads
+from nclip.eval.settings import EvalSettings
+
+
+@dataclass
+class EvalState:
+    """One evaluation in progress: its inputs, the model (loaded on first use) and what it found."""
+
+    ck: Checkpoint
+    settings: EvalSettings
+    head: str
+    cache: FeatureCache
+    device: torch.device
+    log: Callable[[str], None]
+    results: dict = field(default_factory=dict)
+    skipped: dict = field(default_factory=dict)  # task -> one-line reason it has no results
+    artifacts: dict = field(default_factory=dict)
+    timing: dict = field(default_factory=dict)
+    extract_threads: int | None = None  # thread count for model forward passes
+    memo: dict = field(default_factory=dict)  # features already loaded in this run
+    _model: object = None
+
+    @property
+    def model(self):
+        if self._model is None:
+            t = time.perf_counter()
+            with _threads(self.extract_threads):
+                self._model = self.ck.load(self.device)
+            self.timing["load_model_s"] = time.perf_counter() - t
+        return self._model
+
+    @property
+    def image_size(self) -> int:
+        return self.ck.cfg.data.image_size
+
+    def put(self, task: str, dataset: str, metrics: dict) -> None:
+        for k, v in metrics.items():
+            self.results[f"{task}/{dataset}/{k}"] = float(v)
+
+
+# ---------------------------------------------------------------------------------------------
+# features
+# ---------------------------------------------------------------------------------------------
+
+
+def _features(st: EvalState, data: EvalData, split: str, texts: bool) -> dict[str, torch.Tensor]:
+    samples = data.splits[split]
+    identity = {"data": data.identity, "split": split, "texts": texts, "image_size": st.image_size,
+                "text_length": st.ck.cfg.data.text_length, "n": len(samples)}
+
+    def compute():
+        st.log(f"extracting {data.name}/{split}: {len(samples)} images" + (" + captions" if texts else ""))
+        with _threads(st.extract_threads):
+            f = extract(st.model, samples, st.image_size, st.device, st.settings.batch_size, texts=texts)
+        out = {f"image.{k}": v for k, v in f.image.items()}
+        out.update({f"text.{k}": v for k, v in f.text.items()})
+        out["text_to_image"] = f.text_to_image
+        out.update({f"label.{k}": v for k, v in f.labels.items()})
+        out.update({f"multilabel.{k}": v for k, v in f.multilabels.items()})
+        return out
+
+    memo_key = json.dumps([data.name, identity], sort_keys=True, default=str)
+    if memo_key not in st.memo:
+        st.memo[memo_key] = st.cache.get(f"{data.name}-{split}", identity, compute)
+    return st.memo[memo_key]
+
+
+def _group(flat: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {k[len(prefix) + 1:]: v for k, v in flat.items() if k.startswith(prefix + ".")}
+
+
+def _prompts(st: EvalState, data: EvalData, kind: str) -> dict[str, torch.Tensor]:
+    space = data.label_spaces[kind]
+    identity = {"names": space.names, "templates": space.templates, "text_length": st.ck.cfg.data.text_length}
+    return st.cache.get(f"{data.name}-prompts-{kind}", identity, lambda: prompt_outputs(st.model, space, st.device))
+
+
+def _check_head(st: EvalState, outputs: dict[str, torch.Tensor]) -> None:
+    need = {"clip": "emb", "nclip": "logits"}[st.head]
+    if need not in outputs:
+        raise NclipError(f"head {st.head!r} is not in this checkpoint (objective {st.ck.cfg.objective.name})")
+
+
+# ---------------------------------------------------------------------------------------------
+# the tasks
+# ---------------------------------------------------------------------------------------------
+
+
+def eval_dataset(st: EvalState, data: EvalData) -> None:
+    """Every selected task that ``data`` has what it needs for, in a fixed order."""
+    tasks = set(st.settings.tasks)
+    if data.sts is not None:
+        if "sts" in tasks:
+            _eval_sts(st, data)
+        return
+    needs_text = data.retrieval  # always: one cache entry serves every task list
+    test = _features(st, data, "test", texts=needs_text)
+    image = _group(test, "image")
+    _check_head(st, image)
+
+    if tasks & {"zeroshot", "multilabel"}:
+        _eval_zero_shot(st, data, test, image, tasks)
+    text = _group(test, "text")
+    if "retrieval" in tasks and data.retrieval and text:
+        _eval_retrieval(st, data, test, image, text)
+    if tasks & {"linear", "knn"} and "train" in data.splits and data.label_spaces:
+        _eval_probes(st, data, test, image, tasks)
+    if "cluster" in tasks:
+        for kind in data.label_spaces:
+            y = test[f"label.{kind}"]
+            if torch.unique(y).numel() >= 2:
+                st.put("cluster", f"{data.name}-{kind}", probe.cluster(image["features"], y, seed=st.settings.seed))
+    if "realms" in tasks and data.realm and "train" in data.splits:
+        _eval_realms(st, data, test)
+    if "masks" in tasks and data.masks:
+        _eval_masks(st, data)
+    if "diagnostics" in tasks and text:
+        st.put("diagnostics", data.name, diagnostics.evaluate(image, text, test["text_to_image"]))
+
+
+def _eval_zero_shot(st: EvalState, data: EvalData, test: dict, image: dict, tasks: set[str]) -> None:
+    """Zero-shot classification of every label kind and multi-label scores, from the same class
+    scores (prompt ensembles); the primary kind's embeddings are kept for the report's t-SNE."""
+    kinds = list(data.label_spaces)
+    class_scores: dict[str, torch.Tensor] = {}
+    for kind in kinds if "zeroshot" in tasks else [k for k in kinds if k in data.multilabel_kinds]:
+        prompts = _prompts(st, data, kind)
+        classes = ensemble(prompts, len(data.label_spaces[kind]))
+        class_scores[kind] = zeroshot.scores(image, classes, st.head)
+        if kind == _primary_kind(data):
+            st.artifacts.setdefault("tsne", {"dataset": data.name, "kind": kind, "head": st.head,
+                                             "image": image, "labels": test[f"label.{kind}"],
+                                             "prompts": prompts, "classes": classes,
+                                             "names": data.label_spaces[kind].names,
+                                             "templates": len(data.label_spaces[kind].templates)})
+
+    if "zeroshot" in tasks:
+        for kind in kinds:
+            m, pred = zeroshot.evaluate(class_scores[kind], test[f"label.{kind}"])
+            st.put("zeroshot", f"{data.name}-{kind}", m)
+            st.artifacts.setdefault("confusion", {})[f"{data.name}-{kind}"] = (
+                zeroshot.confusion(pred, test[f"label.{kind}"], len(data.label_spaces[kind])),
+                data.label_spaces[kind].names)
+
+    if "multilabel" in tasks:
+        for kind in data.multilabel_kinds:
+            if kind in class_scores and f"multilabel.{kind}" in test:
+                st.put("multilabel", f"{data.name}-{kind}",
+                       multilabel.evaluate(class_scores[kind], test[f"multilabel.{kind}"]))
+
+
+def _primary_kind(data: EvalData) -> str | None:
+    for kind in ("shape", "digit", "class"):
+        if kind in data.label_spaces:
+            return kind
+    return next(iter(data.label_spaces), None)
+
+
+def _eval_retrieval(st: EvalState, data: EvalData, test: dict, image: dict, text: dict) -> None:
+    sim = similarity(image, text, st.head)
+    st.put("retrieval", data.name, retrieval.evaluate(sim, test["text_to_image"]))
+    fails = retrieval.failure_cases(sim, test["text_to_image"], n=6)
+    if fails:
+        st.artifacts.setdefault("failures", {})[data.name] = (fails, data.splits["test"], test["text_to_image"])
+
+
+def _eval_probes(st: EvalState, data: EvalData, test: dict, image: dict, tasks: set[str]) -> None:
+    """Linear probe and k-NN on frozen image features, per label kind (train split -> test split)."""
+    s = st.settings
+    train = _features(st, data, "train", texts=False)
+    xtr, xte = train["image.features"], image["features"]
+    for kind in data.label_spaces:
+        n_cls = len(data.label_spaces[kind])
+        ytr, yte = train[f"label.{kind}"], test[f"label.{kind}"]
+        if "linear" in tasks:
+            t = time.perf_counter()
+            st.put("linear", f"{data.name}-{kind}",
+                   probe.linear(xtr, ytr, xte, yte, n_cls, l2_grid=s.l2_grid, seed=s.seed))
+            st.timing[f"linear/{data.name}-{kind}_s"] = time.perf_counter() - t
+        if "knn" in tasks:
+            st.put("knn", f"{data.name}-{kind}",
+                   probe.knn(xtr, ytr, xte, yte, n_cls, k=s.knn_k, temperature=s.knn_temperature))
+
+
+def _eval_realms(st: EvalState, data: EvalData, test: dict) -> None:
+    rk, ck = data.realm
+    train = _features(st, data, "train", texts=False)
+    names = data.label_spaces[rk].names
+    per = realms.evaluate(train["image.features"], train[f"label.{rk}"], train[f"label.{ck}"],
+                          test["image.features"], test[f"label.{rk}"], test[f"label.{ck}"], names,
+                          l2_grid=st.settings.l2_grid, seed=st.settings.seed)
+    for name, m in per.items():
+        st.put("realms", f"{data.name}-{realms.key(name)}", {"top1": m["top1"], "mean_per_class": m["mean_per_class"]})
+    if per:
+        st.put("realms", data.name, {"mean_top1": sum(m["top1"] for m in per.values()) / len(per)})
+    st.artifacts.setdefault("realms", {})[data.name] = {realms.key(n): m for n, m in per.items()}
+
+
+def _eval_sts(st: EvalState, data: EvalData) -> None:
+    a, b, gold = zip(*data.sts)
+    identity = {"data": data.identity, "text_length": st.ck.cfg.data.text_length}
+
+    def compute():
+        st.log(f"encoding {data.name} STS: {len(a)} sentence pairs")
+        with _threads(st.extract_threads):
+            out = {f"a.{k}": v for k, v in encode_texts(st.model, list(a), st.device, st.settings.batch_size).items()}
+            out.update({f"b.{k}": v
+                        for k, v in encode_texts(st.model, list(b), st.device, st.settings.batch_size).items()})
+        return out
+
+    f = st.cache.get(f"{data.name}-sts", identity, compute)
+    st.put("sts", data.name, sts.evaluate(_group(f, "a"), _group(f, "b"), gold))
+
+
+def _eval_masks(st: EvalState, data: EvalData) -> None:
+    reason = masks.unsupported(st.ck.cfg.model.vision.kind)
+    if reason:
+        st.skipped["masks"] = reason
+        return
+    samples = data.splits["test"]
+    n = min(st.settings.mask_samples, len(samples))
+    identity = {"data": data.identity, "n": n, "image_size": st.image_size}
+
+    def compute():
+        st.log(f"extracting {data.name} [CLS] attention maps: {n} images")
+        with _threads(st.extract_threads):
+            return masks.extract(st.model, samples[:n], st.image_size, st.device, st.settings.batch_size)
+
+    f = st.cache.get(f"{data.name}-attention", identity, compute)
+    r = masks.evaluate(f["attn"], f["masks"], st.settings.mask_threshold)
+    metrics = {"jaccard": r["jaccard"], "best_head": r["best_head"], "mean_heads": r["mean_heads"]}
+    metrics.update({f"head{h}": float(v) for h, v in enumerate(r["per_head"])})
+    st.put("masks", data.name, metrics)
+    st.artifacts.setdefault("masks", {})[data.name] = {"attn": f["attn"], "masks": f["masks"], "samples": samples,
+                                                       "best_head": r["best_head"],
+                                                       "per_sample": r["per_sample"][:, r["best_head"]],
+                                                       "threshold": st.settings.mask_threshold,
+                                                       "saliency": st.ck.vision_tower.saliency}
+
+
+# what a selected task needs from the data, for the reason it is skipped when no dataset has it
+_NEEDS = {
+    "zeroshot": "class labels",
+    "retrieval": "captions (synthetic, digits, captions:FILE)",
+    "multilabel": "multi-label annotations (synthetic)",
+    "linear": "class labels and a train split",
+    "knn": "class labels and a train split",
+    "cluster": "test labels of at least two classes",
+    "realms": "realm labels and a train split (synthetic, realms:DIR)",
+    "sts": "sentence pairs (synthetic with --sts-pairs > 0, sts:FILE.csv)",
+    "masks": "object masks (synthetic)",
+    "diagnostics": "captions (synthetic, digits, captions:FILE)",
+}
+
+
+def explain_missing(st: EvalState) -> None:
+    """Give every selected task without results and without a reason yet the data-side reason."""
+    done = {key.split("/")[0] for key in st.results}
+    for task in st.settings.tasks:
+        if task not in done and task not in st.skipped:
+            st.skipped[task] = f"none of the selected datasets has {_NEEDS[task]}"

@@ -1,0 +1,280 @@
+"""The figures of report.html, each a base64 PNG (or, for retrieval failures, HTML cards of images):
+the zero-shot confusion matrix; t-SNE of image and text class embeddings (xCLIP Figs. G3-G6:
+cosine distance for the CLIP head, symmetrised cross-entropy -- i.e. KL -- for the nCLIP head);
+retrieval failure cases (Fig. 5 / D2); mask probing examples; realm-wise accuracies; and the
+training curves of a run's metrics.jsonl, nCLIP terms included. :mod:`nclip.eval.report` lays
+them out on the page.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from collections import defaultdict
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def png(fig) -> str:
+    """A matplotlib figure as base64 PNG (the figure is closed)."""
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def img_tag(b64: str, alt: str, cls: str = "") -> str:
+    """An inline <img> of a base64 PNG (the page stays self-contained)."""
+    return f'<img class="{cls}" alt="{html.escape(alt)}" src="data:image/png;base64,{b64}">'
+
+
+def _image_png(image: np.ndarray, size: int = 128) -> str:
+    from PIL import Image
+
+    im = Image.fromarray(np.asarray(image, dtype=np.uint8))
+    scale = max(1, size // max(im.size))
+    im = im.resize((im.width * scale, im.height * scale), Image.NEAREST)
+    buf = io.BytesIO()
+    im.save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def confusion_figure(cm: torch.Tensor, names) -> str:
+    import matplotlib.pyplot as plt
+
+    cm = cm.double()
+    norm = cm / cm.sum(dim=1, keepdim=True).clamp_min(1)
+    n = len(names)
+    size = max(3.5, 0.3 * n + 1.6)
+    fig, ax = plt.subplots(figsize=(size + 1.0, size))
+    im = ax.imshow(norm.numpy(), cmap="Blues", vmin=0, vmax=1)
+    ax.set_xticks(range(n), names, rotation=60, ha="right", fontsize=8)
+    ax.set_yticks(range(n), names, fontsize=8)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true class")
+    if n <= 20:
+        for i in range(n):
+            for j in range(n):
+                if cm[i, j] > 0:
+                    ax.text(j, i, f"{int(cm[i, j])}", ha="center", va="center", fontsize=6,
+                            color="white" if norm[i, j] > 0.5 else "#333")
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="share of the true class")
+    return png(fig)
+
+
+def pairwise_distance(x: torch.Tensor, head: str) -> np.ndarray:
+    """[N, N] distances for t-SNE: cosine distance (CLIP head, features) or symmetrised KL
+    between the softmax distributions (nCLIP head: CE minus the self-entropy, made symmetric)."""
+    x = x.double()
+    if head == "nclip":
+        logp = F.log_softmax(x, dim=1)
+        p = logp.exp()
+        kl = (p * logp).sum(1, keepdim=True) - p @ logp.T  # KL(p_i || p_j)
+        d = 0.5 * (kl + kl.T)
+    else:
+        xn = F.normalize(x, dim=1)
+        d = 1.0 - xn @ xn.T
+    d = d.clamp_min(0)
+    d.fill_diagonal_(0)
+    return d.numpy()
+
+
+def tsne_2d(dist: np.ndarray, seed: int = 0) -> np.ndarray:
+    from sklearn.manifold import TSNE
+
+    n = dist.shape[0]
+    perplexity = float(min(20.0, max(2.0, (n - 1) / 3)))  # the paper's 20, capped for few points
+    return TSNE(n_components=2, perplexity=perplexity, metric="precomputed", init="random",
+                learning_rate=200.0, max_iter=1000, random_state=seed).fit_transform(dist)
+
+
+def tsne_figure(t: dict, max_images: int = 500) -> str:
+    import matplotlib.pyplot as plt
+
+    head = t["head"]
+    key = "emb" if head == "clip" else "logits"
+    names = list(t["names"])
+    n_cls = len(names)
+    g = torch.Generator().manual_seed(0)
+    labels = t["labels"].long()
+    idx = torch.randperm(labels.numel(), generator=g)[:max_images]
+    img, lab = t["image"][key][idx], labels[idx]
+    prompts = t["prompts"][key]
+    per_class = prompts.shape[0] // n_cls
+    cmap = plt.get_cmap("tab20" if n_cls > 10 else "tab10")
+    colour = [cmap(c % cmap.N) for c in range(n_cls)]
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.6))
+    pts = tsne_2d(pairwise_distance(img, head))
+    ax = axes[0]
+    for c in range(n_cls):
+        m = (lab == c).numpy()
+        if m.any():
+            ax.scatter(pts[m, 0], pts[m, 1], s=10, color=colour[c], alpha=0.6, linewidths=0)
+            cen = pts[m].mean(axis=0)  # where the class sits in the map
+            ax.scatter(*cen, s=80, color=colour[c], edgecolor="black", linewidths=1.0, zorder=3)
+            if n_cls <= 40:  # beyond that the names only cover each other
+                ax.annotate(names[c], cen, xytext=(4, 4), textcoords="offset points", fontsize=8, weight="bold")
+    ax.set_title(f"image embeddings ({len(idx)} test images; ● centre of each class)", fontsize=10)
+
+    xy = tsne_2d(pairwise_distance(torch.cat([prompts.double(), t["classes"][key].double()]), head))
+    pts, cen = xy[: prompts.shape[0]], xy[prompts.shape[0]:]
+    ax = axes[1]
+    for c in range(n_cls):
+        sl = slice(c * per_class, (c + 1) * per_class)
+        ax.scatter(pts[sl, 0], pts[sl, 1], s=14, color=colour[c], alpha=0.6, linewidths=0)
+        ax.scatter(*cen[c], s=90, color=colour[c], edgecolor="black", linewidths=1.0, zorder=3)
+        if n_cls <= 40:
+            ax.annotate(names[c], cen[c], xytext=(4, 4), textcoords="offset points", fontsize=8, weight="bold")
+    ax.set_title(f"text embeddings ({per_class} prompts per class; ● prompt ensemble)", fontsize=10)
+    for ax in axes:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    metric = "cosine distance" if head == "clip" else "symmetrised KL of the nCLIP distributions"
+    fig.suptitle(f"t-SNE of {t['dataset']} {t['kind']} classes, {head} head ({metric})", fontsize=11)
+    fig.tight_layout()
+    return png(fig)
+
+
+def _caption_text(samples, text_to_image: torch.Tensor, j: int) -> str:
+    img = int(text_to_image[j])
+    first = int(torch.nonzero(text_to_image == img)[0])
+    caps = samples.captions[img] if hasattr(samples, "captions") and isinstance(samples.captions, list) \
+        else samples[img].captions
+    return caps[j - first]
+
+
+def failures_html(name: str, fails, samples, text_to_image) -> str:
+    cards = []
+    for f in fails:
+        wrong = _caption_text(samples, text_to_image, f.wrong)
+        right = _caption_text(samples, text_to_image, f.right)
+        owner = int(text_to_image[f.wrong])
+        image = samples[f.image].image
+        other = samples[owner].image
+        cards.append(
+            '<div class="fail">'
+            f'<div class="pics"><figure>{img_tag(_image_png(image), "query image", "thumb")}'
+            f'<figcaption>query #{f.image}</figcaption></figure>'
+            f'<figure>{img_tag(_image_png(other), "image of the wrong caption", "thumb dim")}'
+            f'<figcaption>owner of the retrieved caption (#{owner})</figcaption></figure></div>'
+            f'<p class="bad"><span class="tag">retrieved</span> {html.escape(wrong)}</p>'
+            f'<p class="good"><span class="tag">correct</span> {html.escape(right)} '
+            f'<span class="rank">(rank {f.rank + 1}, margin {f.margin:.3g})</span></p></div>')
+    return f'<h3>{html.escape(name)}</h3><div class="fails">{"".join(cards)}</div>'
+
+
+def masks_figure(name: str, m: dict, n: int = 6) -> str:
+    import matplotlib.pyplot as plt
+
+    from nclip.eval.masks import predicted_mask
+
+    per = m["per_sample"]
+    order = per.argsort(descending=True)
+    picks = [int(i) for i in order[: n // 2]] + [int(i) for i in order.flip(0)[: n - n // 2]]
+    head = m["best_head"]
+    fig, axes = plt.subplots(3, len(picks), figsize=(1.9 * len(picks), 6.0))
+    axes = np.atleast_2d(axes)
+    for col, i in enumerate(picks):
+        image = m["samples"][i].image
+        gt = m["masks"][i].numpy()
+        size = gt.shape[0]
+        att = m["attn"][i, head]
+        pred = predicted_mask(att, size, m["threshold"]).numpy()
+        up = F.interpolate(att[None, None], size=(size, size), mode="nearest")[0, 0].numpy()
+        axes[0, col].imshow(image, interpolation="nearest")
+        axes[0, col].contour(gt, levels=[0.5], colors="lime", linewidths=1.0)
+        axes[0, col].set_title(f"#{i}  J={float(per[i]):.2f}", fontsize=8)
+        axes[1, col].imshow(up, cmap="inferno", interpolation="nearest")
+        axes[2, col].imshow(image, interpolation="nearest")
+        axes[2, col].imshow(np.ma.masked_where(~pred, pred), cmap="autumn", alpha=0.55, interpolation="nearest")
+        for r in range(3):
+            axes[r, col].set_xticks([])
+            axes[r, col].set_yticks([])
+    axes[0, 0].set_ylabel("image + true mask", fontsize=8)
+    axes[1, 0].set_ylabel(f"{m.get('saliency') or '[CLS] attention'}, head {head}", fontsize=8)
+    axes[2, 0].set_ylabel(f"top {int(100 * m['threshold'])}% mass", fontsize=8)
+    fig.suptitle(f"{name}: best and worst scenes for the best head ({head})", fontsize=10)
+    fig.tight_layout()
+    return png(fig)
+
+
+def realms_figure(per: dict[str, dict], baseline: dict[str, float] | None, dataset: str) -> str:
+    import matplotlib.pyplot as plt
+
+    names = list(per)
+    acc = [100 * per[r]["top1"] for r in names]
+    fig, ax = plt.subplots(figsize=(max(3.6, 0.9 * len(names) + 1.6), 3.0))
+    x = np.arange(len(names))
+    width = 0.38 if baseline else 0.6
+    ax.bar(x - (width / 2 if baseline else 0), acc, width, label="this model", color="#3b6fb6")
+    if baseline:
+        base = [100 * baseline.get(f"realms/{dataset}-{r}/top1", float("nan")) for r in names]
+        ax.bar(x + width / 2, base, width, label="baseline", color="#bbbbbb")
+        ax.legend(fontsize=8)
+    for xi, a in zip(x, acc):
+        ax.text(xi - (width / 2 if baseline else 0), a + 1, f"{a:.1f}", ha="center", fontsize=8)
+    chance = [100 / per[r]["classes"] for r in names]
+    ax.scatter(x, chance, marker="_", s=400, color="crimson", label="chance", zorder=3)
+    ax.set_xticks(x, [n.replace("_", " ") for n in names])
+    ax.set_ylabel("top-1 (%)")
+    ax.set_ylim(0, 105)
+    ax.set_title(f"{dataset}: linear probe per realm (red: chance)", fontsize=10)
+    fig.tight_layout()
+    return png(fig)
+
+
+def curve_panels(keys: list[str]) -> list[tuple[str, list[str]]]:
+    """Which logged series go on which panel (every numeric series appears once)."""
+    panels = [
+        ("total loss", ["loss"]),
+        ("InfoNCE (CLIP head)", ["clip/loss"]),
+        ("nCLIP terms", [k for k in keys if k.startswith("nclip/L_")]),
+        ("CLIP in-batch accuracy", [k for k in keys if k.startswith("clip/acc")]),
+        ("CLIP logits (pos / neg)", [k for k in keys if k.startswith("clip/logit_")]),
+        ("logit scale 1/σ", ["logit_scale"]),
+        ("learning rate", ["lr"]),
+        ("gradient norm", ["grad_norm"]),
+    ]
+    used = {k for _, ks in panels for k in ks} | {"step", "samples_per_s", "nonfinite_steps", "nclip/loss"}
+    rest: dict[str, list[str]] = defaultdict(list)
+    for k in keys:
+        if k not in used:
+            rest[k.split("/")[0] if "/" in k else "other"].append(k)
+    panels += [(f"{prefix} terms", ks) for prefix, ks in sorted(rest.items())]
+    return [(t, [k for k in ks if k in keys]) for t, ks in panels if any(k in keys for k in ks)]
+
+
+def curves_figure(rows: list[dict]) -> str:
+    import matplotlib.pyplot as plt
+
+    keys: list[str] = []
+    for r in rows:
+        keys += [k for k, v in r.items() if isinstance(v, (int, float)) and k not in keys]
+    panels = curve_panels(keys)
+    cols = 3
+    nrows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(12, 2.7 * nrows), squeeze=False)
+    for ax, (title, ks) in zip(axes.flat, panels):
+        for k in ks:
+            pts = [(r["step"], r[k]) for r in rows if isinstance(r.get(k), (int, float)) and math.isfinite(r[k])]
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, marker="." if len(xs) < 30 else None, lw=1.4, label=k.split("/")[-1])
+        ax.set_title(title, fontsize=9)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        if len(ks) > 1:
+            ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    for ax in axes[-1]:
+        ax.set_xlabel("step", fontsize=8)
+    fig.tight_layout()
+    return png(fig)
