@@ -35,6 +35,7 @@ from nclip.eval.settings import HEADS, TASKS, EvalSettings
 from nclip.jsonio import jsonable, read_json
 
 RESULTS_VERSION = 1
+TEXT_TASKS = ("zeroshot", "retrieval", "multilabel", "diagnostics")  # need a text-aligned head
 
 
 # ---------------------------------------------------------------------------------------------
@@ -170,6 +171,8 @@ def _prompts(st: _State, data: D.EvalData, kind: str) -> dict[str, torch.Tensor]
 
 
 def _check_head(st: _State, outputs: dict[str, torch.Tensor]) -> None:
+    if st.head is None:  # image-only objective: no head is scored
+        return
     need = {"clip": "emb", "nclip": "logits"}[st.head]
     if need not in outputs:
         raise NclipError(f"head {st.head!r} is not in this checkpoint (objective {st.ck.cfg.objective.name})")
@@ -182,7 +185,7 @@ def _eval_dataset(st: _State, data: D.EvalData) -> None:
         if "sts" in tasks:
             _eval_sts(st, data)
         return
-    needs_text = data.retrieval  # always: one cache entry serves every task list
+    needs_text = data.retrieval and st.head is not None  # always: one cache entry serves every task list
     test = _features(st, data, "test", texts=needs_text)
     image = _group(test, "image")
     _check_head(st, image)
@@ -427,11 +430,17 @@ def run_eval(checkpoint: str | Path, out: str | Path | None = None, *, tasks=Non
     objective = REGISTRY[ck.cfg.objective.name][1]
     model_heads = sorted(objective.heads)
     head_name = settings.head or objective.zero_shot_head
-    if head_name not in model_heads:
+    text_skipped = {}
+    if head_name is None:  # no text-aligned head (CMSF, xent): the image-only protocols alone
+        why = f"objective {ck.cfg.objective.name!r} trains no text-aligned head (image-only: see linear, knn)"
+        text_skipped = {t: why for t in settings.tasks if t in TEXT_TASKS}
+        settings = replace(settings, tasks=tuple(t for t in settings.tasks if t not in TEXT_TASKS))
+    elif head_name not in model_heads:
         raise NclipError(f"head {head_name!r} is not in this checkpoint: objective {ck.cfg.objective.name!r} "
                          f"has {', '.join(model_heads)}")
     st = _State(ck, settings, head_name, FeatureCache(settings.cache_dir, ck.sha256), _device(settings.device),
                 log or (lambda msg: None))
+    st.skipped.update(text_skipped)
 
     cfg = ck.cfg
     data_seed = settings.seed
@@ -457,7 +466,7 @@ def run_eval(checkpoint: str | Path, out: str | Path | None = None, *, tasks=Non
     doc = {
         "version": RESULTS_VERSION,
         "checkpoint": {"path": str(ck.path), "weights": str(ck.weights), "weights_sha256": ck.sha256,
-                       "objective": cfg.objective.name, "heads": model_heads, "head": head_name,
+                       "objective": cfg.objective.name, "heads": model_heads, "head": head_name or "none",
                        "zero_shot_head": objective.zero_shot_head, "image_size": cfg.data.image_size,
                        "vision_tower": cfg.model.vision.kind, "text_tower": cfg.model.text.kind,
                        "run_dir": str(ck.run_dir) if ck.run_dir else None},
