@@ -231,7 +231,7 @@ def _batches(cfg, start=0, rank=0, world=1, labels=True):
 def test_two_views_differ_are_reproducible_and_split_over_ranks():
     cfg = resolve("micro", MICRO + ["train.steps=3"])
     full = _batches(cfg)
-    pixels, ids, mask, labels, true = full[0]
+    pixels, _, _, labels, true = full[0]
     assert pixels.shape == (16, 2, 3, 16, 16) and labels.shape == true.shape == (16,)
     assert not torch.equal(pixels[:, 0], pixels[:, 1])  # online (strong) and target (weak) views differ
     assert torch.equal(labels, true)  # no noise

@@ -120,7 +120,7 @@ class Objective(nn.Module):
     views: ClassVar[int] = 1
 
     @classmethod
-    def build(cls, cfg: ObjectiveConfig, run_cfg=None) -> "Objective":
+    def build(cls, cfg: ObjectiveConfig, run_cfg=None) -> Objective:
         """The objective for ``cfg``; ``run_cfg`` (the whole RunConfig, when the trainer builds it)
         for sizes that live elsewhere in the config, e.g. CMSF's bank width ``model.cmsf_dim``."""
         return cls(cfg)

@@ -40,7 +40,12 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 
 from nclip.objectives import functional
-from nclip.objectives.base import EncoderOutput, LabelRequest, Objective, ObjectiveConfig
+from nclip.objectives.base import (
+    EncoderOutput,
+    LabelRequest,
+    Objective,
+    ObjectiveConfig,
+)
 from nclip.objectives.cmsf_bank import MemoryBank
 from nclip.objectives.momentum import momentum_at
 
@@ -126,7 +131,7 @@ class CmsfObjective(Objective):
         self.register_buffer("next_momentum", torch.tensor(float(cfg.momentum)))
 
     @classmethod
-    def build(cls, cfg: CmsfFields, run_cfg=None) -> "CmsfObjective":
+    def build(cls, cfg: CmsfFields, run_cfg=None) -> CmsfObjective:
         return cls(cfg, dim=run_cfg.model.cmsf_dim) if run_cfg is not None else cls(cfg)
 
     @classmethod
