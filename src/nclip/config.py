@@ -149,6 +149,9 @@ class ModelConfig(_Section):
     nclip_dim: int = Field(32768, ge=2, title="dim", description="nCLIP head output K (Sec. 3.2: 32768)")
     proto_hidden: int = Field(2048, ge=1, description="ProtoCLIP head hidden width (App. A.1: 2048)")
     proto_dim: int = Field(128, ge=2, description="ProtoCLIP head output d_h (App. A.1: 128)")
+    # CMSF's projection and predictor MLPs, linear(d, 4096) → BN → ReLU → linear(4096, 512) (Sec. 3)
+    cmsf_hidden: int = Field(4096, ge=1, description="CMSF projection/predictor hidden width (Sec. 3: 4096)")
+    cmsf_dim: int = Field(512, ge=1, description="CMSF projection/predictor output (Sec. 3: 512)")
     sync_batchnorm: bool = True  # under DDP, BatchNorm statistics over the global batch
 
 
@@ -159,6 +162,10 @@ class TrainConfig(_Section):
     schedule_steps: int | None = Field(None, ge=1)
     batch_size: int = Field(64, ge=2, description="global batch (pairs per optimizer step)")
     accumulation: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    # adamw (betas, eps) or SGD with (heavy-ball) momentum, CMSF's recipe (Sec. 3: lr 0.05,
+    # momentum 0.9, weight decay 1e-4, cosine); both decay matrices only (nclip.train.optim)
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum (optimizer sgd)")
     lr: float = Field(1e-3, gt=0)
     min_lr: float = Field(2e-6, ge=0)
     warmup_steps: int = Field(0, ge=0)
@@ -225,6 +232,7 @@ class RunConfig(_Section):
         if self.train.batch_size % self.data.hard_negative_group:
             raise ValueError(f"train.batch_size {self.train.batch_size} is not divisible by "
                              f"data.hard_negative_group {self.data.hard_negative_group}")
+        REGISTRY[self.objective.name][1].check_run(self)  # e.g. a label constraint needs labelled data
         return self
 
 

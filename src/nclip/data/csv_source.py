@@ -77,11 +77,14 @@ def load_pair(image_path: str, caption: str) -> tuple[np.ndarray, str] | str:
 
 
 class CsvTrainPairs(Dataset):
-    """Row i → (augmented image [3, S, S], caption, [(path, reason) of rows skipped for it])."""
+    """Row i → (augmented image [3, S, S], caption, [(path, reason) of rows skipped for it]).
 
-    def __init__(self, cfg: RunConfig):
+    ``raw``: the un-augmented image instead (:func:`nclip.data.loader.view_source`), from which the
+    collate function makes two views (CMSF)."""
+
+    def __init__(self, cfg: RunConfig, raw: bool = False):
         d = cfg.data
-        self.cfg, self.file = cfg, d.csv
+        self.cfg, self.file, self.raw = cfg, d.csv, raw
         self.images, self.captions = read_rows(d.csv, d.csv_image_key, d.csv_caption_key)
 
     def __len__(self) -> int:
@@ -97,6 +100,10 @@ class CsvTrainPairs(Dataset):
                 bad.append((f"{self.file} row {row + 2} ({self.images[row]})", out))
                 continue
             image, caption = out
+            if self.raw:
+                from nclip.data.loader import csv_view_side, view_source
+
+                return view_source(image, csv_view_side(self.cfg.data.image_size)), caption, bad
             aug = self.cfg.data.augment
             rng = np.random.default_rng([self.cfg.seed, _AUG_STREAM, index])
             crop = augment(image, self.cfg.data.image_size, aug, rng)

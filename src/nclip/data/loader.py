@@ -9,6 +9,23 @@ global batch, so gathering the ranks' rows restores the global batch in order.
 Streamed sources (webdataset tar shards) are endless per-rank, per-worker streams; see
 :mod:`nclip.data.webdataset` for how they split, shuffle, mix and resume exactly.
 
+What an objective needs beyond (pixels, ids, mask) comes from its class (``Objective.views``,
+``Objective.label_request``), passed by the trainer:
+
+- ``views=2`` (CMSF, MSF): pixels [B, 2, 3, S, S], the strong (online) view first, the weak
+  (target) view second, made by :class:`nclip.data.views.TwoViews` on the batch in the collate
+  function (in the loader's workers) from the un-augmented images, with the parameters of the
+  *global* batch of the step drawn from a generator seeded by (seed, step) and this rank's rows of
+  them applied: a resumed run and a run split over ranks see exactly the views of an uninterrupted
+  single-process run. Map-style sources only (built-in and CSV); images of a CSV source are first
+  resized and centre-cropped to ⌈8·S/7⌉ (256 for 224) so that they batch.
+- labels (built-in sources): two more per-row tensors, the training label of the requested kind
+  and the clean one, appended as ``(pixels, ids, mask, labels, true_labels)``. Label noise is
+  :func:`nclip.data.label_noise.corrupt_labels` over the whole training split (the exact share,
+  seeded by the run seed, fixed for the run, as the paper's Sec. 2.2), computed from dataset
+  indices alone so that no sample has to be generated up front; the semi-supervised setting keeps
+  the label of a seeded ``labelled`` share of the rows and gives the rest -1.
+
 :func:`train_loader` returns a :class:`TrainData`: iterate it for batches; ``skipped`` counts the
 bad samples skipped so far on this rank and ``state()`` is the data position to checkpoint.
 """
@@ -16,6 +33,8 @@ bad samples skipped so far on this rank and ``state()`` is the data position to 
 from __future__ import annotations
 
 from typing import Iterator, Sequence
+
+import math
 
 import numpy as np
 import torch
@@ -27,8 +46,13 @@ from nclip.data.tokenization import CaptionTokenizer
 from nclip.data.transforms import augment, resize_center_crop, to_tensor
 from nclip.data.types import Sample
 from nclip.errors import NclipError
+from nclip.objectives.base import LabelRequest
 
 _AUG_STREAM = 0xA06  # separates augmentation randomness from the data generators' streams
+_VIEW_STREAM, _NOISE_STREAM, _SEMI_STREAM = 0x71E5, 0x4015E, 0x5E41  # two views, label noise, labelled rows
+BUILTIN = ("synthetic", "digits")
+MAIN_LABEL = {"synthetic": "shape", "digits": "digit"}  # the label kind used when none is named
+UNLABELLED = -1
 
 
 def build_dataset(cfg: RunConfig, split: str, length: int | None = None) -> Sequence[Sample]:
@@ -56,21 +80,116 @@ def build_dataset(cfg: RunConfig, split: str, length: int | None = None) -> Sequ
     raise NclipError(f"unknown data source {d.source!r}")  # pragma: no cover - validated
 
 
-class TrainPairs(Dataset):
-    """Sample i → (augmented image tensor [3, S, S], caption)."""
+def label_space(cfg: RunConfig, key: str | None = None) -> tuple[str, int]:
+    """(label kind, number of classes) of the run's labels: ``key``, or the source's main kind."""
+    source = cfg.data.source
+    if source not in BUILTIN:
+        raise NclipError(f"data.source {source} has no labels: the objective's labels need a built-in source "
+                         f"({', '.join(BUILTIN)})")
+    spaces = build_dataset(cfg, "test", length=1).label_spaces
+    key = key or MAIN_LABEL[source]
+    if key not in spaces:
+        raise NclipError(f"objective.label_key {key!r} is not a label of data.source {source} "
+                         f"(it has {', '.join(spaces)})")
+    return key, len(spaces[key])
 
-    def __init__(self, samples: Sequence[Sample], cfg: RunConfig):
-        self.samples, self.cfg = samples, cfg
+
+def label_classes(cfg: RunConfig) -> int:
+    """The number of classes of the labels that the run's objective trains on."""
+    from nclip.objectives import REGISTRY
+
+    request = REGISTRY[cfg.objective.name][1].label_request(cfg) or LabelRequest()
+    return label_space(cfg, request.key)[1]
+
+
+def _int_seed(*parts: int) -> int:
+    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
+
+
+class RowLabels:
+    """Training and clean labels of the rows of a training split of ``n`` samples, per
+    :class:`LabelRequest`: ``(train, true)`` for a row's index and clean label.
+
+    The noise is :func:`corrupt_labels` applied to the whole split: it draws the corrupted rows and
+    their class shifts from (n, rate, classes, seed) alone, so the shift of every row is computed
+    here once (from a vector of zeros) and added to a row's clean label when the row is read.
+    """
+
+    def __init__(self, n: int, num_classes: int, request: LabelRequest, seed: int):
+        from nclip.data.label_noise import corrupt_labels
+
+        self.classes = num_classes
+        self.shift = None
+        if request.noise > 0:
+            self.shift = corrupt_labels(torch.zeros(n, dtype=torch.long), request.noise, num_classes,
+                                        seed=_int_seed(seed, _NOISE_STREAM))  # [n]: 0 = kept
+        self.labelled = None
+        if request.labelled < 1:
+            g = torch.Generator().manual_seed(_int_seed(seed, _SEMI_STREAM))
+            self.labelled = torch.zeros(n, dtype=torch.bool)
+            self.labelled[torch.randperm(n, generator=g)[: math.floor(request.labelled * n + 0.5)]] = True
+
+    def __call__(self, index: int, true: int) -> tuple[int, int]:
+        train = true if self.shift is None else (true + int(self.shift[index])) % self.classes
+        if self.labelled is not None and not bool(self.labelled[index]):
+            train = UNLABELLED
+        return train, true
+
+
+def view_source(image: np.ndarray, side: int) -> torch.Tensor:
+    """An un-augmented image for :class:`TwoViews`: float [3, side, side] in [0, 1] (resized and
+    centre-cropped unless it has that size already). Built-in images keep their size S; CSV images
+    get ⌈8·S/7⌉ (:data:`csv_view_side`), which the views' random resized crop brings to S."""
+    image = resize_center_crop(image, side)
+    return torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1))).float() / 255.0
+
+
+def csv_view_side(size: int) -> int:
+    return math.ceil(size * 8 / 7)  # 256 for 224, as ImageNet's resize-then-crop
+
+
+def _key(key) -> tuple[int | None, int]:
+    """(step, index) of a sampler key: an index, or (step, index) when the batches need their step."""
+    return (int(key[0]), int(key[1])) if isinstance(key, tuple) else (None, int(key))
+
+
+class TrainPairs(Dataset):
+    """Key → (augmented image tensor [3, S, S], caption, bad, labels, step); see :class:`Collate`.
+
+    ``raw``: the un-augmented image (:func:`view_source`), for the two views made in the collate
+    function; ``labels``: (train, true) of the ``label_key`` kind by :class:`RowLabels`."""
+
+    def __init__(self, samples: Sequence[Sample], cfg: RunConfig, raw: bool = False,
+                 labels: RowLabels | None = None, label_key: str | None = None):
+        self.samples, self.cfg, self.raw, self.labels, self.label_key = samples, cfg, raw, labels, label_key
 
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, str, list]:
+    def __getitem__(self, key) -> tuple:
+        step, index = _key(key)
         s = self.samples[index]
-        aug = self.cfg.data.augment
-        rng = np.random.default_rng([self.cfg.seed, _AUG_STREAM, index])
-        image = augment(s.image, self.cfg.data.image_size, aug, rng)
-        return to_tensor(image), s.caption, []  # built-in samples are never bad
+        if self.raw:
+            image = view_source(s.image, self.cfg.data.image_size)  # built-in images are S × S
+        else:
+            rng = np.random.default_rng([self.cfg.seed, _AUG_STREAM, index])
+            image = to_tensor(augment(s.image, self.cfg.data.image_size, self.cfg.data.augment, rng))
+        labels = self.labels(index, s.labels[self.label_key]) if self.labels is not None else None
+        return image, s.caption, [], labels, step  # built-in samples are never bad
+
+
+class _Keyed(Dataset):
+    """A dataset of (image, caption, bad) items read by sampler keys, as :class:`TrainPairs`'s items."""
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key) -> tuple:
+        step, index = _key(key)
+        return (*self.dataset[index], None, step)
 
 
 class StepBatches(torch.utils.data.Sampler):
@@ -81,13 +200,14 @@ class StepBatches(torch.utils.data.Sampler):
     """
 
     def __init__(self, length: int, batch_size: int, steps: int, seed: int, start_step: int = 0,
-                 rank: int = 0, world_size: int = 1, group: int = 1):
+                 rank: int = 0, world_size: int = 1, group: int = 1, keyed: bool = False):
         if batch_size % world_size:
             raise NclipError(f"batch size {batch_size} is not divisible by the world size {world_size}")
         if batch_size % group:
             raise NclipError(f"batch size {batch_size} is not divisible by the group size {group}")
         self.length, self.batch, self.steps, self.seed = length, batch_size, steps, seed
         self.start, self.rank, self.world, self.group = start_step, rank, world_size, group
+        self.keyed = keyed  # yield (step, index) keys: the collate function needs the step
 
     def global_batch(self, step: int) -> np.ndarray:
         """Dataset indices of the global batch of ``step``: consecutive slices of per-epoch
@@ -107,24 +227,38 @@ class StepBatches(torch.utils.data.Sampler):
     def __iter__(self) -> Iterator[list[int]]:
         local = self.batch // self.world
         for step in range(self.start, self.steps):
-            idx = self.global_batch(step)
-            yield idx[self.rank * local : (self.rank + 1) * local].tolist()
+            idx = self.global_batch(step)[self.rank * local : (self.rank + 1) * local].tolist()
+            yield [(step, i) for i in idx] if self.keyed else idx
 
     def __len__(self) -> int:
         return self.steps - self.start
 
 
 class Collate:
-    """List of (image, caption, bad) → (pixels [B, 3, S, S], ids [B, L], mask [B, L], info), where
-    ``bad`` lists the (where, reason) of samples skipped in favour of this one."""
+    """List of (image, caption, bad[, labels, step]) → (pixels [B, 3, S, S], ids [B, L], mask [B, L],
+    [labels [B], true_labels [B],] info), where ``bad`` lists the (where, reason) of samples skipped
+    in favour of this one and ``labels`` is (train, true) or None.
 
-    def __init__(self, tokenizer: CaptionTokenizer):
-        self.tokenizer = tokenizer
+    ``views``: a :class:`nclip.data.views.TwoViews`; the images are then un-augmented and pixels
+    become [B, 2, 3, S, S] (online/strong view, target/weak view) with the parameters of this rank's
+    rows of the step's global batch (``world_size`` × B rows), seeded by (seed, step)."""
+
+    def __init__(self, tokenizer: CaptionTokenizer, views=None, seed: int = 0, rank: int = 0, world_size: int = 1):
+        self.tokenizer, self.views, self.seed, self.rank, self.world = tokenizer, views, seed, rank, world_size
 
     def __call__(self, items):
-        images, captions, bad = zip(*items)
+        images, captions, bad = zip(*(item[:3] for item in items))
         ids, mask = self.tokenizer(list(captions))
-        return torch.stack(images), ids, mask, {"bad": [b for group in bad for b in group]}
+        pixels = torch.stack(images)
+        if self.views is not None:
+            b, step = len(items), items[0][4]
+            v = self.views(pixels, seed=_int_seed(self.seed, _VIEW_STREAM, step), rows=(self.rank * b, self.world * b))
+            pixels = torch.stack([v.online, v.target], dim=1)  # [B, 2, 3, S, S]
+        rows = []
+        if len(items[0]) > 3 and items[0][3] is not None:
+            labels = torch.tensor([item[3] for item in items], dtype=torch.long)  # [B, 2]
+            rows = [labels[:, 0], labels[:, 1]]
+        return pixels, ids, mask, *rows, {"bad": [b for group in bad for b in group]}
 
 
 class TrainData:
@@ -153,11 +287,12 @@ class TrainData:
     def __len__(self) -> int:
         return self.steps
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        """Batches (pixels, ids, mask, *rows): rows are the per-row labels when asked for."""
         it = iter(self.loader)
         for _ in range(self.steps):
             try:
-                pixels, ids, mask, info = next(it)
+                pixels, ids, mask, *rows, info = next(it)
             except StopIteration:
                 return
             except NclipError as e:  # raised in a loader worker: keep the one-line message
@@ -166,7 +301,7 @@ class TrainData:
                 self._account_map(pixels.shape[0], info["bad"])
             else:
                 self.streams[info["stream"]] = [int(info["consumed"]), int(info["skipped"])]
-            yield pixels, ids, mask
+            yield pixels, ids, mask, *rows
 
     def _account_map(self, good: int, bad: list) -> None:
         self._skipped += len(bad)
@@ -186,12 +321,19 @@ def _worker_message(e: Exception) -> str:
 
 
 def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 0,
-                 rank: int = 0, world_size: int = 1, state: dict | None = None) -> TrainData:
+                 rank: int = 0, world_size: int = 1, state: dict | None = None, views: int = 1,
+                 labels: LabelRequest | None = None) -> TrainData:
     """This rank's training data from ``start_step`` on; ``state`` is the data position saved in
-    the checkpoint being resumed (see :meth:`TrainData.state`)."""
+    the checkpoint being resumed (see :meth:`TrainData.state`); ``views`` and ``labels``: what the
+    objective needs (module docstring)."""
     d = cfg.data
     if cfg.train.batch_size % world_size:
         raise NclipError(f"train.batch_size {cfg.train.batch_size} is not divisible by the world size {world_size}")
+    if views not in (1, 2):
+        raise NclipError(f"{views} views per image are not supported (1 or 2)")
+    if (views == 2 or labels is not None) and d.source == "webdataset":
+        need = "two views per image" if views == 2 else "labels"
+        raise NclipError(f"data.source webdataset cannot give this objective {need} yet; use a csv or built-in source")
     local = cfg.train.batch_size // world_size
     steps = cfg.train.steps - start_step
     workers = dict(num_workers=d.num_workers, persistent_workers=False)
@@ -205,15 +347,28 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
     if d.source == "csv":
         from nclip.data.csv_source import CsvTrainPairs
 
-        dataset, what = CsvTrainPairs(cfg), d.csv
+        if labels is not None:
+            label_space(cfg)  # raises: a CSV source has no labels
+        dataset, what = _Keyed(CsvTrainPairs(cfg, raw=views == 2)), d.csv
     else:
         samples = build_dataset(cfg, "train")
         if len(samples) == 0:
             raise NclipError("the training dataset is empty")
-        dataset, what = TrainPairs(samples, cfg), d.source
+        row_labels, key = None, None
+        if labels is not None:
+            key, classes = label_space(cfg, labels.key)
+            row_labels = RowLabels(len(samples), classes, labels, cfg.seed)
+        dataset, what = TrainPairs(samples, cfg, raw=views == 2, labels=row_labels, label_key=key), d.source
     sampler = StepBatches(len(dataset), cfg.train.batch_size, cfg.train.steps, cfg.seed, start_step, rank,
-                          world_size, d.hard_negative_group)  # > 1 only for synthetic scenes (validated)
-    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=Collate(tokenizer), **workers)
+                          world_size, d.hard_negative_group,  # > 1 only for synthetic scenes (validated)
+                          keyed=views == 2)
+    two = None
+    if views == 2:
+        from nclip.data.views import TwoViews
+
+        two = TwoViews(d.image_size, normalize=True, crop_scale=tuple(d.augment.crop_scale))
+    collate = Collate(tokenizer, two, cfg.seed, rank, world_size)
+    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, **workers)
     skipped = int(state.get("skipped", 0)) if state and state.get("kind") == "map" else 0
     return TrainData(loader, "map", steps, cfg, world_size, what, skipped=skipped)
 

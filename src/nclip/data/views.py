@@ -21,6 +21,11 @@ CLIP's mean and std, the statistics of nclip's towers (the code used ImageNet's)
 
 Randomness comes from torch's global generator, which kornia draws from; pass ``seed`` (or a
 ``torch.Generator`` to draw one from) to make a call reproducible without touching the global state.
+``rows=(offset, total)`` says the images are rows [offset, offset + B) of a batch of ``total``: the
+augmentation parameters are drawn for all ``total`` rows and this slice's are applied, so a batch
+split over ranks gets exactly the views of the whole batch in one process (the trainer's 2-rank =
+1-rank rule). Batch-level parameters (the colour-jitter order, which kornia draws once per call)
+are then shared by the whole batch as well.
 """
 
 from __future__ import annotations
@@ -105,23 +110,45 @@ class TwoViews(nn.Module):
 
     @torch.no_grad()
     def forward(self, images: torch.Tensor, *, seed: int | None = None,
-                generator: torch.Generator | None = None) -> Views:
+                generator: torch.Generator | None = None, rows: tuple[int, int] | None = None) -> Views:
         if images.ndim != 4 or images.shape[1] != 3 or not images.is_floating_point():
             raise ValueError(f"images must be float [B, 3, H, W] in [0, 1], got {images.dtype} {tuple(images.shape)}")
         if seed is not None and generator is not None:
             raise ValueError("pass seed or generator, not both")
+        if rows is not None and not (0 <= rows[0] and rows[0] + images.shape[0] <= rows[1]):
+            raise ValueError(f"rows (offset, total) = {rows} do not hold a slice of {images.shape[0]} rows")
         if generator is not None:
             seed = int(torch.randint(0, 2**62, (1,), generator=generator))
         if seed is None:
-            return self._views(images)
+            return self._views(images, rows)
         devices = [images.device.index or 0] if images.is_cuda else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
-            return self._views(images)
+            return self._views(images, rows)
 
-    def _views(self, images: torch.Tensor) -> Views:
-        target, online = self.weak(images), self.strong(images)
+    def _views(self, images: torch.Tensor, rows: tuple[int, int] | None = None) -> Views:
+        target, online = _apply(self.weak, images, rows), _apply(self.strong, images, rows)
         if self.normalize:
             mean, std = self.mean.to(images), self.std.to(images)
             target, online = (target - mean) / std, (online - mean) / std
         return Views(target, online)
+
+
+_BATCH_LEVEL = ("forward_input_shape", "order")  # kornia parameters drawn once per call, not per row
+
+
+def _apply(aug: K.AugmentationSequential, images: torch.Tensor, rows: tuple[int, int] | None) -> torch.Tensor:
+    """``aug(images)``; with ``rows = (offset, total)`` the parameters of rows [offset, offset + B) of
+    a batch of ``total`` (drawn for all of them, in the same order as one call on the whole batch)."""
+    if rows is None:
+        return aug(images)
+    offset, total = rows
+    b = images.shape[0]
+    params = aug.forward_parameters(torch.Size((total, *images.shape[1:])))
+    for item in params:
+        for key, value in item.data.items():
+            if key == "forward_input_shape":
+                item.data[key] = torch.tensor(images.shape, dtype=value.dtype)
+            elif key not in _BATCH_LEVEL and torch.is_tensor(value) and value.ndim and value.shape[0] == total:
+                item.data[key] = value[offset : offset + b]
+    return aug(images, params=params)

@@ -97,6 +97,8 @@ def _prompts(st: EvalState, data: EvalData, kind: str) -> dict[str, torch.Tensor
 
 
 def _check_head(st: EvalState, outputs: dict[str, torch.Tensor]) -> None:
+    if st.head is None:  # image-only objective: no head is scored
+        return
     need = {"clip": "emb", "nclip": "logits"}[st.head]
     if need not in outputs:
         raise NclipError(f"head {st.head!r} is not in this checkpoint (objective {st.ck.cfg.objective.name})")
@@ -114,7 +116,7 @@ def eval_dataset(st: EvalState, data: EvalData) -> None:
         if "sts" in tasks:
             _eval_sts(st, data)
         return
-    needs_text = data.retrieval  # always: one cache entry serves every task list
+    needs_text = data.retrieval and st.head is not None  # always: one cache entry serves every task list
     test = _features(st, data, "test", texts=needs_text)
     image = _group(test, "image")
     _check_head(st, image)

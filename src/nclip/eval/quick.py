@@ -4,6 +4,13 @@ on held-out synthetic pairs (or digits), scored with the objective's zero-shot h
 A small, uncached subset of ``nclip eval`` (protocols 1 and 2 of :mod:`nclip.eval.zeroshot` and
 :mod:`nclip.eval.retrieval`) on ``eval.samples`` held-out pairs; keys are ``zeroshot/<kind>/top1``,
 ``zeroshot/<kind>/chance`` and ``retrieval/{i2t,t2i}@{1,5}`` plus ``retrieval/mean_recall``.
+
+An objective without a text-aligned head (``zero_shot_head = None``: CMSF, the cross-entropy
+baseline) is scored instead on its image backbone features by the probes of :mod:`nclip.eval.probe`
+(protocols 4 and 5): weighted k-NN and the L-BFGS linear probe, trained on ``eval.samples`` training
+images (digits: the whole train split) and tested on ``eval.samples`` held-out ones, against the
+*clean* labels of the run's label kind: ``knn/<kind>/top1``, ``linear/<kind>/top1``,
+``probe/<kind>/chance``.
 """
 
 from __future__ import annotations
@@ -11,17 +18,21 @@ from __future__ import annotations
 import torch
 
 from nclip.config import RunConfig
-from nclip.data.loader import build_dataset
-from nclip.eval import retrieval, zeroshot
+from nclip.data.loader import MAIN_LABEL, build_dataset
+from nclip.eval import probe, retrieval, zeroshot
 from nclip.eval.features import class_text_outputs, extract, similarity
 from nclip.objectives import REGISTRY
+from nclip.objectives.base import LabelRequest
 
 
 @torch.no_grad()
 def evaluate_run(model, cfg: RunConfig, device) -> dict[str, float]:
-    head = REGISTRY[cfg.objective.name][1].zero_shot_head
+    objective = REGISTRY[cfg.objective.name][1]
+    head = objective.zero_shot_head
     split = "test"
     data = build_dataset(cfg, split, length=cfg.eval.samples)
+    if head is None:
+        return _probe_run(model, cfg, device, data, objective)
     feats = extract(model, data, cfg.data.image_size, device, cfg.eval.batch_size)
     results: dict[str, float] = {"eval/samples": float(len(data)), "eval/head": head}
     for kind, space in data.label_spaces.items():
@@ -34,4 +45,24 @@ def evaluate_run(model, cfg: RunConfig, device) -> dict[str, float]:
     sim = similarity(feats.image, feats.text, head)
     for k, v in retrieval.evaluate(sim, feats.text_to_image, ks=(1, 5)).items():
         results[f"retrieval/{k}"] = v
+    return results
+
+
+def _probe_run(model, cfg: RunConfig, device, test_data, objective) -> dict:
+    """k-NN and linear-probe top-1 on the backbone features, for objectives without a zero-shot head."""
+    kind = (objective.label_request(cfg) or LabelRequest()).key or MAIN_LABEL[cfg.data.source]
+    # the probe's training images come from the training split (synthetic: its first eval.samples
+    # scenes), its test images from the held-out split, as nclip eval's linear and k-NN protocols
+    train_data = build_dataset(cfg, "train", length=cfg.eval.samples)
+    bs = cfg.eval.batch_size
+    train = extract(model, train_data, cfg.data.image_size, device, bs, texts=False)
+    test = extract(model, test_data, cfg.data.image_size, device, bs, texts=False)
+    n_cls = len(test_data.label_spaces[kind])
+    xtr, ytr = train.image["features"], train.labels[kind]
+    xte, yte = test.image["features"], test.labels[kind]
+    results: dict = {"eval/samples": float(len(test_data)), "eval/train_samples": float(len(train_data)),
+                     "eval/head": "features", "eval/label": kind}
+    results[f"knn/{kind}/top1"] = probe.knn(xtr, ytr, xte, yte, n_cls)["top1"]
+    results[f"linear/{kind}/top1"] = probe.linear(xtr, ytr, xte, yte, n_cls, seed=cfg.seed)["top1"]
+    results[f"probe/{kind}/chance"] = float(torch.bincount(yte, minlength=n_cls).max()) / len(yte)
     return results

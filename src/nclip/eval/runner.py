@@ -34,6 +34,7 @@ from nclip.eval.settings import HEADS, TASKS, EvalSettings
 from nclip.jsonio import jsonable, read_json
 
 RESULTS_VERSION = 1
+TEXT_TASKS = ("zeroshot", "retrieval", "multilabel", "diagnostics")  # need a text-aligned head
 
 
 def run_eval(checkpoint: str | Path, out: str | Path | None = None, *, tasks=None, datasets=None, head=None,
@@ -65,11 +66,17 @@ def run_eval(checkpoint: str | Path, out: str | Path | None = None, *, tasks=Non
 
     objective = REGISTRY[ck.cfg.objective.name][1]
     head_name = settings.head or objective.zero_shot_head
-    if head_name not in objective.heads:
+    text_skipped = {}
+    if head_name is None:  # no text-aligned head (CMSF, xent): the image-only protocols alone
+        why = f"objective {ck.cfg.objective.name!r} trains no text-aligned head (image-only: see linear, knn)"
+        text_skipped = {t: why for t in settings.tasks if t in TEXT_TASKS}
+        settings = settings.updated(tasks=tuple(t for t in settings.tasks if t not in TEXT_TASKS))
+    elif head_name not in objective.heads:
         raise NclipError(f"head {head_name!r} is not in this checkpoint: objective {ck.cfg.objective.name!r} "
                          f"has {', '.join(sorted(objective.heads))}")
     st = EvalState(ck, settings, head_name, FeatureCache(settings.cache_dir, ck.sha256), _device(settings.device),
                    log or (lambda msg: None))
+    st.skipped.update(text_skipped)
     all_data = _build_datasets(ck.cfg, settings)
     st.extract_threads = torch.get_num_threads()
     with _threads(1):
@@ -159,7 +166,7 @@ def _document(st: EvalState, objective) -> dict:
     return {
         "version": RESULTS_VERSION,
         "checkpoint": {"path": str(ck.path), "weights": str(ck.weights), "weights_sha256": ck.sha256,
-                       "objective": cfg.objective.name, "heads": sorted(objective.heads), "head": st.head,
+                       "objective": cfg.objective.name, "heads": sorted(objective.heads), "head": st.head or "none",
                        "zero_shot_head": objective.zero_shot_head, "image_size": cfg.data.image_size,
                        "vision_tower": cfg.model.vision.kind, "text_tower": cfg.model.text.kind,
                        "run_dir": str(ck.run_dir) if ck.run_dir else None},

@@ -1,8 +1,11 @@
 """The dual encoder: two towers, a CLIP head and/or an nCLIP head (and/or a ProtoCLIP head on top of
-the CLIP head) per modality, a logit scale."""
+the CLIP head) per modality, a logit scale; for CMSF an image-side online projection + predictor and a
+momentum (target) copy of the image tower and projection; for the supervised baseline a linear
+classifier on the image features."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -10,7 +13,7 @@ from torch import nn
 
 from nclip.config import RunConfig
 from nclip.data.tokenization import CaptionTokenizer
-from nclip.models.heads import NclipHead, ProtoHead, clip_head
+from nclip.models.heads import CmsfMLP, NclipHead, ProtoHead, clip_head
 from nclip.models.towers import build_text_tower, build_vision_tower
 from nclip.objectives import REGISTRY
 from nclip.objectives.base import EncoderOutput
@@ -19,8 +22,28 @@ LOGIT_SCALE_INIT = math.log(1 / 0.07)  # CLIP's σ = 0.07
 LOGIT_SCALE_MAX = math.log(100.0)
 
 
+TEXT_HEADS = frozenset({"clip", "nclip", "proto"})  # heads with a text side
+
+
 class DualEncoder(nn.Module):
-    """f = enc(x); g = proj_CLIP(f); h = proj_nCLIP(f) for each modality (Algorithm 1)."""
+    """f = enc(x); g = proj_CLIP(f); h = proj_nCLIP(f) for each modality (Algorithm 1).
+
+    "cmsf" head (CMSF Sec. 2, Fig. 1): the online branch is the image tower g, the projection
+    ``image_cmsf_head`` and the predictor ``image_cmsf_predictor`` (:class:`CmsfMLP`, sizes
+    ``model.cmsf_hidden`` / ``model.cmsf_dim``); the target branch f is a copy of the tower and the
+    projection (``target_vision``, ``target_cmsf_head``) that is never trained (requires_grad False)
+    but moved by :meth:`update_cmsf_target` (θf ← m·θf + (1 − m)·θg), and is in the state dict, so
+    checkpoints and the saved model hold it. With pixels [B, 2, 3, S, S] (two views, online/strong
+    first) :meth:`forward` runs the online branch on view 0 and the target branch on view 1 without
+    gradient; evaluation encodes single views with the online tower as before.
+
+    "xent" head: a linear classifier ``image_xent_head`` [d → C] on the image features, C the classes
+    of the run's label kind (the supervised cross-entropy baseline).
+
+    A model whose heads have no text side (cmsf, xent alone) does not run the text tower in
+    :meth:`forward` and freezes it and the logit scale, so that no trainable parameter goes without
+    a gradient (DDP needs no ``find_unused_parameters``); the text tower stays in the checkpoint.
+    """
 
     LOGIT_SCALE_MAX = LOGIT_SCALE_MAX
 
@@ -43,8 +66,23 @@ class DualEncoder(nn.Module):
                 raise ValueError("the proto head sits on the CLIP head: heads must include 'clip'")
             self.image_proto_head = ProtoHead(m.embed_dim, m.proto_hidden, m.proto_dim)
             self.text_proto_head = ProtoHead(m.embed_dim, m.proto_hidden, m.proto_dim)
+        if "cmsf" in self.heads:
+            self.image_cmsf_head = CmsfMLP(self.vision.width, m.cmsf_hidden, m.cmsf_dim)
+            self.image_cmsf_predictor = CmsfMLP(m.cmsf_dim, m.cmsf_hidden, m.cmsf_dim)
+            # f starts as a copy of g (BYOL, MSF); "target_" keeps it out of the image tower's
+            # param groups and FSDP's head units
+            self.target_vision = copy.deepcopy(self.vision).requires_grad_(False)
+            self.target_cmsf_head = copy.deepcopy(self.image_cmsf_head).requires_grad_(False)
+        if "xent" in self.heads:
+            from nclip.data.loader import label_classes
+
+            self.image_xent_head = nn.Linear(self.vision.width, label_classes(cfg))
         # learnable s with σ = exp(-s), initialised to ln(1/0.07) and clamped to ln(100) (CLIP)
         self.logit_scale = nn.Parameter(torch.tensor(LOGIT_SCALE_INIT))
+        self.uses_text = bool(self.heads & TEXT_HEADS)
+        if not self.uses_text:
+            self.text.requires_grad_(False)
+            self.logit_scale.requires_grad_(False)
 
     def scale(self) -> torch.Tensor:
         return self.logit_scale.clamp(max=LOGIT_SCALE_MAX).exp()
@@ -60,6 +98,14 @@ class DualEncoder(nn.Module):
         f = self.text(ids, mask)
         return self._project(f, "text")
 
+    @torch.no_grad()
+    def update_cmsf_target(self, m: float) -> None:
+        """The momentum update of CMSF's target branch: θf ← m·θf + (1 − m)·θg (BN statistics copied)."""
+        from nclip.objectives.momentum import momentum_update
+
+        momentum_update(self.target_vision, self.vision, m)
+        momentum_update(self.target_cmsf_head, self.image_cmsf_head, m)
+
     def _project(self, f: torch.Tensor, modality: str) -> dict[str, torch.Tensor]:
         out = {"features": f}
         if "clip" in self.heads:
@@ -68,13 +114,27 @@ class DualEncoder(nn.Module):
             out["logits"] = getattr(self, f"{modality}_nclip_head")(f)
         if "proto" in self.heads:
             out["proto"] = getattr(self, f"{modality}_proto_head")(out["emb"])
+        if modality == "image" and "cmsf" in self.heads:
+            out["cmsf"] = self.image_cmsf_head(f)  # the projection: CMSF's embedding of an image
+        if modality == "image" and "xent" in self.heads:
+            out["class_logits"] = self.image_xent_head(f)
         return out
 
     def forward(self, pixels: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> EncoderOutput:
-        img, txt = self.encode_image(pixels), self.encode_text(ids, mask)
+        """pixels [B, 3, S, S], or [B, 2, 3, S, S]: two views, the online (strong) one first (see the
+        class docstring); ids, mask [B, L]."""
+        target = None
+        if pixels.ndim == 5:
+            if "cmsf" not in self.heads or pixels.shape[1] != 2:
+                raise ValueError(f"pixels of shape {tuple(pixels.shape)}: two views need a model with a 'cmsf' head")
+            with torch.no_grad():
+                target = self.target_cmsf_head(self.target_vision(pixels[:, 1]))  # u (Fig. 1), no gradient
+            pixels = pixels[:, 0]
+        img = self.encode_image(pixels)
+        txt = self.encode_text(ids, mask) if self.uses_text else {}
         return EncoderOutput(
             image_features=img["features"],
-            text_features=txt["features"],
+            text_features=txt.get("features"),
             image_emb=img.get("emb"),
             text_emb=txt.get("emb"),
             image_logits=img.get("logits"),
@@ -82,6 +142,9 @@ class DualEncoder(nn.Module):
             logit_scale=self.scale(),
             image_proto=img.get("proto"),
             text_proto=txt.get("proto"),
+            image_cmsf_pred=self.image_cmsf_predictor(img["cmsf"]) if target is not None else None,
+            image_cmsf_target=target,
+            image_class_logits=img.get("class_logits"),
         )
 
 

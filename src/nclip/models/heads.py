@@ -39,3 +39,16 @@ class ProtoHead(nn.Sequential):
             nn.ReLU(inplace=True),
             nn.Linear(hidden, out_dim),
         )
+
+
+class CmsfMLP(nn.Sequential):
+    """CMSF's projection and predictor MLPs (Sec. 3, after BYOL/MSF): Linear(d, 4096) → BN → ReLU →
+    Linear(4096, 512). The projection sits on the image features, the predictor on the projection."""
+
+    def __init__(self, in_dim: int, hidden: int = 4096, out_dim: int = 512):
+        super().__init__(
+            nn.Linear(in_dim, hidden),
+            nn.BatchNorm1d(hidden),
+            nn.ReLU(inplace=True),
+            nn.Linear(hidden, out_dim),
+        )

@@ -82,6 +82,9 @@ def convert_sync_batchnorm(module: nn.Module, device: torch.device | None = None
         kw = {"device": ref.device, "dtype": ref.dtype} if ref is not None else {}
         new = cls(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats, **kw)
         new.load_state_dict(module.state_dict())
+        if module.affine:  # a frozen layer stays frozen (CMSF's momentum target branch), as nn.SyncBatchNorm's
+            new.weight.requires_grad_(module.weight.requires_grad)
+            new.bias.requires_grad_(module.bias.requires_grad)
         new.train(module.training)
         return new
     for name, child in module.named_children():

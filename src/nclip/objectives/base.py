@@ -20,6 +20,13 @@ class EncoderOutput:
     logit_scale: the InfoNCE multiplier 1/σ = exp(s), already clamped (scalar tensor).
     image_proto, text_proto: ProtoCLIP projection-head outputs [B, d_h] (not normalised), computed
         from the CLIP embeddings; None without a "proto" head.
+    image_cmsf_pred, image_cmsf_target: CMSF's v = h(g(T2(x))) [B, D] (online projection and
+        predictor on the strong view, pixels[:, 0]) and u = f(T1(x)) [B, D] (momentum branch on the
+        weak view, pixels[:, 1], no gradient), not normalised; None unless the model has a "cmsf"
+        head and the batch holds two views.
+    image_class_logits: [B, C] the linear classifier of the "xent" head on f_I (the supervised
+        cross-entropy baseline); None without that head.
+    text_features is None when the model skipped the text tower (no head of the objective reads it).
     """
 
     image_features: torch.Tensor
@@ -31,6 +38,9 @@ class EncoderOutput:
     logit_scale: torch.Tensor
     image_proto: torch.Tensor | None = None
     text_proto: torch.Tensor | None = None
+    image_cmsf_pred: torch.Tensor | None = None
+    image_cmsf_target: torch.Tensor | None = None
+    image_class_logits: torch.Tensor | None = None
 
 
 class ObjectiveConfig(BaseModel):
@@ -60,6 +70,18 @@ class BranchWeights(ObjectiveConfig):
 
 
 @dataclass(frozen=True)
+class LabelRequest:
+    """The per-row labels an objective wants in its training batches (see
+    :meth:`Objective.label_request`): the data layer appends ``labels`` (the training label:
+    corrupted for a ``noise`` share of the rows, -1 = unlabelled outside a ``labelled`` share) and
+    ``true_labels`` (the clean label, for diagnostics) to every batch."""
+
+    key: str | None = None  # label kind of the built-in data ("digit", "shape", ...); None: the source's main one
+    noise: float = 0.0  # share of the training labels corrupted, seeded (CMSF Sec. 2.2)
+    labelled: float = 1.0  # share of the rows that keep a label (semi-supervised, Sec. 2.1.5)
+
+
+@dataclass(frozen=True)
 class CollapseWatch:
     """What the collapse monitor (App. B.1) reads for an objective with an nCLIP-style head."""
 
@@ -77,16 +99,49 @@ class Objective(nn.Module):
 
     The class attributes tell the rest of nclip what it needs to know, so that nothing outside this
     package names an objective: which heads the model builds, which head scores zero-shot, whether
-    the episodic trainer drives it, and where its nCLIP-head statistics are logged.
+    the episodic trainer drives it, where its nCLIP-head statistics are logged, how many augmented
+    views of each image and which per-row labels the training data must carry; :meth:`check_run`
+    refuses a run config it cannot train on, and :meth:`after_step` runs after every optimizer step.
     """
 
-    heads: ClassVar[frozenset[str]]  # which projection heads the model must build: clip, nclip, proto
-    zero_shot_head: ClassVar[str]  # the head used for zero-shot transfer (paper's default)
+    # which projection heads the model must build: clip, nclip, proto, cmsf (online projection,
+    # predictor and momentum branch), xent (a linear classifier on the image features)
+    heads: ClassVar[frozenset[str]]
+    # the head used for zero-shot transfer and retrieval (paper's default); None: the objective
+    # trains no text-aligned head, so evaluation reports k-NN / linear probes instead
+    zero_shot_head: ClassVar[str | None]
     # True: trained by nclip.train.episodic (per-episode prototypes; forward takes per-row targets)
     episodic: ClassVar[bool] = False
     # namespace of the logged nCLIP-head statistics (L_CE, L_EH, L_HE, L_KL, row_std, col_std,
     # usage) that the collapse monitor and the sweep's Fig. B1 curves read; None: no such head
     head_stats_prefix: ClassVar[str | None] = None
+    # augmented views per image in a training batch: 1 = pixels [B, 3, S, S]; 2 = [B, 2, 3, S, S],
+    # the online (strong) view first and the target (weak) view second (nclip.data.views)
+    views: ClassVar[int] = 1
+
+    @classmethod
+    def build(cls, cfg: ObjectiveConfig, run_cfg=None) -> Objective:
+        """The objective for ``cfg``; ``run_cfg`` (the whole RunConfig, when the trainer builds it)
+        for sizes that live elsewhere in the config, e.g. CMSF's bank width ``model.cmsf_dim``."""
+        return cls(cfg)
+
+    @classmethod
+    def label_request(cls, run_cfg) -> LabelRequest | None:
+        """The per-row labels the training batches must carry for ``run_cfg`` (None: none), passed
+        as ``forward(out, labels, true_labels)``. A method rather than a class attribute: whether
+        labels are wanted can depend on the config (a constraint) and the data (labelled or not)."""
+        return None
+
+    @classmethod
+    def check_run(cls, run_cfg) -> None:
+        """Refuse (ValueError, one line) a run config this objective cannot train on, e.g. a label
+        constraint on data without labels. Called by the config's validation; ``run_cfg`` is the
+        whole :class:`nclip.config.RunConfig` (duck-typed here: objectives sit below the config)."""
+
+    def after_step(self, model: nn.Module, step: int, total_steps: int) -> None:
+        """Called by the trainer after every optimizer step that was taken (not after a skipped
+        one), with the bare model (no DDP wrapper), the 0-based step and ``train.steps``: e.g. the
+        momentum update of a target encoder. Default: nothing."""
 
     @classmethod
     def collapse_watch(cls, cfg: ObjectiveConfig) -> CollapseWatch | None:

@@ -151,7 +151,7 @@ def _restore(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool) -> t
         torch.set_num_threads(t.threads)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg)
-    objective = build_objective(cfg.objective)
+    objective = build_objective(cfg.objective, cfg)
     start, state = 0, None
     if resume:
         start, weights, state = _find_resume_point(run_dir, ctx)
@@ -178,8 +178,10 @@ def _open_data(run: _Run, data_source, data_state: dict | None):
     :class:`nclip.train.episodic.EpisodicData`: the same interface, built with the run's objects)."""
     cfg, ctx = run.cfg, run.ctx
     if data_source is None:
+        objective = REGISTRY[cfg.objective.name][1]  # what it needs: views per image, per-row labels
         return train_loader(cfg, run.model.tokenizer, start_step=run.start, rank=ctx.rank,
-                            world_size=ctx.world_size, state=data_state)
+                            world_size=ctx.world_size, state=data_state, views=objective.views,
+                            labels=objective.label_request(cfg))
     return data_source(cfg=cfg, run_dir=run.run_dir, model=run.model, objective=run.step_module.objective,
                        optimizer=run.optimizer, ctx=ctx, start=run.start, state=data_state)
 
@@ -231,6 +233,7 @@ def _step(run: _Run, step: int, batch: tuple) -> _StepResult:
     finite = stats[-2] == 0 and math.isfinite(grad_norm)
     if finite:
         optimizer.step()
+        run.step_module.objective.after_step(run.model, step, t.steps)  # e.g. CMSF's momentum update
         run.counters["nonfinite_row"] = 0
     else:  # skip the step: weights, optimizer state and buffers stay as they were
         _restore_buffers(run.step_module, snapshot)

@@ -1,0 +1,248 @@
+"""CMSF (Constrained Mean Shift, Sec. 2, Eq. 1) as trainer objectives: ``cmsf`` (image-only),
+``clip_cmsf`` (w_clip·InfoNCE + w_cmsf·CMSF on the image side) and ``xent``, the supervised
+cross-entropy baseline of the paper's Fig. 3.
+
+What the rest of nclip does for them (declared by the class attributes, see :class:`Objective`):
+
+- the model builds the "cmsf" head: online projection + predictor and a momentum copy of the image
+  tower and projection (:class:`nclip.models.dual_encoder.DualEncoder`); the data gives two views
+  per image (``views = 2``: strong for the online branch, weak for the target) and, on built-in
+  data, the rows' training and clean labels (:meth:`label_request`);
+- the objective holds the memory bank M (:class:`~nclip.objectives.cmsf_bank.MemoryBank`, buffers:
+  checkpointed with the objective, restored by the trainer when a step is skipped), computes
+  :func:`functional.cmsf_terms` on (v, u, M before this batch) and then enqueues the batch's targets
+  of every rank (training only);
+- :meth:`after_step` moves the target branch: θf ← m·θf + (1 − m)·θg with m =
+  :func:`momentum_at` (step, ``train.steps``), constant 0.99 (Sec. 2.1.2) or BYOL's cosine ramp to 1.
+
+Constraints (``constraint``): ``labels`` (Sec. 2, supervised), ``noisy_labels`` (Sec. 2.2: the same
+with ``label_noise`` of the training labels corrupted, seeded, for Fig. 3), ``semi`` (Sec. 2.1.5: a
+``labelled_share`` of the rows keep their label; two equal-size banks, labelled and all rows),
+``none`` (MSF). ``cross_modal`` (Sec. 2.3, the caption-constrained search) is accepted by the config
+but refused at validation: its training path (a frozen caption embedding per bank row) is not
+written yet; :func:`functional.topk_constraint` and the bank's aux rows are.
+
+Diagnostics: ``cmsf/purity`` (share of the selected neighbours whose *clean* label is the query's:
+Fig. 2's argument for top-k under noise; built-in data only, not in the semi setting),
+``cmsf/bank_fill``, ``cmsf/constrained_size`` (mean |M̂|), ``cmsf/neighbours`` (mean |S|),
+``cmsf/momentum`` (the m of this step's update).
+
+The bank's width is the model's ``model.cmsf_dim``: :meth:`build` takes it from the run config.
+Inputs arrive in float32 (cast by the trainer), and the loss is computed in float32.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field, model_validator
+
+from nclip.objectives import functional
+from nclip.objectives.base import (
+    EncoderOutput,
+    LabelRequest,
+    Objective,
+    ObjectiveConfig,
+)
+from nclip.objectives.cmsf_bank import MemoryBank
+from nclip.objectives.momentum import momentum_at
+
+BUILTIN_SOURCES = ("synthetic", "digits")  # the sources with labels (nclip.data.loader.BUILTIN)
+LABELLED = ("labels", "noisy_labels", "semi")  # the constraints that read training labels
+
+
+class LabelFields(ObjectiveConfig):
+    """Mixin: which labels of the built-in data the run trains on, and their noise."""
+
+    label_key: str | None = Field(None, title="labels", description="label kind (digits: digit; synthetic: shape, "
+                                  "colour, count, realm, size); None: digit / shape")
+    label_noise: float = Field(0.0, ge=0, le=1, title="noise", description="share of training labels corrupted "
+                               "uniformly at random, seeded (Sec. 2.2, Fig. 3)")
+
+
+class CmsfFields(LabelFields):
+    """The CMSF settings shared by ``cmsf`` and ``clip_cmsf`` (defaults: the paper's Sec. 3)."""
+
+    k: int | None = Field(10, ge=1, title="k", description="neighbours in the top-k (Sec. 2.1.2: 10); None: top-all")
+    constraint: Literal["none", "labels", "noisy_labels", "semi", "cross_modal"] = Field(
+        "labels", title="constraint", description="none = MSF; labels (Sec. 2); noisy_labels (Sec. 2.2); "
+        "semi (Sec. 2.1.5); cross_modal (Sec. 2.3, not trainable yet)")
+    labelled_share: float = Field(0.1, gt=0, le=1, title="labelled", description="semi: share of rows with a label")
+    include_target: bool = Field(True, title="u ∈ S", description="u itself among its neighbours (Tab. 2e: false)")
+    bank_size: int = Field(128_000, ge=1, title="|M|", description="memory bank rows (Sec. 3: 128k)")
+    momentum: float = Field(0.99, ge=0, le=1, title="m", description="target momentum (Sec. 2.1.2: 0.99)")
+    momentum_schedule: Literal["constant", "cosine"] = Field("constant", title="m schedule",
+                                                             description="cosine: BYOL's ramp to 1")
+    k_prime: int = Field(20, ge=1, title="k'", description="cross_modal: neighbours in the frozen embedding")
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.label_noise > 0 and self.constraint != "noisy_labels":
+            raise ValueError(f"label_noise {self.label_noise} needs constraint noisy_labels (got {self.constraint})")
+        return self
+
+
+def _check_cmsf_run(cfg: CmsfFields, run_cfg) -> None:
+    batch = run_cfg.train.batch_size
+    if cfg.bank_size < batch:
+        raise ValueError(f"objective.bank_size {cfg.bank_size} is smaller than the batch (train.batch_size {batch})")
+    if cfg.constraint in LABELLED and run_cfg.data.source not in BUILTIN_SOURCES:
+        raise ValueError(f"objective.constraint {cfg.constraint} needs labelled data, but data.source "
+                         f"{run_cfg.data.source} has no labels (use constraint none, or a built-in source)")
+    if cfg.constraint == "cross_modal":
+        raise ValueError("objective.constraint cross_modal (caption-constrained CMSF, Sec. 2.3) is not trainable "
+                         "yet; use labels, noisy_labels, semi or none")
+
+
+def _label_request(cfg, run_cfg) -> LabelRequest | None:
+    if run_cfg.data.source not in BUILTIN_SOURCES:
+        return None  # no labels: the label constraints are refused by check_run, purity is not logged
+    labelled = cfg.labelled_share if getattr(cfg, "constraint", None) == "semi" else 1.0
+    return LabelRequest(cfg.label_key, cfg.label_noise, labelled)
+
+
+class CmsfConfig(CmsfFields):
+    name: Literal["cmsf"] = "cmsf"
+
+
+class ClipCmsfConfig(CmsfFields):
+    name: Literal["clip_cmsf"] = "clip_cmsf"
+    w_clip: float = Field(1.0, ge=0, title="w_CLIP", description="weight of InfoNCE")
+    w_cmsf: float = Field(1.0, ge=0, title="w_CMSF", description="weight of the image-side CMSF loss")
+
+
+class CmsfObjective(Objective):
+    """Image-only CMSF: L = Eq. (1) on v (online + predictor, strong view) and u (target, weak view)."""
+
+    heads = frozenset({"cmsf"})
+    zero_shot_head = None  # no text-aligned head: evaluated by k-NN and linear probes
+    views = 2
+
+    def __init__(self, cfg: CmsfFields, dim: int = 512):
+        super().__init__()
+        self.cfg = cfg
+        self.bank = MemoryBank(dim, cfg.bank_size)  # M: targets and training labels
+        # clean labels of M's rows, in M's order, for the purity diagnostic (a width-1 bank of ones)
+        self.true_bank = MemoryBank(1, cfg.bank_size)
+        if cfg.constraint == "semi":  # Sec. 2.1.5: a second, equal-size bank of the labelled rows
+            self.labelled_bank = MemoryBank(dim, cfg.bank_size)
+        self.register_buffer("next_momentum", torch.tensor(float(cfg.momentum)))
+
+    @classmethod
+    def build(cls, cfg: CmsfFields, run_cfg=None) -> CmsfObjective:
+        return cls(cfg, dim=run_cfg.model.cmsf_dim) if run_cfg is not None else cls(cfg)
+
+    @classmethod
+    def check_run(cls, run_cfg) -> None:
+        _check_cmsf_run(run_cfg.objective, run_cfg)
+
+    @classmethod
+    def label_request(cls, run_cfg) -> LabelRequest | None:
+        return _label_request(run_cfg.objective, run_cfg)
+
+    def forward(self, out: EncoderOutput, labels: torch.Tensor | None = None,
+                true_labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        terms = self.cmsf_terms(out, labels, true_labels)
+        return {"loss": terms["cmsf/loss"], **terms}
+
+    def cmsf_terms(self, out: EncoderOutput, labels: torch.Tensor | None,
+                   true_labels: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """The CMSF loss and diagnostics (``cmsf/...``) of a batch; enqueues it when training."""
+        cfg = self.cfg
+        v, u = out.image_cmsf_pred, out.image_cmsf_target
+        if v is None or u is None:
+            raise ValueError("CMSF needs the online prediction v and the target u: a model with a 'cmsf' head "
+                             "and pixels of two views [B, 2, 3, S, S]")
+        if cfg.constraint in LABELLED and labels is None:
+            raise ValueError(f"constraint {cfg.constraint} needs the batch's labels")
+        g = cfg.global_batch
+        view = self.bank.view()
+        bank, kw = view.embeddings, {}
+        if cfg.constraint in ("labels", "noisy_labels"):
+            kw = {"query_labels": labels, "bank_labels": view.labels}
+        elif cfg.constraint == "semi":
+            lab = self.labelled_bank.view()
+            bank = torch.cat([lab.embeddings, view.embeddings])
+            kw = {"constraint_mask": functional.semi_supervised_constraint(labels, lab.labels, view.embeddings.shape[0],
+                                                                           global_batch=g)}
+        if true_labels is not None and cfg.constraint != "semi":
+            kw.update(true_query_labels=true_labels, true_bank_labels=self.true_bank.view().labels)
+        t = functional.cmsf_terms(v, u, bank, k=cfg.k, include_target=cfg.include_target, global_batch=g, **kw)
+        if self.training:  # the trainer's forward; evaluation leaves M alone
+            self.bank.enqueue(u, labels, global_batch=g)
+            if true_labels is not None:
+                self.true_bank.enqueue(torch.ones_like(u[:, :1]), true_labels, global_batch=g)
+            if cfg.constraint == "semi":
+                self.labelled_bank.enqueue(u, labels, keep=labels != functional.UNLABELLED, global_batch=g)
+        terms = {f"cmsf/{k}": val for k, val in t.items()}
+        terms["cmsf/bank_fill"] = self.bank.filled.float() / self.bank.size
+        terms["cmsf/momentum"] = self.next_momentum.clone()
+        return terms
+
+    @torch.no_grad()
+    def after_step(self, model, step: int, total_steps: int) -> None:
+        """θf ← m·θf + (1 − m)·θg after optimizer step ``step`` (0-based), m = momentum_at(step)."""
+        cfg = self.cfg
+        model.update_cmsf_target(momentum_at(step, total_steps, cfg.momentum, cfg.momentum_schedule))
+        self.next_momentum.fill_(momentum_at(min(step + 1, total_steps), total_steps, cfg.momentum,
+                                             cfg.momentum_schedule))
+
+
+class ClipCmsfObjective(CmsfObjective):
+    """w_clip·L_CLIP + w_cmsf·L_CMSF: InfoNCE on the CLIP heads (image side on the strong view) and
+    CMSF on the image side, so the image tower mean-shifts within its constrained neighbourhoods."""
+
+    heads = frozenset({"clip", "cmsf"})
+    zero_shot_head = "clip"
+
+    def forward(self, out: EncoderOutput, labels: torch.Tensor | None = None,
+                true_labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        cfg = self.cfg
+        clip = functional.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch)
+        terms = self.cmsf_terms(out, labels, true_labels)
+        loss = cfg.w_clip * clip["loss"] + cfg.w_cmsf * terms["cmsf/loss"]
+        return {"loss": loss, **{f"clip/{k}": v for k, v in clip.items()}, **terms}
+
+
+class XentConfig(LabelFields):
+    """The supervised baseline ("Xent" of Fig. 3): a linear classifier on the image features."""
+
+    name: Literal["xent"] = "xent"
+
+
+class XentObjective(Objective):
+    """Cross-entropy of the "xent" head's class logits against the (possibly noisy) training labels;
+    one view per image (``data.augment``). Logs ``xent/acc`` against the training labels and
+    ``xent/clean_acc`` against the clean ones."""
+
+    heads = frozenset({"xent"})
+    zero_shot_head = None
+
+    def __init__(self, cfg: XentConfig):
+        super().__init__()
+        self.cfg = cfg
+
+    @classmethod
+    def check_run(cls, run_cfg) -> None:
+        if run_cfg.data.source not in BUILTIN_SOURCES:
+            raise ValueError(f"objective xent needs labelled data, but data.source {run_cfg.data.source} has no labels")
+
+    @classmethod
+    def label_request(cls, run_cfg) -> LabelRequest | None:
+        return _label_request(run_cfg.objective, run_cfg)
+
+    def forward(self, out: EncoderOutput, labels: torch.Tensor | None = None,
+                true_labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        if out.image_class_logits is None or labels is None:
+            raise ValueError("xent needs the 'xent' head's class logits and the batch's labels")
+        logits = out.image_class_logits  # [B, C]
+        loss = F.cross_entropy(logits, labels)
+        terms = {"loss": loss, "xent/loss": loss.detach()}
+        with torch.no_grad():
+            pred = logits.argmax(1)
+            terms["xent/acc"] = (pred == labels).float().mean()
+            if true_labels is not None:
+                terms["xent/clean_acc"] = (pred == true_labels).float().mean()
+        return terms
