@@ -153,9 +153,11 @@ def _cmd_presets(args) -> int:
 
 
 def _cmd_export(args) -> int:
-    from nclip.models.export import export_hf
+    from nclip.models.export import export_hf, model_dir
+    from nclip.train.rundir import check_export_target
 
-    print(export_hf(args.checkpoint, args.hf, force=args.force))
+    check_export_target(model_dir(args.checkpoint), args.hf, args.force)
+    print(export_hf(args.checkpoint, args.hf))
     return 0
 
 

@@ -55,27 +55,11 @@ def to_hf(model) -> CLIPModel:
     return hf
 
 
-def check_export_target(source: Path, out: Path, force: bool) -> None:
-    """Refuse an ``out`` that would overwrite a run or the model being exported (even with
-    ``force``), and a non-empty ``out`` unless ``force``."""
-    from nclip.train.rundir import RUN_FILES, run_files
-
-    out, source = Path(out), Path(source)
-    if out.exists() and not out.is_dir():
-        raise NclipError(f"--hf {out} is a file, not a directory")
-    inside_run = out.name in RUN_FILES and bool(run_files(out.parent))  # e.g. RUN/model
-    if out.resolve() == source.resolve() or run_files(out) or inside_run:
-        raise NclipError(f"--hf {out} would write into a run or over the model being exported; export to "
-                         "a new directory (--force never writes into runs)")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise NclipError(f"--hf {out} already exists and is not empty; choose a new directory, "
-                         "or pass --force to write over it")
-
-
-def export_hf(checkpoint: Path, out: Path, force: bool = False) -> str:
-    source = model_dir(checkpoint)
-    check_export_target(source, out, force)
-    model, _ = load_model(source)
+def export_hf(checkpoint: Path, out: Path) -> str:
+    """Write the model of ``checkpoint`` (a run or model directory) to ``out`` as a CLIPModel
+    (``nclip export`` first refuses targets that would overwrite a run:
+    :func:`nclip.train.rundir.check_export_target`)."""
+    model, _ = load_model(model_dir(checkpoint))
     with torch.no_grad():
         hf = to_hf(model)
     hf.save_pretrained(str(out), safe_serialization=True)
