@@ -15,10 +15,11 @@ import json
 import pytest
 import torch
 
-from conftest import micro_sizes
-from distributed_utils import combine_ranks, loss_and_grads, run_ranks, split_rows
 from nclip import distributed as collectives
 from nclip.objectives import functional
+
+from conftest import micro_sizes
+from distributed_utils import combine_ranks, loss_and_grads, run_ranks, split_rows
 
 pytestmark = pytest.mark.slow  # every test here trains or spawns processes
 
@@ -142,9 +143,9 @@ CAPTIONS = ["a red circle", "two blue squares", "a green star", "a small yellow 
 
 def _model_and_batch(strategy: str = "ddp"):
     from nclip.config import resolve
-    from nclip.train.launch import TrainStep
     from nclip.models import build_model
     from nclip.objectives import build_objective
+    from nclip.train.launch import TrainStep
 
     cfg = resolve("micro", MODEL_OVERRIDES + [f"train.strategy={strategy}"])
     torch.manual_seed(0)

@@ -15,8 +15,6 @@ import time
 
 import pytest
 import torch
-from distributed_utils import combine_ranks, loss_and_grads, run_ranks
-from references import ref_clip, ref_cmsf
 
 from nclip.cli import main
 from nclip.config import resolve
@@ -30,6 +28,9 @@ from nclip.objectives.cmsf import (
     XentConfig,
     XentObjective,
 )
+
+from distributed_utils import combine_ranks, loss_and_grads, run_ranks
+from references import ref_clip, ref_cmsf
 
 B, D, N, CLASSES = 8, 6, 12, 3
 

@@ -3,6 +3,12 @@ against float64 transcriptions written from the papers, plus a 2-rank gloo check
 
 import pytest
 import torch
+
+from nclip.objectives import REGISTRY, build_objective, functional
+from nclip.objectives.siglip import SiglipConfig, XsiglipConfig
+from nclip.objectives.unified import TABLE_A1_SETTINGS, UnifiedConfig, UnifiedObjective
+from nclip.objectives.yclip import YclipConfig
+
 from distributed_utils import run_ranks
 from references import (
     assert_value_and_grads,
@@ -13,11 +19,6 @@ from references import (
     ref_unified,
     ref_yclip,
 )
-
-from nclip.objectives import REGISTRY, build_objective, functional
-from nclip.objectives.siglip import SiglipConfig, XsiglipConfig
-from nclip.objectives.unified import TABLE_A1_SETTINGS, UnifiedConfig, UnifiedObjective
-from nclip.objectives.yclip import YclipConfig
 
 # ---- Sinkhorn ----------------------------------------------------------------------------------
 

@@ -411,9 +411,9 @@ def test_two_ranks_match_one_process(tmp_path, shared_cache):
     """The objective: loss and gradients of 2 ranks with half the batch each = 1 process with the
     whole batch, and the broadcast episode state = rank 0's. The episodic loop: sharded extraction
     + rank-0 K-Means + broadcast + DDP with per-row episode positions log the losses of 1 process."""
-    from distributed_utils import run_ranks
-
     from nclip.train.loop import train
+
+    from distributed_utils import run_ranks
 
     train(resolve("protoclip-tiny", DIST_RUN + [f"objective.ext_cache_dir={shared_cache}"]), tmp_path / "single",
           progress=False, evaluate=False)  # also fills the teacher cache the ranks read

@@ -10,12 +10,12 @@ import torch
 
 import nclip.train.loop as loop_mod
 from nclip.cli import main
-from conftest import micro_sizes
-
 from nclip.config import resolve
 from nclip.errors import NclipError
 from nclip.train.checkpoint import list_checkpoints, read_checkpoint
 from nclip.train.loop import train
+
+from conftest import micro_sizes
 
 OVERRIDES = micro_sizes() + [
     "train.steps=8", "train.batch_size=16", "train.warmup_steps=1", "train.log_every=1",
