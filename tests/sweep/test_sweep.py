@@ -170,7 +170,8 @@ def test_judge_uniform_collapse_diverged_and_healthy():
 
     diverged = healthy[:-1] + [dict(healthy[-1], loss=float("nan"), **{"nclip/L_KL": float("nan")})]
     assert judge(diverged, _cfg())["verdict"] == "diverged"
-    assert judge(healthy, _cfg(), stderr="nclip: error: 10 steps in a row had a non-finite loss")["verdict"] == "diverged"
+    assert judge(healthy, _cfg(),
+                 stderr="nclip: error: 10 steps in a row had a non-finite loss")["verdict"] == "diverged"
     assert judge([], _cfg())["verdict"] == "ok"
     assert judge([{"step": 1, "loss": 1.0, "clip/loss": 1.0}], _cfg())["final"] == {"step": 1, "loss": 1.0}
 
