@@ -20,6 +20,7 @@ demo: install
 	$(BIN)/nclip train --preset tiny --out runs/tiny
 
 test: install
+	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest
 
 bench: install

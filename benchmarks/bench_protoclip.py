@@ -86,7 +86,8 @@ def main() -> None:
     est = t if args.flat_full else t * (args.iters + 1) / (flat_iters + 1)
     out["flat_s" if args.flat_full else "flat_est_s"] = est
     out["flat_measured_iters"], out["flat_measured_s"], out["flat_measured_cpu_s"] = flat_iters, t, CPU["last"]
-    label = "measured" if args.flat_full else f"estimated from {flat_iters} iterations in {t:.1f} s wall, {CPU['last']:.1f} s CPU"
+    label = ("measured" if args.flat_full
+             else f"estimated from {flat_iters} iterations in {t:.1f} s wall, {CPU['last']:.1f} s CPU")
     print(f"  flat (exact)          {est:8.1f} s   ({label})")
     print(f"  speed-up two_level vs flat: {est / out['two_level_s']:.1f}x")
 
@@ -95,7 +96,8 @@ def main() -> None:
     q_two = kmeans(sub, args.k // 4, niter=args.iters, method="two_level", seed=1).objective
     out["quality_n"], out["quality_k"] = args.n // 4, args.k // 4
     out["objective_ratio_two_level_over_flat"] = q_two / q_flat
-    print(f"  quality ({args.n // 4} points, {args.k // 4} clusters): objective two_level / flat = {q_two / q_flat:.3f}")
+    print(f"  quality ({args.n // 4} points, {args.k // 4} clusters): "
+          f"objective two_level / flat = {q_two / q_flat:.3f}")
 
     feats, labels = torch.from_numpy(x), res.labels
     Fn.pbt(feats, labels, args.k)  # warm-up

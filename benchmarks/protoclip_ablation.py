@@ -112,7 +112,8 @@ def table(results: dict) -> str:
     cols = [f"{k}/{m}" for k in KINDS for m in ("zeroshot", "linear", "knn", "ARI", "AMI")] + ["retrieval/mean_recall"]
     lines = ["| run | " + " | ".join(cols) + " | train s |", "|---" * (len(cols) + 2) + "|"]
     for name, r in results.items():
-        lines.append(f"| {name} | " + " | ".join(f"{r[c]:.3f}" for c in cols) + f" | {r.get('train_s', float('nan')):.0f} |")
+        lines.append(f"| {name} | " + " | ".join(f"{r[c]:.3f}" for c in cols)
+                     + f" | {r.get('train_s', float('nan')):.0f} |")
     return "\n".join(lines)
 
 
@@ -138,7 +139,8 @@ def main() -> None:
         from nclip.config import resolve
         from nclip.train.teacher import teacher_features
 
-        teacher_features(resolve("protoclip-tiny", COMMON + [f"data.train_length={args.train_length}", f"seed={args.seed}"]))
+        teacher_features(resolve("protoclip-tiny",
+                                 COMMON + [f"data.train_length={args.train_length}", f"seed={args.seed}"]))
         took = train_all(args.runs, args.out, args.steps, args.train_length, args.parallel, args.threads, args.seed)
     for name in args.runs:
         entry = results.get(name, {})

@@ -4,9 +4,9 @@
 
 runs ``fn(rank, world_size, *args)`` in ``world_size`` freshly spawned processes that share a gloo
 process group (from a file rendezvous, or from torchrun's environment variables through
-:func:`nclip.train.launch.setup` with ``init="torchrun"``), and returns the values ``fn`` returned, in rank order. ``fn`` must be a module-level
-function (the children import it by name). A failure on any rank fails the caller with that
-rank's traceback; a hang fails after ``timeout`` seconds.
+:func:`nclip.train.launch.setup` with ``init="torchrun"``), and returns the values ``fn`` returned,
+in rank order. ``fn`` must be a module-level function (the children import it by name). A failure
+on any rank fails the caller with that rank's traceback; a hang fails after ``timeout`` seconds.
 
 For losses, :func:`split_rows` and :func:`compare_with_single_process` implement the check that
 settles distributed correctness (docs/design.md): W ranks with 1/W of the batch each must give the
@@ -140,7 +140,7 @@ def combine_ranks(per_rank: list[tuple[torch.Tensor, dict]], row_keys) -> tuple[
     per-rank losses; a row tensor's gradient = its per-rank gradients concatenated / W (DDP's
     averaging of what flows into the parameters); a shared tensor's = the mean of per-rank ones."""
     world = len(per_rank)
-    loss = torch.stack([l for l, _ in per_rank]).mean()
+    loss = torch.stack([rank_loss for rank_loss, _ in per_rank]).mean()
     grads = {}
     for k in per_rank[0][1]:
         parts = [g[k] for _, g in per_rank]

@@ -15,10 +15,11 @@ import json
 import pytest
 import torch
 
-from conftest import micro_sizes
-from distributed_utils import combine_ranks, loss_and_grads, run_ranks, split_rows
 from nclip import distributed as collectives
 from nclip.objectives import functional
+
+from conftest import micro_sizes
+from distributed_utils import combine_ranks, loss_and_grads, run_ranks, split_rows
 
 pytestmark = pytest.mark.slow  # every test here trains or spawns processes
 
@@ -34,7 +35,8 @@ FUNCTIONAL_CASES = {
     "nclip": lambda x: functional.nclip_loss(x["img_logits"], x["txt_logits"], 0.5, 1.5),
     "xclip": lambda x: functional.xclip_loss(x["img"], x["txt"], x["img_logits"], x["txt_logits"], x["scale"]),
     "unified/none": lambda x: functional.unified_loss(x["img_logits"], x["txt_logits"], 0.7, 0.5, 0.5, 1.5),
-    "unified/sinkhorn": lambda x: functional.unified_loss(x["img_logits"], x["txt_logits"], 0.7, 0.5, uniform="sinkhorn"),
+    "unified/sinkhorn": lambda x: functional.unified_loss(x["img_logits"], x["txt_logits"], 0.7, 0.5,
+                                                          uniform="sinkhorn"),
     "unified/batch_softmax": lambda x: functional.unified_loss(x["img_logits"], x["txt_logits"], 0.7, 0.5,
                                                        uniform="batch_softmax"),
     "yclip": lambda x: functional.yclip_loss(x["img_logits"], x["txt_logits"], x["scale"]),
@@ -142,9 +144,9 @@ CAPTIONS = ["a red circle", "two blue squares", "a green star", "a small yellow 
 
 def _model_and_batch(strategy: str = "ddp"):
     from nclip.config import resolve
-    from nclip.train.launch import TrainStep
     from nclip.models import build_model
     from nclip.objectives import build_objective
+    from nclip.train.launch import TrainStep
 
     cfg = resolve("micro", MODEL_OVERRIDES + [f"train.strategy={strategy}"])
     torch.manual_seed(0)

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from nclip.config import resolve
-from nclip.train.launch import TrainStep
 from nclip.models import build_model
 from nclip.objectives import build_objective
 from nclip.objectives.base import EncoderOutput
 from nclip.precision import to_float32
+from nclip.train.launch import TrainStep
 from nclip.train.loop import train
 
 

@@ -214,7 +214,8 @@ def _cmd_data(args) -> int:
     return 0
 
 
-COMMANDS = {"train": _cmd_train, "config": _cmd_config, "presets": _cmd_presets, "export": _cmd_export, "sweep": _cmd_sweep, "data": _cmd_data}
+COMMANDS = {"train": _cmd_train, "config": _cmd_config, "presets": _cmd_presets, "export": _cmd_export,
+            "sweep": _cmd_sweep, "data": _cmd_data}
 
 
 def _cmd_eval(args) -> int:

@@ -213,7 +213,8 @@ def test_linear_probe_grid_on_blobs():
     r = M.linear_probe(xtr, ytr, xte, yte, 6, l2_grid=grid, val_fraction=0.25, seed=3)
     assert r["l2"] in grid and set(r["val_top1"]) == set(grid)
     assert r["val_top1"][r["l2"]] == max(r["val_top1"].values())
-    clf = LogisticRegression(C=1.0 / (r["l2"] * 1000), max_iter=5000).fit((X[:1000] - X[:1000].mean(0)) / X[:1000].std(0), y[:1000])
+    clf = LogisticRegression(C=1.0 / (r["l2"] * 1000), max_iter=5000).fit(
+        (X[:1000] - X[:1000].mean(0)) / X[:1000].std(0), y[:1000])
     sk = clf.score((X[1000:] - X[:1000].mean(0)) / X[:1000].std(0), y[1000:])
     assert abs(r["top1"] - sk) <= 0.01 and r["top1"] > 0.9
     # deterministic given the seed
@@ -249,9 +250,8 @@ def test_map_vs_sklearn_with_ties_and_empty_classes():
 
 def test_map_hand_made():
     # one class: ranking pos, neg, pos -> AP = (1/2)(1/1) + (1/2)(2/3)
-    assert M.mean_average_precision(torch.tensor([[0.9], [0.8], [0.7]]), torch.tensor([[1], [0], [1]])) == pytest.approx(
-        (1 + 2 / 3) / 2
-    )
+    assert M.mean_average_precision(torch.tensor([[0.9], [0.8], [0.7]]),
+                                    torch.tensor([[1], [0], [1]])) == pytest.approx((1 + 2 / 3) / 2)
     # all tied: precision is the positive rate
     assert M.mean_average_precision(torch.zeros(4, 1), torch.tensor([[1], [0], [0], [0]])) == pytest.approx(0.25)
 
@@ -449,9 +449,11 @@ def test_mask_ignore_pixels():
         (lambda: M.topk_accuracy(torch.zeros(4, 3), torch.zeros(5, dtype=torch.long)), "labels"),
         (lambda: M.confusion_matrix(torch.zeros(3, dtype=torch.long), torch.zeros(4, dtype=torch.long), 2), "pred"),
         (lambda: M.knn_predict(torch.zeros(5, 3), torch.zeros(5, dtype=torch.long), torch.zeros(2, 4), 2), "dimension"),
-        (lambda: M.knn_predict(torch.zeros(5, 3), torch.zeros(4, dtype=torch.long), torch.zeros(2, 3), 2), "train_labels"),
+        (lambda: M.knn_predict(torch.zeros(5, 3), torch.zeros(4, dtype=torch.long), torch.zeros(2, 3), 2),
+         "train_labels"),
         (lambda: M.knn_predict(torch.zeros(5, 3), torch.zeros(5), torch.zeros(2, 3), 2), "integer"),
-        (lambda: M.linear_probe(torch.zeros(5, 3), torch.zeros(5, dtype=torch.long), torch.zeros(2, 4), torch.zeros(2, dtype=torch.long), 2), "dimension"),
+        (lambda: M.linear_probe(torch.zeros(5, 3), torch.zeros(5, dtype=torch.long),
+                                torch.zeros(2, 4), torch.zeros(2, dtype=torch.long), 2), "dimension"),
         (lambda: M.mean_average_precision(torch.zeros(4, 3), torch.zeros(4, 2, dtype=torch.bool)), "targets"),
         (lambda: M.f1_at_k(torch.zeros(4, 3), torch.ones(3, 3, dtype=torch.bool), 1), "targets"),
         (lambda: M.cluster_scores(torch.zeros(6, 2), torch.zeros(5, dtype=torch.long)), "labels"),
@@ -463,7 +465,8 @@ def test_mask_ignore_pixels():
         (lambda: M.spearman(torch.ones(3), torch.ones(4)), "entries"),
         (lambda: M.attention_mask_jaccard(torch.ones(2, 1, 2, 2), torch.ones(3, 4, 4, dtype=torch.bool)), "samples"),
         (lambda: M.attention_mask_jaccard(torch.ones(2, 2, 2), torch.ones(2, 4, 4, dtype=torch.bool)), "attn"),
-        (lambda: M.attention_mask_jaccard(-torch.ones(1, 1, 2, 2), torch.ones(1, 4, 4, dtype=torch.bool)), "non-negative"),
+        (lambda: M.attention_mask_jaccard(-torch.ones(1, 1, 2, 2), torch.ones(1, 4, 4, dtype=torch.bool)),
+         "non-negative"),
         (lambda: M.zero_shot_classifier(torch.ones(3, 4)), r"\[C, P, d\]"),
         (lambda: M.recall_at_k(torch.tensor([[float("nan")]]), torch.tensor([0])), "NaN"),
     ],

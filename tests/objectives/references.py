@@ -81,7 +81,8 @@ def ref_yclip(h_i, h_t, scale, lam1, lam2):
     """App. B.2 Eq. 2-3 with explicit sums: S_ij = p_i·log q_j + log p_i·q_j, symmetric InfoNCE."""
     p, q = torch.softmax(h_i, 1), torch.softmax(h_t, 1)
     b = p.shape[0]
-    s = torch.stack([torch.stack([(p[i] * q[j].log()).sum() + (p[i].log() * q[j]).sum() for j in range(b)]) for i in range(b)])
+    s = torch.stack([torch.stack([(p[i] * q[j].log()).sum() + (p[i].log() * q[j]).sum() for j in range(b)])
+                     for i in range(b)])
     z = scale * s
     i2t = -sum(z[i, i] - torch.logsumexp(z[i, :], 0) for i in range(b)) / b
     t2i = -sum(z[i, i] - torch.logsumexp(z[:, i], 0) for i in range(b)) / b

@@ -6,12 +6,13 @@ import math
 
 import pytest
 import torch
-from distributed_utils import run_ranks
-from references import assert_value_and_grads, leaves, ref_cmsf
 
 from nclip.objectives import functional
 from nclip.objectives.cmsf_bank import NO_LABEL, MemoryBank
 from nclip.objectives.momentum import momentum_at, momentum_update
+
+from distributed_utils import run_ranks
+from references import assert_value_and_grads, leaves, ref_cmsf
 
 F64 = torch.float64
 

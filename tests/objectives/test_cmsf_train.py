@@ -15,8 +15,6 @@ import time
 
 import pytest
 import torch
-from distributed_utils import combine_ranks, loss_and_grads, run_ranks
-from references import ref_clip, ref_cmsf
 
 from nclip.cli import main
 from nclip.config import resolve
@@ -31,6 +29,9 @@ from nclip.objectives.cmsf import (
     XentObjective,
 )
 
+from distributed_utils import combine_ranks, loss_and_grads, run_ranks
+from references import ref_clip, ref_cmsf
+
 B, D, N, CLASSES = 8, 6, 12, 3
 
 
@@ -39,7 +40,8 @@ def _inputs(seed: int = 0) -> dict[str, torch.Tensor]:
     r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
     return {"v": r(B, D), "u": r(B, D), "img": r(B, D), "txt": r(B, D), "logits": r(B, CLASSES),
             "scale": torch.tensor(7.0, dtype=torch.float64),
-            "labels": torch.randint(0, CLASSES, (B,), generator=g), "true": torch.randint(0, CLASSES, (B,), generator=g),
+            "labels": torch.randint(0, CLASSES, (B,), generator=g),
+            "true": torch.randint(0, CLASSES, (B,), generator=g),
             "bank": r(N, D), "bank_labels": torch.randint(0, CLASSES, (N,), generator=g)}
 
 
@@ -207,7 +209,8 @@ def test_presets_reproduce_what_they_say():
         cfg = resolve(name)
         assert cfg.objective.name == "cmsf" and cfg.objective.k == 10
     paper = resolve("cmsf-rn50-in1k")
-    assert (paper.train.optimizer, paper.train.lr, paper.train.momentum, paper.train.weight_decay) == ("sgd", 0.05, 0.9, 1e-4)
+    assert (paper.train.optimizer, paper.train.lr, paper.train.momentum,
+            paper.train.weight_decay) == ("sgd", 0.05, 0.9, 1e-4)
     assert (paper.train.batch_size, paper.objective.bank_size, paper.objective.momentum) == (256, 128_000, 0.99)
     assert (paper.model.vision.kind, paper.model.cmsf_hidden, paper.model.cmsf_dim) == ("resnet", 4096, 512)
     assert resolve("cmsf-noisy-tiny").objective.label_noise == 0.5

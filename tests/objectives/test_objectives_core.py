@@ -4,9 +4,10 @@ import math
 
 import pytest
 import torch
-from references import leaves, ref_clip, ref_nclip
 
 from nclip.objectives import functional
+
+from references import leaves, ref_clip, ref_nclip
 
 
 @pytest.mark.parametrize("seed,b,d", [(0, 1, 3), (1, 5, 8), (2, 16, 4)])

@@ -3,6 +3,12 @@ against float64 transcriptions written from the papers, plus a 2-rank gloo check
 
 import pytest
 import torch
+
+from nclip.objectives import REGISTRY, build_objective, functional
+from nclip.objectives.siglip import SiglipConfig, XsiglipConfig
+from nclip.objectives.unified import TABLE_A1_SETTINGS, UnifiedConfig, UnifiedObjective
+from nclip.objectives.yclip import YclipConfig
+
 from distributed_utils import run_ranks
 from references import (
     assert_value_and_grads,
@@ -14,18 +20,14 @@ from references import (
     ref_yclip,
 )
 
-from nclip.objectives import REGISTRY, build_objective, functional
-from nclip.objectives.siglip import SiglipConfig, XsiglipConfig
-from nclip.objectives.unified import TABLE_A1_SETTINGS, UnifiedConfig, UnifiedObjective
-from nclip.objectives.yclip import YclipConfig
-
 # ---- Sinkhorn ----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("b,k,eps,iters", [(6, 4, 0.5, 3), (16, 10, 0.05, 3), (5, 12, 1.0, 1)])
 def test_sinkhorn_matches_swav_code(b, k, eps, iters):
     (x,) = leaves((b, k), seed=b + k)
-    torch.testing.assert_close(functional.sinkhorn(x, iters, eps), ref_swav_sinkhorn(x.detach(), eps, iters), rtol=1e-10, atol=1e-13)
+    torch.testing.assert_close(functional.sinkhorn(x, iters, eps), ref_swav_sinkhorn(x.detach(), eps, iters),
+                               rtol=1e-10, atol=1e-13)
 
 
 def test_sinkhorn_marginals_swav_convention():
@@ -115,13 +117,15 @@ def test_centering_running_statistics():
     cfg = UnifiedConfig.from_table_a1("DINO", center_momentum=0.8)
     obj = UnifiedObjective(cfg).train()
     g = torch.Generator().manual_seed(4)
-    stats = {side: (torch.zeros(6, dtype=torch.float64), torch.ones(6, dtype=torch.float64)) for side in ("image", "text")}
+    stats = {side: (torch.zeros(6, dtype=torch.float64), torch.ones(6, dtype=torch.float64))
+             for side in ("image", "text")}
     for _ in range(3):
         h_i, h_t = (3 * torch.randn(5, 6, generator=g, dtype=torch.float64) + 1 for _ in range(2))
         h_i.requires_grad_()
         loss = obj(encoder_output(h_i, h_t))["loss"]
         # the loss of this batch uses the statistics from before it (DINO's update order)
-        torch.testing.assert_close(loss, ref_unified(h_i, h_t, 0.7, 1.0, 0.0, 0.0, "centering", ci=stats["image"], ct=stats["text"]))
+        torch.testing.assert_close(loss, ref_unified(h_i, h_t, 0.7, 1.0, 0.0, 0.0, "centering",
+                                                     ci=stats["image"], ct=stats["text"]))
         loss.backward()  # the in-place buffer update must not break autograd
         for side, h in (("image", h_i.detach()), ("text", h_t)):
             mean, var = stats[side]  # C <- m C + (1 - m) batch statistic, population variance
@@ -145,11 +149,13 @@ def test_unified_yclip_siglip_finite_for_extreme_inputs(magnitude):
         h_i = (magnitude * torch.randn(b, 32, generator=g)).requires_grad_()
         h_t = (magnitude * torch.randn(b, 32, generator=g)).requires_grad_()
         losses = [
-            functional.unified_loss(h_i, h_t, 0.25, 1.0, 0.5, 1.5, uniform=u, image_center=(torch.zeros(32), torch.zeros(32)),
-                            text_center=(torch.zeros(32), torch.zeros(32)))
+            functional.unified_loss(h_i, h_t, 0.25, 1.0, 0.5, 1.5, uniform=u,
+                                    image_center=(torch.zeros(32), torch.zeros(32)),
+                                    text_center=(torch.zeros(32), torch.zeros(32)))
             for u in functional.UNIFORM_CHOICES
         ]
-        losses += [functional.yclip_loss(h_i, h_t, torch.tensor(100.0)), functional.siglip_loss(h_i, h_t, torch.tensor(100.0), -10.0)]
+        losses += [functional.yclip_loss(h_i, h_t, torch.tensor(100.0)),
+                   functional.siglip_loss(h_i, h_t, torch.tensor(100.0), -10.0)]
         for loss in losses:
             gi, gt = torch.autograd.grad(loss, [h_i, h_t])
             assert torch.isfinite(loss) and torch.isfinite(gi).all() and torch.isfinite(gt).all()
@@ -201,7 +207,8 @@ def test_siglip_and_xsiglip_modules():
     assert sig.logit_bias.grad is not None
     x = build_objective(XsiglipConfig(w_clip=0.3, w_nclip=0.9, lambda1=0.2, lambda2=1.2))
     assert x.heads == frozenset({"clip", "nclip"}) and x.zero_shot_head == "clip"
-    ref = 0.3 * ref_siglip(g_i, g_t, torch.tensor(14.0, dtype=torch.float64), -10.0) + 0.9 * functional.nclip_loss(h_i, h_t, 0.2, 1.2)
+    ref = (0.3 * ref_siglip(g_i, g_t, torch.tensor(14.0, dtype=torch.float64), -10.0)
+           + 0.9 * functional.nclip_loss(h_i, h_t, 0.2, 1.2))
     torch.testing.assert_close(x(out)["loss"], ref)
 
 
@@ -242,12 +249,15 @@ def _two_rank_checks(rank, world):
 
     g = torch.Generator().manual_seed(123)
     b = 3  # local rows
-    full = {n: torch.randn(b * world, d, generator=g, dtype=torch.float64) for n, d in (("hi", 7), ("ht", 7), ("gi", 4), ("gt", 4))}
+    full = {n: torch.randn(b * world, d, generator=g, dtype=torch.float64)
+            for n, d in (("hi", 7), ("ht", 7), ("gi", 4), ("gt", 4))}
     scale = torch.tensor(6.0, dtype=torch.float64)
     bias = torch.tensor(-2.0, dtype=torch.float64)
     cases = {
-        "sinkhorn": lambda hi, ht, gi, gt, s, c, gb: functional.unified_loss(hi, ht, 0.5, 1.0, 0.2, 1.0, uniform="sinkhorn", global_batch=gb),
-        "batch_softmax": lambda hi, ht, gi, gt, s, c, gb: functional.unified_loss(hi, ht, 0.5, 1.0, 0.3, 1.3, uniform="batch_softmax", global_batch=gb),
+        "sinkhorn": lambda hi, ht, gi, gt, s, c, gb: functional.unified_loss(
+            hi, ht, 0.5, 1.0, 0.2, 1.0, uniform="sinkhorn", global_batch=gb),
+        "batch_softmax": lambda hi, ht, gi, gt, s, c, gb: functional.unified_loss(
+            hi, ht, 0.5, 1.0, 0.3, 1.3, uniform="batch_softmax", global_batch=gb),
         "yclip": lambda hi, ht, gi, gt, s, c, gb: functional.yclip_loss(hi, ht, s, 0.5, 1.5, global_batch=gb),
         "siglip": lambda hi, ht, gi, gt, s, c, gb: functional.siglip_loss(gi, gt, s, c, global_batch=gb),
     }
@@ -272,9 +282,11 @@ def _two_rank_checks(rank, world):
         for mine, want in ((s, rs), (c, rc)):
             gm = mine.grad.clone() if mine.grad is not None else torch.zeros(())
             dist.all_reduce(gm)
-            torch.testing.assert_close(gm / world, want.grad if want.grad is not None else torch.zeros(()), msg=f"{name} scalar grad")
+            torch.testing.assert_close(gm / world, want.grad if want.grad is not None else torch.zeros(()),
+                                       msg=f"{name} scalar grad")
     # Sinkhorn codes and diagnostics are global-batch quantities
-    torch.testing.assert_close(functional.sinkhorn(full["hi"][sl], 3, 0.3), functional.sinkhorn(full["hi"], 3, 0.3, global_batch=False)[sl])
+    torch.testing.assert_close(functional.sinkhorn(full["hi"][sl], 3, 0.3),
+                               functional.sinkhorn(full["hi"], 3, 0.3, global_batch=False)[sl])
     d_loc = functional.distribution_diagnostics(full["hi"][sl], full["ht"][sl])
     d_ref = functional.distribution_diagnostics(full["hi"], full["ht"], global_batch=False)
     for k in d_ref:

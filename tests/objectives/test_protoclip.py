@@ -79,7 +79,8 @@ def test_pbt_errors():
         functional.pbt(torch.randn(4, 2), torch.tensor([0, 1]), 3)
 
 
-@pytest.mark.parametrize("t_target,from_teacher", [(0.01, False), (0.5, False), (0.1, True), (0.0, False), (-1.0, False)])
+@pytest.mark.parametrize("t_target,from_teacher",
+                         [(0.01, False), (0.5, False), (0.1, True), (0.0, False), (-1.0, False)])
 @pytest.mark.parametrize("seed,b,k", [(0, 1, 3), (3, 9, 6)])
 def test_proto_loss_matches_algorithm1(seed, b, k, t_target, from_teacher):
     h = _unit(b, 5, seed=seed).requires_grad_()
@@ -266,7 +267,8 @@ def test_light_augmentation():
 
     plain = resolve("clip-tiny").data.augment
     np.testing.assert_array_equal(augment(img, 16, plain, np.random.default_rng(3)),
-                                  random_resized_crop(img, 16, plain.crop_scale, plain.crop_ratio, np.random.default_rng(3)))
+                                  random_resized_crop(img, 16, plain.crop_scale, plain.crop_ratio,
+                                                      np.random.default_rng(3)))
 
 
 # ---- end to end through the CLI ------------------------------------------------------------
@@ -303,7 +305,8 @@ def test_episodic_run_end_to_end(tmp_path, capsys, shared_cache):
     for e in eps[1:3]:
         assert e["extract_s"] > 0 and e["kmeans_s"] > 0 and e["train_s"] > 0 and e["empty_image"] >= 0
     logs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [("proto/L_proto" in x, "proto/L_ext" in x) for x in logs] == [(False, False)] * 2 + [(True, True)] * 4 + [(False, False)] * 2
+    assert [("proto/L_proto" in x, "proto/L_ext" in x) for x in logs] == (
+        [(False, False)] * 2 + [(True, True)] * 4 + [(False, False)] * 2)
     assert all(math.isfinite(x["loss"]) for x in logs)
     # locked-image tuning from episode 3 (steps 6-7): the image tower stops, the text tower moves
     w6 = load_file(str(out / "checkpoints" / "step_00000006" / "model.safetensors"))
@@ -334,7 +337,8 @@ def _objective_on_two_ranks(rank, world):
     for k, v in {"labels": labels, **st}.items():
         assert torch.equal(got[k], v.to(got[k].dtype)), k
     b = 8
-    full = {"hi": _unit(b, 5, seed=30), "ht": _unit(b, 5, seed=31), "zi": _unit(b, 3, seed=32), "zt": _unit(b, 3, seed=33)}
+    full = {"hi": _unit(b, 5, seed=30), "ht": _unit(b, 5, seed=31),
+            "zi": _unit(b, 3, seed=32), "zt": _unit(b, 3, seed=33)}
     rows = torch.arange(5, 5 + b)
 
     def run(inputs, rws, global_batch=True):
@@ -369,9 +373,11 @@ def _objective_on_two_ranks(rank, world):
 def test_rn50_preset_has_table_a3_settings():
     cfg = resolve("protoclip-rn50-cc")
     o, t, m = cfg.objective, cfg.train, cfg.model
-    assert (t.batch_size, o.episode_size, o.warmup_episodes, o.clusters, o.kmeans_iters) == (512, 200_000, 40, 20_000, 20)
+    assert (t.batch_size, o.episode_size, o.warmup_episodes, o.clusters,
+            o.kmeans_iters) == (512, 200_000, 40, 20_000, 20)
     assert (t.lr, t.weight_decay, t.betas, t.eps, t.grad_clip) == (5e-4, 0.5, (0.9, 0.999), 1e-8, 1e5)
-    assert (m.vision.kind, m.vision.depths, m.embed_dim, m.proto_dim, m.proto_hidden) == ("resnet", (3, 4, 6, 3), 1024, 128, 2048)
+    assert (m.vision.kind, m.vision.depths, m.embed_dim, m.proto_dim,
+            m.proto_hidden) == ("resnet", (3, 4, 6, 3), 1024, 128, 2048)
     assert (o.t_proto_init, o.t_target, o.ext_pca_dim, cfg.data.image_size) == (0.07, 0.01, 64, 224)
     # 32 epochs of 2.5M pairs = 400 episodes of 390 steps; LiT from epoch 16
     assert t.steps == 400 * episodic.steps_per_episode(cfg) and o.lit_episode == 200
@@ -391,7 +397,8 @@ def test_resnet_tower_builds_from_config():
 
 # ---- the episodic loop on 2 ranks (DDP, gloo) against 1 process ------------------------------
 
-DIST_RUN = [o for o in MICRO if not o.startswith(("train.steps", "train.checkpoint_every", "objective.lit_episode"))] + [
+DIST_RUN = [o for o in MICRO
+            if not o.startswith(("train.steps", "train.checkpoint_every", "objective.lit_episode"))] + [
     "train.steps=6", "train.checkpoint_every=6", "train.threads=1"]
 
 
@@ -411,14 +418,15 @@ def test_two_ranks_match_one_process(tmp_path, shared_cache):
     """The objective: loss and gradients of 2 ranks with half the batch each = 1 process with the
     whole batch, and the broadcast episode state = rank 0's. The episodic loop: sharded extraction
     + rank-0 K-Means + broadcast + DDP with per-row episode positions log the losses of 1 process."""
-    from distributed_utils import run_ranks
-
     from nclip.train.loop import train
+
+    from distributed_utils import run_ranks
 
     train(resolve("protoclip-tiny", DIST_RUN + [f"objective.ext_cache_dir={shared_cache}"]), tmp_path / "single",
           progress=False, evaluate=False)  # also fills the teacher cache the ranks read
     assert run_ranks(_episodic_rank, world_size=2, args=(str(tmp_path), shared_cache)) == [True, True]
-    rows = [[json.loads(x) for x in (tmp_path / r / "metrics.jsonl").read_text().splitlines()] for r in ("single", "ddp")]
+    rows = [[json.loads(x) for x in (tmp_path / r / "metrics.jsonl").read_text().splitlines()]
+            for r in ("single", "ddp")]
     assert [r["step"] for r in rows[1]] == list(range(1, 7))
     for a, b in zip(*rows):
         assert set(a) == set(b)

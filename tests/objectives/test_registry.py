@@ -13,10 +13,11 @@ import importlib
 
 import pytest
 import torch
-from distributed_utils import combine_ranks, loss_and_grads, run_ranks, split_rows
-from references import ref_clip, ref_nclip, ref_siglip, ref_unified, ref_yclip
 
 from nclip.objectives import REGISTRY, EncoderOutput
+
+from distributed_utils import combine_ranks, loss_and_grads, run_ranks, split_rows
+from references import ref_clip, ref_nclip, ref_siglip, ref_unified, ref_yclip
 
 B, DIM, K = 8, 6, 5
 ROW_KEYS = ("img", "txt", "img_logits", "txt_logits")

@@ -4,12 +4,22 @@ a 2-run micro sweep end to end (table.md, table.csv, curves.png, sweep.json), re
 import csv
 import json
 import math
+
 import pytest
 
 from nclip.cli import main
 from nclip.errors import NclipError
-from nclip.sweep import (expand, judge, load_grid_file, parse_grid, plan_parallelism, split_grid, table_settings,
-                         train_command, SweepOptions)
+from nclip.sweep import (
+    SweepOptions,
+    expand,
+    judge,
+    load_grid_file,
+    parse_grid,
+    plan_parallelism,
+    split_grid,
+    table_settings,
+    train_command,
+)
 
 # seconds-long runs: the micro preset with fewer steps and a small end-of-run evaluation
 MICRO = ["train.steps=4", "train.batch_size=8", "train.warmup_steps=1", "train.log_every=1",
@@ -160,7 +170,8 @@ def test_judge_uniform_collapse_diverged_and_healthy():
 
     diverged = healthy[:-1] + [dict(healthy[-1], loss=float("nan"), **{"nclip/L_KL": float("nan")})]
     assert judge(diverged, _cfg())["verdict"] == "diverged"
-    assert judge(healthy, _cfg(), stderr="nclip: error: 10 steps in a row had a non-finite loss")["verdict"] == "diverged"
+    assert judge(healthy, _cfg(),
+                 stderr="nclip: error: 10 steps in a row had a non-finite loss")["verdict"] == "diverged"
     assert judge([], _cfg())["verdict"] == "ok"
     assert judge([{"step": 1, "loss": 1.0, "clip/loss": 1.0}], _cfg())["final"] == {"step": 1, "loss": 1.0}
 

@@ -10,12 +10,12 @@ import torch
 
 import nclip.train.loop as loop_mod
 from nclip.cli import main
-from conftest import micro_sizes
-
 from nclip.config import resolve
 from nclip.errors import NclipError
 from nclip.train.checkpoint import list_checkpoints, read_checkpoint
 from nclip.train.loop import train
+
+from conftest import micro_sizes
 
 OVERRIDES = micro_sizes() + [
     "train.steps=8", "train.batch_size=16", "train.warmup_steps=1", "train.log_every=1",
@@ -122,7 +122,8 @@ def test_empty_or_malformed_csv_give_one_line(tmp_path, capsys):
     wrong.write_text("path,caption\na.jpg,hello\n")
     missing = tmp_path / "missing.csv"
     missing.write_text("filepath,title\nnope/a.jpg,hello\n")
-    for path, message in ((empty, "no rows"), (wrong, "no column 'filepath'"), (missing, "none of the first 1 images exist")):
+    for path, message in ((empty, "no rows"), (wrong, "no column 'filepath'"),
+                          (missing, "none of the first 1 images exist")):
         args = ["train", "--preset", "micro", "--out", str(tmp_path / "run"), "--no-progress",
                 "--set", "data.source=csv", "--set", f"data.csv={path}"]
         assert main(args) == 2

@@ -3,7 +3,6 @@ metrics.jsonl as a run never interrupted: bitwise, on CPU, wall-clock fields asi
 
 from __future__ import annotations
 
-import pytest
 import json
 import os
 import random
@@ -12,14 +11,15 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 from nclip.cli import main
-from conftest import micro_sizes
-
 from nclip.config import resolve
 from nclip.train.checkpoint import list_checkpoints, read_checkpoint
 from nclip.train.loop import train
+
+from conftest import micro_sizes
 
 pytestmark = pytest.mark.slow  # every test here trains or spawns processes
 

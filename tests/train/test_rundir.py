@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import MICRO_OVERRIDES
 
 from nclip.cli import main
 from nclip.config import resolve
 from nclip.train.loop import train
+
+from conftest import MICRO_OVERRIDES
 
 USER_FILE = "notes.txt"  # not the trainer's: --force must keep it
 QUIET = ["--no-progress", "--no-eval"]

@@ -32,9 +32,8 @@ bad samples skipped so far on this rank and ``state()`` is the data position to 
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
-
 import math
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch

@@ -52,7 +52,8 @@ class FeatureCache:
             return None
         return self.root / self.weights[:16] / f"{entry}-{_identity_hash(identity)[:16]}.safetensors"
 
-    def get(self, entry: str, identity: dict, compute: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    def get(self, entry: str, identity: dict,
+            compute: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         path = self.path(entry, identity)
         if path is not None and path.is_file():
             found = self._read(path, identity)

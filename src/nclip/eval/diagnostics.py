@@ -27,7 +27,8 @@ def first_caption(text_to_image: torch.Tensor, n_images: int) -> torch.Tensor:
     return first
 
 
-def evaluate(image: dict[str, torch.Tensor], text: dict[str, torch.Tensor], text_to_image: torch.Tensor) -> dict[str, float]:
+def evaluate(image: dict[str, torch.Tensor], text: dict[str, torch.Tensor],
+             text_to_image: torch.Tensor) -> dict[str, float]:
     n = image["features"].shape[0]
     first = first_caption(text_to_image, n)
     rows = torch.nonzero(first >= 0).flatten()[:MAX_ROWS]

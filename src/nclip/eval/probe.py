@@ -20,8 +20,6 @@ import torch
 from nclip.eval.metrics import cluster_scores, knn_predict, linear_probe, mean_per_class_recall
 from nclip.eval.settings import L2_GRID
 
-
-
 SMALL = 5e7  # below this many multiply-adds per gradient step, one thread is fastest
 
 

@@ -16,8 +16,16 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
-from transformers import (AutoConfig, AutoModel, CLIPTextConfig, CLIPTextModel, CLIPVisionConfig, CLIPVisionModel,
-                          ResNetConfig, ResNetModel)
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    CLIPTextConfig,
+    CLIPTextModel,
+    CLIPVisionConfig,
+    CLIPVisionModel,
+    ResNetConfig,
+    ResNetModel,
+)
 
 from nclip.config import ModelConfig, TextConfig, VisionConfig
 from nclip.data.tokenization import bundled_model_dir

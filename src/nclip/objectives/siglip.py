@@ -72,4 +72,5 @@ class XsiglipObjective(SiglipObjective):
         sig_loss = sig.pop("loss")
         nclip = nclip_head_terms(out, self.cfg)
         loss = self.cfg.w_clip * sig_loss + self.cfg.w_nclip * nclip.pop("loss")
-        return {"loss": loss, "siglip/L_SigLIP": sig_loss.detach(), **sig, **{f"nclip/{k}": v for k, v in nclip.items()}}
+        return {"loss": loss, "siglip/L_SigLIP": sig_loss.detach(), **sig,
+                **{f"nclip/{k}": v for k, v in nclip.items()}}

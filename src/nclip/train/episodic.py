@@ -282,7 +282,8 @@ class EpisodicData:
 
         feats, cached = teacher_features(self.cfg, self.device, log=lambda s: print(f"nclip: {s}", file=sys.stderr))
         if feats.shape[0] != len(self.samples):
-            raise NclipError(f"teacher features cover {feats.shape[0]} captions, the training set has {len(self.samples)}")
+            raise NclipError(f"teacher features cover {feats.shape[0]} captions, "
+                             f"the training set has {len(self.samples)}")
         self.teacher = pca(feats, self.oc.ext_pca_dim)
         self.teacher_cached = cached
 
@@ -314,7 +315,8 @@ class EpisodicData:
             for r, (pixels, ids, mask) in zip(rows, self._loader(keys)):
                 yield pixels, ids, mask, torch.from_numpy(r.astype(np.int64))
                 step += 1
-            log.write({"episode": episode, "first_step": episode * self.spe + j0, "steps": last - episode * self.spe - j0,
+            log.write({"episode": episode, "first_step": episode * self.spe + j0,
+                       "steps": last - episode * self.spe - j0,
                        **self.timings, "train_s": time.perf_counter() - t_train})
 
     def _set_lr_scales(self, episode: int) -> bool:
@@ -349,7 +351,8 @@ def _broadcast(state: dict | None, device: torch.device) -> dict:
             continue
         shape = tuple(int(s) for s in header[: int(header[2])])
         wire = torch.uint8 if dtype == torch.bool else dtype
-        buf = value.to(device=device, dtype=wire) if value is not None else torch.empty(shape, dtype=wire, device=device)
+        buf = (value.to(device=device, dtype=wire) if value is not None
+               else torch.empty(shape, dtype=wire, device=device))
         out[name] = collectives.broadcast_no_grad(buf).to(dtype)
     return out
 

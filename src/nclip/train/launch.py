@@ -147,7 +147,8 @@ def wrap(step: TrainStep, ctx: DistContext, cfg: RunConfig) -> nn.Module:
     if cfg.train.strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        no_sync_buffers = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
+        no_sync_buffers = ({"forward_sync_buffers": False}
+                           if "forward_sync_buffers" in inspect.signature(DDP).parameters
                            else {"broadcast_buffers": False})
         return DDP(step, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
                    find_unused_parameters=_find_unused(cfg), **no_sync_buffers)

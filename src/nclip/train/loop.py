@@ -227,7 +227,8 @@ def _step(run: _Run, step: int, batch: tuple) -> _StepResult:
     # one small no-grad all-reduce per step: the terms (logged as means over ranks), the non-finite
     # flag (every rank must take the same decision) and the bad-sample count
     keys = list(sums)
-    stats = torch.stack([sums[k] for k in keys] + [nonfinite_loss, torch.tensor(float(run.data.skipped), device=device)])
+    stats = torch.stack([sums[k] for k in keys]
+                        + [nonfinite_loss, torch.tensor(float(run.data.skipped), device=device)])
     stats = collectives.all_reduce_sum_no_grad(stats.double()).tolist()
     grad_norm = float(grad_norm)
     finite = stats[-2] == 0 and math.isfinite(grad_norm)

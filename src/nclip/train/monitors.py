@@ -15,8 +15,9 @@ into one readable warning per episode:
 
 Feed it the metrics dict logged at every logging step (keys like ``nclip/L_EH``, ``nclip/L_HE``,
 ``nclip/L_KL``, ``nclip/row_std``, ``nclip/usage``; the prefix is the one the run's objective
-declares, :meth:`CollapseMonitor.for_run`, or detected from the keys when not given). A signature must persist for ``window`` consecutive
-logs before it warns; each kind warns once, and again only after it has cleared and come back.
+declares, :meth:`CollapseMonitor.for_run`, or detected from the keys when not given). A signature
+must persist for ``window`` consecutive logs before it warns; each kind warns once, and again only
+after it has cleared and come back.
 """
 
 from __future__ import annotations

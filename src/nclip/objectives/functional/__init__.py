@@ -21,14 +21,33 @@ every function is finite in float32 for logits of magnitude 1e4 and for a batch 
 """
 
 from nclip.objectives.functional.clip import clip_loss, clip_terms
-from nclip.objectives.functional.cmsf import (UNLABELLED, cmsf_candidates, cmsf_loss, cmsf_terms,
-                                              semi_supervised_constraint, topk_constraint)
-from nclip.objectives.functional.nclip import (batch_mean_log_prob, distribution_diagnostics, nclip_loss,
-                                               nclip_similarity, nclip_terms, xclip_loss)
+from nclip.objectives.functional.cmsf import (
+    UNLABELLED,
+    cmsf_candidates,
+    cmsf_loss,
+    cmsf_terms,
+    semi_supervised_constraint,
+    topk_constraint,
+)
+from nclip.objectives.functional.nclip import (
+    batch_mean_log_prob,
+    distribution_diagnostics,
+    nclip_loss,
+    nclip_similarity,
+    nclip_terms,
+    xclip_loss,
+)
 from nclip.objectives.functional.protoclip import pbt, proto_loss, proto_terms
 from nclip.objectives.functional.siglip import siglip_loss, siglip_terms
-from nclip.objectives.functional.unified import (UNIFORM_CHOICES, batch_moments, ema_moments, sinkhorn,
-                                                 unified_loss, unified_target_log_prob, unified_terms)
+from nclip.objectives.functional.unified import (
+    UNIFORM_CHOICES,
+    batch_moments,
+    ema_moments,
+    sinkhorn,
+    unified_loss,
+    unified_target_log_prob,
+    unified_terms,
+)
 from nclip.objectives.functional.yclip import yclip_loss, yclip_terms
 
 __all__ = [

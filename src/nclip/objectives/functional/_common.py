@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import torch
 
 from nclip import distributed as collectives

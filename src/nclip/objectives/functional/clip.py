@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 
 from nclip.objectives.functional._common import check_pair, global_rows, pair_logit_stats
-
 
 # --------------------------------------------------------------------------------------------
 # CLIP: symmetric InfoNCE, Eq. (1)

@@ -11,7 +11,6 @@ from nclip import distributed as collectives
 from nclip.objectives.functional._common import check_pair
 from nclip.objectives.functional.clip import clip_loss
 
-
 # --------------------------------------------------------------------------------------------
 # nCLIP: cross-entropy between cluster assignments with entropy regularisers, Eq. (2)-(4)
 # --------------------------------------------------------------------------------------------

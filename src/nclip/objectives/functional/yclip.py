@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 
 from nclip.objectives.functional._common import check_pair, global_rows
 from nclip.objectives.functional.nclip import batch_mean_log_prob, distribution_diagnostics
-
 
 # ============================================================================================
 # yCLIP: InfoNCE over a cross-entropy score matrix in one shared latent space, App. B.2 Eq. 2-3
