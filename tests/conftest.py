@@ -1,5 +1,10 @@
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -40,3 +45,19 @@ MICRO_OVERRIDES = (
 def micro_overrides():
     """Overrides that make any preset a seconds-long run."""
     return list(MICRO_OVERRIDES)
+
+
+def train_and_kill(args: list[str], metrics: Path, after_lines: int, timeout: float = 120.0) -> None:
+    """Run ``nclip ARGS`` in a child process and SIGKILL it once ``metrics`` has ``after_lines``
+    lines (a crash at an arbitrary step); fails if the run ends before it is killed."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "nclip", *args], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and metrics.read_text().count("\n") >= after_lines:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, f"the run ended before it was killed: {proc.stderr.read()[-500:]!r}"

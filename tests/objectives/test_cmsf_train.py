@@ -6,12 +6,7 @@ SIGKILL + resume) through the CLI and the loop."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
@@ -29,6 +24,7 @@ from nclip.objectives.cmsf import (
     XentObjective,
 )
 
+from conftest import train_and_kill
 from distributed_utils import combine_ranks, loss_and_grads, run_ranks
 from references import ref_clip, ref_cmsf
 
@@ -353,19 +349,9 @@ def test_sigkill_then_resume_continues_bitwise(tmp_path):
     expected = _rows(reference / "metrics.jsonl")
     kill_after = random.Random().randint(4, 13)
     run = tmp_path / "killed"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     args = _train_args(run, RESUME) + ["--no-eval"]
-    proc = subprocess.Popen([sys.executable, "-m", "nclip", *args], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
     metrics = run / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        if metrics.exists() and metrics.read_text().count("\n") >= kill_after:
-            proc.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.005)
-    proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL, f"the run ended before it was killed: {proc.stderr.read()[-500:]!r}"
+    train_and_kill(args, metrics, kill_after)
     assert main(args + ["--resume", "auto"]) == 0
     assert _rows(metrics) == expected
 

@@ -4,12 +4,7 @@ metrics.jsonl as a run never interrupted: bitwise, on CPU, wall-clock fields asi
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
@@ -19,7 +14,7 @@ from nclip.config import resolve
 from nclip.train.checkpoint import list_checkpoints, read_checkpoint
 from nclip.train.loop import train
 
-from conftest import micro_sizes
+from conftest import micro_sizes, train_and_kill
 
 pytestmark = pytest.mark.slow  # every test here trains or spawns processes
 
@@ -53,18 +48,8 @@ def test_sigkill_then_resume_writes_the_same_metrics(tmp_path):
     # kill at an arbitrary step past the first checkpoint (the exact step is up to the scheduler)
     kill_after = random.Random().randint(5, 24)
     run = tmp_path / "killed"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "nclip", *_args(run)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     metrics = run / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        if metrics.exists() and metrics.read_text().count("\n") >= kill_after:
-            proc.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.005)
-    proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL, f"the run ended before it was killed: {proc.stderr.read()[-500:]!r}"
+    train_and_kill(_args(run), metrics, kill_after)
     logged = metrics.read_text().count("\n")
     assert 0 < logged < 30 and list_checkpoints(run), (logged, kill_after)
 

@@ -27,28 +27,30 @@ class NclipHead(nn.Sequential):
         )
 
 
-class ProtoHead(nn.Sequential):
+class ProjectionMLP(nn.Sequential):
+    """Linear(d, hidden) → BN → ReLU → Linear(hidden, out): the projection MLP of SwAV and BYOL."""
+
+    def __init__(self, in_dim: int, hidden: int, out_dim: int):
+        super().__init__(
+            nn.Linear(in_dim, hidden),
+            nn.BatchNorm1d(hidden),
+            nn.ReLU(inplace=True),
+            nn.Linear(hidden, out_dim),
+        )
+
+
+class ProtoHead(ProjectionMLP):
     """ProtoCLIP projection head g (ProtoCLIP paper, App. A.1: SwAV's head):
     Linear(d, 2048) → BN → ReLU → Linear(2048, 128). Its outputs h are L2-normalised by the
     objective (Algorithm 1 clusters and scores normalised projections)."""
 
     def __init__(self, in_dim: int, hidden: int = 2048, out_dim: int = 128):
-        super().__init__(
-            nn.Linear(in_dim, hidden),
-            nn.BatchNorm1d(hidden),
-            nn.ReLU(inplace=True),
-            nn.Linear(hidden, out_dim),
-        )
+        super().__init__(in_dim, hidden, out_dim)
 
 
-class CmsfMLP(nn.Sequential):
+class CmsfMLP(ProjectionMLP):
     """CMSF's projection and predictor MLPs (Sec. 3, after BYOL/MSF): Linear(d, 4096) → BN → ReLU →
     Linear(4096, 512). The projection sits on the image features, the predictor on the projection."""
 
     def __init__(self, in_dim: int, hidden: int = 4096, out_dim: int = 512):
-        super().__init__(
-            nn.Linear(in_dim, hidden),
-            nn.BatchNorm1d(hidden),
-            nn.ReLU(inplace=True),
-            nn.Linear(hidden, out_dim),
-        )
+        super().__init__(in_dim, hidden, out_dim)
