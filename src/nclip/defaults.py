@@ -1,6 +1,11 @@
-"""Defaults shared by more than one config, in a module that imports nothing (not even pydantic):
-the run config (:mod:`nclip.config`) and the ``nclip eval`` settings (:mod:`nclip.eval.settings`,
-which the CLI parser imports without torch) both read them here."""
+"""Constants shared across layers, in a module that imports nothing (not even pydantic): the run
+config (:mod:`nclip.config`), the objectives, the data layer, the trainer and the ``nclip eval``
+settings (:mod:`nclip.eval.settings`, which the CLI parser imports without torch) read them here."""
+
+# The built-in data sources: generated or shipped, no download, with labels and held-out splits
+# (the sources that can constrain CMSF by label, be evaluated at the end of a run, be exported
+# as shards, and be named as `nclip eval --dataset`).
+BUILTIN_SOURCES = ("synthetic", "digits")
 
 # Images or captions per forward pass when evaluation extracts features: the end-of-run eval
 # (the run config's eval.batch_size) and `nclip eval --batch-size`. 256, not the run config's

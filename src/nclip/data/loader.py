@@ -44,14 +44,14 @@ from nclip.data.shards import Bad
 from nclip.data.tokenization import CaptionTokenizer
 from nclip.data.transforms import augment, resize_center_crop, to_tensor
 from nclip.data.types import Sample
+from nclip.defaults import BUILTIN_SOURCES
 from nclip.errors import NclipError
 from nclip.objectives.base import LabelRequest
+from nclip.objectives.functional import UNLABELLED
 
 _AUG_STREAM = 0xA06  # separates augmentation randomness from the data generators' streams
 _VIEW_STREAM, _NOISE_STREAM, _SEMI_STREAM = 0x71E5, 0x4015E, 0x5E41  # two views, label noise, labelled rows
-BUILTIN = ("synthetic", "digits")
 MAIN_LABEL = {"synthetic": "shape", "digits": "digit"}  # the label kind used when none is named
-UNLABELLED = -1
 
 
 def build_dataset(cfg: RunConfig, split: str, length: int | None = None) -> Sequence[Sample]:
@@ -82,9 +82,9 @@ def build_dataset(cfg: RunConfig, split: str, length: int | None = None) -> Sequ
 def label_space(cfg: RunConfig, key: str | None = None) -> tuple[str, int]:
     """(label kind, number of classes) of the run's labels: ``key``, or the source's main kind."""
     source = cfg.data.source
-    if source not in BUILTIN:
+    if source not in BUILTIN_SOURCES:
         raise NclipError(f"data.source {source} has no labels: the objective's labels need a built-in source "
-                         f"({', '.join(BUILTIN)})")
+                         f"({', '.join(BUILTIN_SOURCES)})")
     spaces = build_dataset(cfg, "test", length=1).label_spaces
     key = key or MAIN_LABEL[source]
     if key not in spaces:

@@ -9,6 +9,7 @@ from pathlib import Path
 from nclip.config import RunConfig
 from nclip.data.csv_source import load_pair, read_rows
 from nclip.data.shards import Bad, ShardWriter, check_shards, decode, expand_shards, iter_records
+from nclip.defaults import BUILTIN_SOURCES
 from nclip.errors import NclipError
 
 
@@ -18,7 +19,7 @@ def write_shards(cfg: RunConfig, split: str, count: int, out: str | Path, shard_
     shards (``.json`` holds the labels and reference captions). Returns (samples, paths, pattern)."""
     from nclip.data.loader import build_dataset
 
-    if cfg.data.source not in ("synthetic", "digits"):
+    if cfg.data.source not in BUILTIN_SOURCES:
         raise NclipError(f"write-shards exports the built-in datasets (synthetic, digits), not {cfg.data.source}")
     if count < 1:
         raise NclipError(f"--count must be >= 1, got {count}")

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from nclip.data.types import LabelSpace, Sample
+from nclip.defaults import BUILTIN_SOURCES
 from nclip.errors import NclipError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -410,7 +411,6 @@ def sts_file(path: str | Path) -> EvalData:
 # spec strings
 # ---------------------------------------------------------------------------------------------
 
-BUILTIN = ("synthetic", "digits")
 USER_KINDS = ("folder", "realms", "captions", "sts")
 
 
@@ -418,12 +418,13 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     """``"synthetic"`` -> ("synthetic", None); ``"folder:/data/pets"`` -> ("folder", "/data/pets")."""
     kind, sep, arg = spec.partition(":")
     kind = kind.strip().lower()
-    if kind in BUILTIN and not sep:
+    if kind in BUILTIN_SOURCES and not sep:
         return kind, None
     if kind in USER_KINDS and sep and arg.strip():
         return kind, os.path.expanduser(arg.strip())
     raise NclipError(
-        f"unknown dataset {spec!r}; use one of {', '.join(BUILTIN)} or KIND:PATH with KIND in {', '.join(USER_KINDS)}"
+        f"unknown dataset {spec!r}; use one of {', '.join(BUILTIN_SOURCES)} or KIND:PATH "
+        f"with KIND in {', '.join(USER_KINDS)}"
     )
 
 

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 
+from nclip.defaults import BUILTIN_SOURCES
 from nclip.objectives import functional
 from nclip.objectives.base import (
     EncoderOutput,
@@ -49,7 +50,6 @@ from nclip.objectives.base import (
 from nclip.objectives.cmsf_bank import MemoryBank
 from nclip.objectives.momentum import momentum_at
 
-BUILTIN_SOURCES = ("synthetic", "digits")  # the sources with labels (nclip.data.loader.BUILTIN)
 LABELLED = ("labels", "noisy_labels", "semi")  # the constraints that read training labels
 
 

@@ -8,8 +8,12 @@ from pathlib import Path
 
 
 def probe_dataset(cfg) -> tuple[str, str]:
-    """(built-in dataset, label kind) that a run is probed on: its own data's primary label."""
-    return ("digits", "digit") if cfg.data.source == "digits" else ("synthetic", "shape")
+    """(built-in dataset, label kind) that a run is probed on: its own data's primary label
+    (synthetic scenes for runs on user data)."""
+    from nclip.data.loader import MAIN_LABEL
+
+    source = cfg.data.source if cfg.data.source in MAIN_LABEL else "synthetic"
+    return source, MAIN_LABEL[source]
 
 
 def preload_probe() -> None:

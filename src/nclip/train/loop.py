@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 from nclip import distributed as collectives
 from nclip.config import RunConfig
 from nclip.data.loader import train_loader
+from nclip.defaults import BUILTIN_SOURCES
 from nclip.errors import NclipError
 from nclip.jsonio import truncate_jsonl
 from nclip.models import build_model
@@ -69,7 +70,6 @@ from nclip.train.monitors import CollapseMonitor
 from nclip.train.optim import build_optimizer, lr_at
 from nclip.train.rundir import agree, plan_run, start_run
 
-BUILTIN_SOURCES = ("synthetic", "digits")
 METRICS = "metrics.jsonl"
 
 
