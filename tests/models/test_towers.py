@@ -102,7 +102,7 @@ def test_batches_keep_hard_negative_groups_whole():
     assert not np.array_equal(batches.global_batch(0), batches.global_batch(31))  # a new epoch
     # a rank's slice of a global batch is contiguous, so ranks together hold whole groups
     per_rank = [list(StepBatches(1000, 32, 1, 1, rank=r, world_size=2, group=4))[0] for r in range(2)]
-    assert per_rank[0] + per_rank[1] == batches.global_batch(0).tolist()
+    assert [i for _, i in per_rank[0] + per_rank[1]] == batches.global_batch(0).tolist()
 
 
 def test_training_batches_are_whole_groups_of_the_grouped_scenes(micro_overrides):

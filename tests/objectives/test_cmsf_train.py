@@ -38,7 +38,21 @@ def _inputs(seed: int = 0) -> dict[str, torch.Tensor]:
             "scale": torch.tensor(7.0, dtype=torch.float64),
             "labels": torch.randint(0, CLASSES, (B,), generator=g),
             "true": torch.randint(0, CLASSES, (B,), generator=g),
-            "bank": r(N, D), "bank_labels": torch.randint(0, CLASSES, (N,), generator=g)}
+            "bank": r(N, D), "bank_labels": torch.randint(0, CLASSES, (N,), generator=g),
+            # cross-modal: a frozen embedding of N + B samples; the bank holds samples 0..N-1, the batch the rest
+            "frozen": r(N + B, 3), "bank_index": torch.arange(N), "index": torch.arange(N, N + B).flip(0)}
+
+
+def ref_cross_modal_mask(frozen, index, bank_index, n):
+    """Sec. 2.3, one query at a time: the n candidates (the batch, then the bank) nearest to the query
+    in the frozen embedding, by cosine, the query itself included (cosine 1)."""
+    f = frozen / frozen.norm(dim=1, keepdim=True)
+    cands = [int(i) for i in index] + [int(i) for i in bank_index]
+    mask = torch.zeros(len(index), len(cands), dtype=torch.bool)
+    for q, qi in enumerate(index):
+        order = sorted(range(len(cands)), key=lambda j: -float((f[int(qi)] * f[cands[j]]).sum()))
+        mask[q, order[:n]] = True
+    return mask
 
 
 def _out(x: dict) -> EncoderOutput:
@@ -55,12 +69,16 @@ def _objective(name: str, x: dict, **cfg):
     obj = (CmsfObjective if name == "cmsf" else ClipCmsfObjective)(config, dim=D).double()
     obj.bank.enqueue(x["bank"], x["bank_labels"], global_batch=False)
     obj.true_bank.enqueue(torch.ones(N, 1, dtype=torch.float64), x["bank_labels"], global_batch=False)
+    if config.constraint == "cross_modal":
+        obj.index_bank.enqueue(torch.ones(N, 1, dtype=torch.float64), x["bank_index"], global_batch=False)
+        obj.attach_frozen_embedding(x["frozen"])
     return obj.train()
 
 
 def _module_loss(name: str, **cfg):
     def loss(x: dict) -> torch.Tensor:
-        return _objective(name, x, **cfg)(_out(x), x["labels"], x["true"])["loss"]
+        index = (x["index"],) if cfg.get("constraint") == "cross_modal" else ()
+        return _objective(name, x, **cfg)(_out(x), x["labels"], x["true"], *index)["loss"]
 
     return loss
 
@@ -78,10 +96,13 @@ REFERENCES = {  # name -> (config, reference of the loss)
     "clip_cmsf": ({"k": 4, "w_clip": 0.7, "w_cmsf": 1.3},
                   lambda x: 0.7 * ref_clip(x["img"], x["txt"], x["scale"])
                   + 1.3 * ref_cmsf(x["v"], x["u"], x["bank"], 4, x["labels"], x["bank_labels"])),
+    "cmsf-cross-modal": ({"k": 3, "k_prime": 6, "constraint": "cross_modal"},
+                         lambda x: ref_cmsf(x["v"], x["u"], x["bank"], 3,
+                                            mask=ref_cross_modal_mask(x["frozen"], x["index"], x["bank_index"], 6))),
     "xent": ({}, lambda x: _ref_xent(x["logits"], x["labels"])),
 }
 LEAVES = ("v", "u", "img", "txt", "logits", "scale")
-ROWS = ("v", "u", "img", "txt", "logits", "labels", "true")
+ROWS = ("v", "u", "img", "txt", "logits", "labels", "true", "index")
 
 
 def _split(x: dict, rank: int, world: int) -> dict:
@@ -180,7 +201,9 @@ MICRO = ["data.source=digits", "objective.name=cmsf", "objective.bank_size=64", 
     (["objective.k=0"], "objective.k: Input should be greater than or equal to 1"),
     (["objective.bank_size=8"], "bank_size 8 is smaller than the batch"),
     (["data.source=csv", "data.csv=x.csv"], "constraint labels needs labelled data"),
-    (["objective.constraint=cross_modal"], "cross_modal .* is not trainable yet"),
+    (["objective.constraint=cross_modal", "data.source=webdataset", "data.shards=x.tar"],
+     "cross_modal needs the captions of a map-style source"),
+    (["objective.constraint_encoder=/x"], "constraint_encoder and constraint_modality need constraint cross_modal"),
     (["objective.label_noise=0.3"], "label_noise 0.3 needs constraint noisy_labels"),
     (["objective.name=xent", "data.source=csv", "data.csv=x.csv"], "xent needs labelled data"),
 ])

@@ -239,7 +239,8 @@ def test_teacher_cache_and_pca(tmp_path, monkeypatch):
                                rtol=1e-4, atol=1e-5)
     # another dataset identity (or encoder, pooling, length) is another entry
     other = resolve("protoclip-tiny", ["data.train_length=25", f"objective.ext_cache_dir={tmp_path}"])
-    assert teacher._key(teacher.identity(other)) != teacher._key(teacher.identity(cfg))
+    assert teacher._key(teacher.identity(other, enc, 64)) != teacher._key(teacher.identity(cfg, enc, 64))
+    assert teacher._key(teacher.identity(cfg, enc, 32)) != teacher._key(teacher.identity(cfg, enc, 64))
     # PCA: the projection on sklearn's components, up to each component's sign
     from sklearn.decomposition import PCA
 

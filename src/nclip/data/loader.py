@@ -147,13 +147,9 @@ def csv_view_side(size: int) -> int:
     return math.ceil(size * 8 / 7)  # 256 for 224, as ImageNet's resize-then-crop
 
 
-def _key(key) -> tuple[int | None, int]:
-    """(step, index) of a sampler key: an index, or (step, index) when the batches need their step."""
-    return (int(key[0]), int(key[1])) if isinstance(key, tuple) else (None, int(key))
-
-
 class TrainPairs(Dataset):
-    """Key → (augmented image tensor [3, S, S], caption, bad, labels, step); see :class:`Collate`.
+    """Key (step, index) → (augmented image tensor [3, S, S], caption, bad, labels, step, index); see
+    :class:`Collate`.
 
     ``raw``: the un-augmented image (:func:`view_source`), for the two views made in the collate
     function; ``labels``: (train, true) of the ``label_key`` kind by :class:`RowLabels`."""
@@ -166,7 +162,7 @@ class TrainPairs(Dataset):
         return len(self.samples)
 
     def __getitem__(self, key) -> tuple:
-        step, index = _key(key)
+        step, index = key
         s = self.samples[index]
         if self.raw:
             image = view_source(s.image, self.cfg.data.image_size)  # built-in images are S × S
@@ -174,39 +170,41 @@ class TrainPairs(Dataset):
             rng = np.random.default_rng([self.cfg.seed, _AUG_STREAM, index])
             image = to_tensor(augment(s.image, self.cfg.data.image_size, self.cfg.data.augment, rng))
         labels = self.labels(index, s.labels[self.label_key]) if self.labels is not None else None
-        return image, s.caption, [], labels, step  # built-in samples are never bad
+        return image, s.caption, [], labels, step, index  # built-in samples are never bad
 
 
 class _Keyed(Dataset):
-    """A dataset of (image, caption, bad) items read by sampler keys, as :class:`TrainPairs`'s items."""
+    """A dataset of (image, caption, bad) items read by sampler keys, as :class:`TrainPairs`'s items;
+    ``unlabelled``: every row's (train, true) labels are :data:`UNLABELLED` (a source without labels
+    for an objective whose labels are optional)."""
 
-    def __init__(self, dataset: Dataset):
-        self.dataset = dataset
+    def __init__(self, dataset: Dataset, unlabelled: bool = False):
+        self.dataset, self.labels = dataset, (UNLABELLED, UNLABELLED) if unlabelled else None
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, key) -> tuple:
-        step, index = _key(key)
-        return (*self.dataset[index], None, step)
+        step, index = key
+        return (*self.dataset[index], self.labels, step, index)
 
 
 class StepBatches(torch.utils.data.Sampler):
-    """Index lists of this rank's share of every global batch, from ``start_step`` on.
+    """Lists of (step, dataset index) keys: this rank's share of every global batch, from
+    ``start_step`` on.
 
     ``group`` > 1 keeps the dataset's groups of consecutive indices [g·j, g·j + g) whole inside a
     global batch (hard-negative groups of synthetic scenes): groups are shuffled, not samples.
     """
 
     def __init__(self, length: int, batch_size: int, steps: int, seed: int, start_step: int = 0,
-                 rank: int = 0, world_size: int = 1, group: int = 1, keyed: bool = False):
+                 rank: int = 0, world_size: int = 1, group: int = 1):
         if batch_size % world_size:
             raise NclipError(f"batch size {batch_size} is not divisible by the world size {world_size}")
         if batch_size % group:
             raise NclipError(f"batch size {batch_size} is not divisible by the group size {group}")
         self.length, self.batch, self.steps, self.seed = length, batch_size, steps, seed
         self.start, self.rank, self.world, self.group = start_step, rank, world_size, group
-        self.keyed = keyed  # yield (step, index) keys: the collate function needs the step
 
     def global_batch(self, step: int) -> np.ndarray:
         """Dataset indices of the global batch of ``step``: consecutive slices of per-epoch
@@ -227,23 +225,26 @@ class StepBatches(torch.utils.data.Sampler):
         local = self.batch // self.world
         for step in range(self.start, self.steps):
             idx = self.global_batch(step)[self.rank * local : (self.rank + 1) * local].tolist()
-            yield [(step, i) for i in idx] if self.keyed else idx
+            yield [(step, i) for i in idx]  # keys: the two views are seeded by the step
 
     def __len__(self) -> int:
         return self.steps - self.start
 
 
 class Collate:
-    """List of (image, caption, bad[, labels, step]) → (pixels [B, 3, S, S], ids [B, L], mask [B, L],
-    [labels [B], true_labels [B],] info), where ``bad`` lists the (where, reason) of samples skipped
-    in favour of this one and ``labels`` is (train, true) or None.
+    """List of (image, caption, bad[, labels, step, index]) → (pixels [B, 3, S, S], ids [B, L],
+    mask [B, L], [labels [B], true_labels [B], [index [B]]] info), where ``bad`` lists the (where,
+    reason) of samples skipped in favour of this one, ``labels`` is (train, true) or None and
+    ``index`` the sample's dataset index (appended when ``with_index``).
 
     ``views``: a :class:`nclip.data.views.TwoViews`; the images are then un-augmented and pixels
     become [B, 2, 3, S, S] (online/strong view, target/weak view) with the parameters of this rank's
     rows of the step's global batch (``world_size`` × B rows), seeded by (seed, step)."""
 
-    def __init__(self, tokenizer: CaptionTokenizer, views=None, seed: int = 0, rank: int = 0, world_size: int = 1):
+    def __init__(self, tokenizer: CaptionTokenizer, views=None, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 with_index: bool = False):
         self.tokenizer, self.views, self.seed, self.rank, self.world = tokenizer, views, seed, rank, world_size
+        self.with_index = with_index
 
     def __call__(self, items):
         images, captions, bad = zip(*(item[:3] for item in items))
@@ -257,6 +258,8 @@ class Collate:
         if len(items[0]) > 3 and items[0][3] is not None:
             labels = torch.tensor([item[3] for item in items], dtype=torch.long)  # [B, 2]
             rows = [labels[:, 0], labels[:, 1]]
+        if self.with_index:
+            rows.append(torch.tensor([item[5] for item in items], dtype=torch.long))
         return pixels, ids, mask, *rows, {"bad": [b for group in bad for b in group]}
 
 
@@ -346,9 +349,9 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
     if d.source == "csv":
         from nclip.data.csv_source import CsvTrainPairs
 
-        if labels is not None:
+        if labels is not None and not labels.optional:
             label_space(cfg)  # raises: a CSV source has no labels
-        dataset, what = _Keyed(CsvTrainPairs(cfg, raw=views == 2)), d.csv
+        dataset, what = _Keyed(CsvTrainPairs(cfg, raw=views == 2), unlabelled=labels is not None), d.csv
     else:
         samples = build_dataset(cfg, "train")
         if len(samples) == 0:
@@ -359,14 +362,14 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
             row_labels = RowLabels(len(samples), classes, labels, cfg.seed)
         dataset, what = TrainPairs(samples, cfg, raw=views == 2, labels=row_labels, label_key=key), d.source
     sampler = StepBatches(len(dataset), cfg.train.batch_size, cfg.train.steps, cfg.seed, start_step, rank,
-                          world_size, d.hard_negative_group,  # > 1 only for synthetic scenes (validated)
-                          keyed=views == 2)
+                          world_size, d.hard_negative_group)  # group > 1 only for synthetic scenes (validated)
     two = None
     if views == 2:
         from nclip.data.views import TwoViews
 
         two = TwoViews(d.image_size, normalize=True, crop_scale=tuple(d.augment.crop_scale))
-    collate = Collate(tokenizer, two, cfg.seed, rank, world_size)
+    collate = Collate(tokenizer, two, cfg.seed, rank, world_size,
+                      with_index=labels is not None and labels.frozen is not None)
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, **workers)
     skipped = int(state.get("skipped", 0)) if state and state.get("kind") == "map" else 0
     return TrainData(loader, "map", steps, cfg, world_size, what, skipped=skipped)

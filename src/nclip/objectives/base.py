@@ -79,6 +79,23 @@ class LabelRequest:
     key: str | None = None  # label kind of the built-in data ("digit", "shape", ...); None: the source's main one
     noise: float = 0.0  # share of the training labels corrupted, seeded (CMSF Sec. 2.2)
     labelled: float = 1.0  # share of the rows that keep a label (semi-supervised, Sec. 2.1.5)
+    # the labels are optional: a source without labels gives rows of -1 (UNLABELLED) instead of an error
+    optional: bool = False
+    # a frozen embedding of every training sample (CMSF's cross-modal constraint, Sec. 2.3): the data
+    # layer then appends a third row, the samples' dataset indices, and the trainer hands the
+    # objective the table [N, Da] (:meth:`Objective.attach_frozen_embedding`)
+    frozen: FrozenEmbedding | None = None
+
+
+@dataclass(frozen=True)
+class FrozenEmbedding:
+    """Which frozen encoder embeds every training sample: ``encoder`` None = the bundled MiniLM (a
+    local ``transformers`` encoder directory, or an nclip run or model directory, otherwise), and
+    the ``modality`` it reads ("text": the captions; "image": the un-augmented images, nclip
+    checkpoints only)."""
+
+    encoder: str | None = None
+    modality: str = "text"
 
 
 @dataclass(frozen=True)
@@ -129,7 +146,9 @@ class Objective(nn.Module):
     def label_request(cls, run_cfg) -> LabelRequest | None:
         """The per-row labels the training batches must carry for ``run_cfg`` (None: none), passed
         as ``forward(out, labels, true_labels)``. A method rather than a class attribute: whether
-        labels are wanted can depend on the config (a constraint) and the data (labelled or not)."""
+        labels are wanted can depend on the config (a constraint) and the data (labelled or not).
+        With :attr:`LabelRequest.frozen` the batches also carry the samples' dataset indices:
+        ``forward(out, labels, true_labels, index)``."""
         return None
 
     @classmethod
@@ -142,6 +161,12 @@ class Objective(nn.Module):
         """Called by the trainer after every optimizer step that was taken (not after a skipped
         one), with the bare model (no DDP wrapper), the 0-based step and ``train.steps``: e.g. the
         momentum update of a target encoder. Default: nothing."""
+
+    def attach_frozen_embedding(self, table: torch.Tensor) -> None:
+        """Receive the frozen embedding [N, Da] of every training sample (row i = dataset index i)
+        asked for by :attr:`LabelRequest.frozen`; called by the trainer before the first step, on
+        every start (the table is derived data: it is not checkpointed). Default: refuse."""
+        raise NotImplementedError(f"{type(self).__name__} asked for no frozen embedding")
 
     @classmethod
     def collapse_watch(cls, cfg: ObjectiveConfig) -> CollapseWatch | None:

@@ -18,9 +18,15 @@ What the rest of nclip does for them (declared by the class attributes, see :cla
 Constraints (``constraint``): ``labels`` (Sec. 2, supervised), ``noisy_labels`` (Sec. 2.2: the same
 with ``label_noise`` of the training labels corrupted, seeded, for Fig. 3), ``semi`` (Sec. 2.1.5: a
 ``labelled_share`` of the rows keep their label; two equal-size banks, labelled and all rows),
-``none`` (MSF). ``cross_modal`` (Sec. 2.3, the caption-constrained search) is accepted by the config
-but refused at validation: its training path (a frozen caption embedding per bank row) is not
-written yet; :func:`functional.topk_constraint` and the bank's aux rows are.
+``cross_modal`` (Sec. 2.3: the candidates are the ``k_prime`` nearest neighbours of the query in a
+frozen second embedding — by default the captions embedded by the bundled MiniLM, see
+:mod:`nclip.train.frozen_embedding` — and S is the top-k of u among them), ``none`` (MSF).
+
+Cross-modal bookkeeping: the paper keeps a second memory bank M_c of the frozen embeddings in M's
+order. Here the frozen embedding is a fixed function of the sample (the frozen encoder sees the
+un-augmented caption or image), so the bank keeps each row's dataset index (``index_bank``) and
+M_c is looked up in the table the trainer attaches (:meth:`attach_frozen_embedding`): the same
+M_c, in M's order, at a fraction of the memory.
 
 Diagnostics: ``cmsf/purity`` (share of the selected neighbours whose *clean* label is the query's:
 Fig. 2's argument for top-k under noise; built-in data only, not in the semi setting),
@@ -43,6 +49,7 @@ from nclip.defaults import BUILTIN_SOURCES
 from nclip.objectives import functional
 from nclip.objectives.base import (
     EncoderOutput,
+    FrozenEmbedding,
     LabelRequest,
     Objective,
     ObjectiveConfig,
@@ -68,19 +75,29 @@ class CmsfFields(LabelFields):
     k: int | None = Field(10, ge=1, title="k", description="neighbours in the top-k (Sec. 2.1.2: 10); None: top-all")
     constraint: Literal["none", "labels", "noisy_labels", "semi", "cross_modal"] = Field(
         "labels", title="constraint", description="none = MSF; labels (Sec. 2); noisy_labels (Sec. 2.2); "
-        "semi (Sec. 2.1.5); cross_modal (Sec. 2.3, not trainable yet)")
+        "semi (Sec. 2.1.5); cross_modal (Sec. 2.3: neighbours in a frozen embedding of the captions)")
     labelled_share: float = Field(0.1, gt=0, le=1, title="labelled", description="semi: share of rows with a label")
     include_target: bool = Field(True, title="u ∈ S", description="u itself among its neighbours (Tab. 2e: false)")
     bank_size: int = Field(128_000, ge=1, title="|M|", description="memory bank rows (Sec. 3: 128k)")
     momentum: float = Field(0.99, ge=0, le=1, title="m", description="target momentum (Sec. 2.1.2: 0.99)")
     momentum_schedule: Literal["constant", "cosine"] = Field("constant", title="m schedule",
                                                              description="cosine: BYOL's ramp to 1")
-    k_prime: int = Field(20, ge=1, title="k'", description="cross_modal: neighbours in the frozen embedding")
+    k_prime: int = Field(10, ge=1, title="n", description="cross_modal: neighbours in the frozen embedding "
+                         "(the paper's n; Tab. 3: n = 10 with k = 5)")
+    constraint_encoder: str | None = Field(None, title="frozen encoder", description="cross_modal: None = the "
+                                           "bundled MiniLM on the captions; a local transformers encoder directory "
+                                           "(captions), or an nclip run or model directory (see modality)")
+    constraint_modality: Literal["text", "image"] = Field("text", title="frozen modality", description=(
+        "cross_modal: what the frozen encoder embeds, the captions or the un-augmented images (nclip directories)"))
 
     @model_validator(mode="after")
     def _consistent(self):
         if self.label_noise > 0 and self.constraint != "noisy_labels":
             raise ValueError(f"label_noise {self.label_noise} needs constraint noisy_labels (got {self.constraint})")
+        if self.constraint != "cross_modal" and (self.constraint_encoder is not None
+                                                 or self.constraint_modality != "text"):
+            raise ValueError("constraint_encoder and constraint_modality need constraint cross_modal "
+                             f"(got {self.constraint})")
         return self
 
 
@@ -91,15 +108,19 @@ def _check_cmsf_run(cfg: CmsfFields, run_cfg) -> None:
     if cfg.constraint in LABELLED and run_cfg.data.source not in BUILTIN_SOURCES:
         raise ValueError(f"objective.constraint {cfg.constraint} needs labelled data, but data.source "
                          f"{run_cfg.data.source} has no labels (use constraint none, or a built-in source)")
-    if cfg.constraint == "cross_modal":
-        raise ValueError("objective.constraint cross_modal (caption-constrained CMSF, Sec. 2.3) is not trainable "
-                         "yet; use labels, noisy_labels, semi or none")
+    if cfg.constraint == "cross_modal" and run_cfg.data.source not in (*BUILTIN_SOURCES, "csv"):
+        raise ValueError(f"objective.constraint cross_modal needs the captions of a map-style source (synthetic, "
+                         f"digits, csv), not data.source {run_cfg.data.source}")
 
 
 def _label_request(cfg, run_cfg) -> LabelRequest | None:
+    constraint = getattr(cfg, "constraint", None)
+    if constraint == "cross_modal":  # labels only for the purity diagnostic; the frozen embedding always
+        return LabelRequest(cfg.label_key, optional=True,
+                            frozen=FrozenEmbedding(cfg.constraint_encoder, cfg.constraint_modality))
     if run_cfg.data.source not in BUILTIN_SOURCES:
         return None  # no labels: the label constraints are refused by check_run, purity is not logged
-    labelled = cfg.labelled_share if getattr(cfg, "constraint", None) == "semi" else 1.0
+    labelled = cfg.labelled_share if constraint == "semi" else 1.0
     return LabelRequest(cfg.label_key, cfg.label_noise, labelled)
 
 
@@ -120,19 +141,24 @@ class CmsfObjective(Objective):
     zero_shot_head = None  # no text-aligned head: evaluated by k-NN and linear probes
     views = 2
 
-    def __init__(self, cfg: CmsfFields, dim: int = 512):
+    def __init__(self, cfg: CmsfFields, dim: int = 512, labelled_source: bool = True):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.labelled_source = cfg, labelled_source
         self.bank = MemoryBank(dim, cfg.bank_size)  # M: targets and training labels
         # clean labels of M's rows, in M's order, for the purity diagnostic (a width-1 bank of ones)
         self.true_bank = MemoryBank(1, cfg.bank_size)
         if cfg.constraint == "semi":  # Sec. 2.1.5: a second, equal-size bank of the labelled rows
             self.labelled_bank = MemoryBank(dim, cfg.bank_size)
+        if cfg.constraint == "cross_modal":  # the dataset index of M's rows: M_c = frozen[index] (module doc)
+            self.index_bank = MemoryBank(1, cfg.bank_size)
+            self.frozen: torch.Tensor | None = None  # [N_train, Da], attached by the trainer
         self.register_buffer("next_momentum", torch.tensor(float(cfg.momentum)))
 
     @classmethod
     def build(cls, cfg: CmsfFields, run_cfg=None) -> CmsfObjective:
-        return cls(cfg, dim=run_cfg.model.cmsf_dim) if run_cfg is not None else cls(cfg)
+        if run_cfg is None:
+            return cls(cfg)
+        return cls(cfg, dim=run_cfg.model.cmsf_dim, labelled_source=run_cfg.data.source in BUILTIN_SOURCES)
 
     @classmethod
     def check_run(cls, run_cfg) -> None:
@@ -142,13 +168,27 @@ class CmsfObjective(Objective):
     def label_request(cls, run_cfg) -> LabelRequest | None:
         return _label_request(run_cfg.objective, run_cfg)
 
+    def attach_frozen_embedding(self, table: torch.Tensor) -> None:
+        if self.cfg.constraint != "cross_modal":
+            raise ValueError(f"only the cross_modal constraint uses a frozen embedding, not {self.cfg.constraint}")
+        self.frozen = table.float()
+
     def forward(self, out: EncoderOutput, labels: torch.Tensor | None = None,
-                true_labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        terms = self.cmsf_terms(out, labels, true_labels)
+                true_labels: torch.Tensor | None = None, index: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        terms = self.cmsf_terms(out, labels, true_labels, index)
         return {"loss": terms["cmsf/loss"], **terms}
 
-    def cmsf_terms(self, out: EncoderOutput, labels: torch.Tensor | None,
-                   true_labels: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    def _cross_modal_mask(self, index: torch.Tensor | None, g: bool) -> torch.Tensor:
+        """Sec. 2.3: [B, C] the n = k_prime nearest candidates of each query in the frozen embedding."""
+        if self.frozen is None or index is None:
+            raise ValueError("constraint cross_modal needs the frozen embedding (attach_frozen_embedding) and the "
+                             "batch's dataset indices")
+        frozen = self.frozen.to(index.device)
+        cand = functional.cmsf_candidates(index, self.index_bank.view().labels, global_batch=g)  # [C]
+        return functional.topk_constraint(frozen[index], frozen[cand], self.cfg.k_prime)
+
+    def cmsf_terms(self, out: EncoderOutput, labels: torch.Tensor | None, true_labels: torch.Tensor | None,
+                   index: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """The CMSF loss and diagnostics (``cmsf/...``) of a batch; enqueues it when training."""
         cfg = self.cfg
         v, u = out.image_cmsf_pred, out.image_cmsf_target
@@ -167,7 +207,9 @@ class CmsfObjective(Objective):
             bank = torch.cat([lab.embeddings, view.embeddings])
             kw = {"constraint_mask": functional.semi_supervised_constraint(labels, lab.labels, view.embeddings.shape[0],
                                                                            global_batch=g)}
-        if true_labels is not None and cfg.constraint != "semi":
+        elif cfg.constraint == "cross_modal":
+            kw = {"constraint_mask": self._cross_modal_mask(index, g)}
+        if true_labels is not None and cfg.constraint != "semi" and self.labelled_source:
             kw.update(true_query_labels=true_labels, true_bank_labels=self.true_bank.view().labels)
         t = functional.cmsf_terms(v, u, bank, k=cfg.k, include_target=cfg.include_target, global_batch=g, **kw)
         if self.training:  # the trainer's forward; evaluation leaves M alone
@@ -176,6 +218,8 @@ class CmsfObjective(Objective):
                 self.true_bank.enqueue(torch.ones_like(u[:, :1]), true_labels, global_batch=g)
             if cfg.constraint == "semi":
                 self.labelled_bank.enqueue(u, labels, keep=labels != functional.UNLABELLED, global_batch=g)
+            if cfg.constraint == "cross_modal":
+                self.index_bank.enqueue(torch.ones_like(u[:, :1]), index, global_batch=g)
         terms = {f"cmsf/{k}": val for k, val in t.items()}
         terms["cmsf/bank_fill"] = self.bank.filled.float() / self.bank.size
         terms["cmsf/momentum"] = self.next_momentum.clone()
@@ -198,10 +242,10 @@ class ClipCmsfObjective(CmsfObjective):
     zero_shot_head = "clip"
 
     def forward(self, out: EncoderOutput, labels: torch.Tensor | None = None,
-                true_labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                true_labels: torch.Tensor | None = None, index: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         cfg = self.cfg
         clip = functional.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch)
-        terms = self.cmsf_terms(out, labels, true_labels)
+        terms = self.cmsf_terms(out, labels, true_labels, index)
         loss = cfg.w_clip * clip["loss"] + cfg.w_cmsf * terms["cmsf/loss"]
         return {"loss": loss, **{f"clip/{k}": v for k, v in clip.items()}, **terms}
 

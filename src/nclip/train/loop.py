@@ -179,9 +179,13 @@ def _open_data(run: _Run, data_source, data_state: dict | None):
     cfg, ctx = run.cfg, run.ctx
     if data_source is None:
         objective = REGISTRY[cfg.objective.name][1]  # what it needs: views per image, per-row labels
+        request = objective.label_request(cfg)
+        if request is not None and request.frozen is not None:  # CMSF's cross-modal constraint
+            from nclip.train.frozen_embedding import frozen_table
+
+            run.step_module.objective.attach_frozen_embedding(frozen_table(cfg, request.frozen, ctx.device))
         return train_loader(cfg, run.model.tokenizer, start_step=run.start, rank=ctx.rank,
-                            world_size=ctx.world_size, state=data_state, views=objective.views,
-                            labels=objective.label_request(cfg))
+                            world_size=ctx.world_size, state=data_state, views=objective.views, labels=request)
     return data_source(cfg=cfg, run_dir=run.run_dir, model=run.model, objective=run.step_module.objective,
                        optimizer=run.optimizer, ctx=ctx, start=run.start, state=data_state)
 

@@ -80,11 +80,9 @@ def dataset_identity(cfg: RunConfig) -> dict:
     raise NclipError(f"the external teacher needs a map-style source (synthetic, digits, csv), not {d.source}")
 
 
-def identity(cfg: RunConfig) -> dict:
-    oc = cfg.objective
-    enc = encoder_dir(oc.ext_encoder)
-    return {"format": FORMAT, "data": dataset_identity(cfg), "encoder": str(enc.resolve()),
-            "encoder_sha256": _weights_sha256(enc), "pooling": "mean+l2", "max_length": oc.ext_max_length}
+def identity(cfg: RunConfig, encoder: Path, max_length: int) -> dict:
+    return {"format": FORMAT, "data": dataset_identity(cfg), "encoder": str(encoder.resolve()),
+            "encoder_sha256": _weights_sha256(encoder), "pooling": "mean+l2", "max_length": max_length}
 
 
 def _key(ident: dict) -> str:
@@ -140,19 +138,30 @@ def train_captions(cfg: RunConfig) -> list[str]:
 
 
 def teacher_features(cfg: RunConfig, device: torch.device | str = "cpu", log=None) -> tuple[torch.Tensor, bool]:
-    """(raw features [M, D] of every training caption, whether they came from the cache)."""
+    """(raw features [M, D] of every training caption, whether they came from the cache), by
+    ProtoCLIP's configured teacher (``objective.ext_*``)."""
     oc = cfg.objective
-    ident = identity(cfg)
-    path = cache_root(oc.ext_cache_dir) / "teacher" / f"{_key(ident)}.safetensors"
+    return caption_features(cfg, oc.ext_encoder, oc.ext_max_length, oc.ext_batch_size, oc.ext_cache_dir, device, log)
+
+
+def caption_features(cfg: RunConfig, encoder: str | None, max_length: int, batch_size: int,
+                     cache_dir: str | None = None, device: torch.device | str = "cpu",
+                     log=None) -> tuple[torch.Tensor, bool]:
+    """(features [M, D] of every training caption by the frozen ``encoder`` directory — None: the
+    bundled MiniLM —, whether they came from the cache)."""
+    directory = encoder_dir(encoder)
+    ident = identity(cfg, directory, max_length)
+    path = cache_root(cache_dir) / "teacher" / f"{_key(ident)}.safetensors"
     found = _read(path, ident)
     if found is not None:
         return found, True
     t0 = time.perf_counter()
     captions = train_captions(cfg)
-    feats = encode_captions(captions, encoder_dir(oc.ext_encoder), oc.ext_max_length, oc.ext_batch_size, device)
+    feats = encode_captions(captions, directory, max_length, batch_size, device)
     _write(path, ident, feats)
     if log is not None:
-        log(f"external teacher: encoded {len(captions)} captions in {time.perf_counter() - t0:.1f} s -> {path}")
+        log(f"frozen text encoder {directory}: encoded {len(captions)} captions in "
+            f"{time.perf_counter() - t0:.1f} s -> {path}")
     return feats, False
 
 
