@@ -170,3 +170,14 @@ def test_cli_bad_input_one_line_exit_2(tmp_path, capsys, args, needle):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("nclip: error: ") and needle in err, err
     assert "Traceback" not in err
+
+
+def test_fast_jpeg_close_to_full_decoding(tmp_path):
+    paths = []
+    for i in range(5):
+        paths.append(tmp_path / f"{i}.jpg")
+        _natural(i, (500, 375)).save(paths[-1], quality=90)
+    items = [(str(p), lambda p=p: Image.open(p)) for p in paths]
+    full, fast = hash_images(items), hash_images(items, fast_jpeg=True)
+    gaps = np.unpackbits(full.codes ^ fast.codes, axis=1).sum(axis=1)
+    assert full.ids == fast.ids and gaps.max() <= 4

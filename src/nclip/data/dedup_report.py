@@ -34,7 +34,8 @@ THUMB = 96  # longest side of a thumbnail, pixels
 
 
 def run_dedup(reference: str, target: str, max_distance: int, out: str | Path | None, config: Callable[[str], object],
-              write_filtered: bool = False, csv_image_key: str = "filepath", workers: int | None = None) -> str:
+              write_filtered: bool = False, csv_image_key: str = "filepath", workers: int | None = None,
+              fast_jpeg: bool = False) -> str:
     """Run the whole command; returns the one-line summary."""
     if isinstance(max_distance, bool) or not isinstance(max_distance, int) or not 0 <= max_distance <= 64:
         raise NclipError(f"--max-distance must be an integer in [0, 64], got {max_distance}")
@@ -44,7 +45,7 @@ def run_dedup(reference: str, target: str, max_distance: int, out: str | Path | 
     sources = [open_source(s, config, csv_image_key) for s in (reference, target)]
     hashed = []
     for role, src in zip(("reference", "target"), sources):
-        h = hash_images(src, workers)
+        h = hash_images(src, workers, fast_jpeg)
         h.bad += src.bad
         if not h.ids:
             raise NclipError(f"{role} {src.spec}: no readable images"
