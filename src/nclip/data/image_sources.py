@@ -131,5 +131,6 @@ def open_source(spec: str, config: Callable[[str], object], csv_image_key: str =
         return _folder(path, spec)
     if "{" in spec or spec.startswith("pipe:") or spec.lower().endswith(".tar"):
         return _shards(spec)
-    raise NclipError(f"{spec}: not found (expected an image folder, a .csv/.tsv file, a shard pattern or directory, "
+    what = "not a data source" if path.exists() else "not found"
+    raise NclipError(f"{spec}: {what} (expected an image folder, a .csv/.tsv file, a shard pattern or directory, "
                      f"or a built-in source {' / '.join(f'{s}[:SPLIT[:N]]' for s in BUILTIN_SOURCES)})")
