@@ -34,7 +34,8 @@ def write_shards(cfg: RunConfig, split: str, count: int, out: str | Path, shard_
     return n, writer.paths, writer.pattern()
 
 
-def _shard_urls(source: str) -> list[str]:
+def shard_urls(source: str) -> list[str]:
+    """The shards of a shard pattern or of a directory of ``.tar`` files; one-line error if there are none."""
     path = Path(source)
     if path.is_dir():
         urls = sorted(str(p) for p in path.glob("*.tar"))
@@ -74,7 +75,7 @@ def inspect_source(source: str, limit: int = 10000, examples: int = 3, csv_image
             else:
                 take(Path(path).name, *out)
     else:
-        urls = _shard_urls(source)
+        urls = shard_urls(source)
         summary.update(kind="webdataset", shards=len(urls))
         for url in urls:
             for rec in iter_records(url):

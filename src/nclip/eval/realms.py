@@ -7,7 +7,9 @@ baseline model*: accuracy minus the baseline's accuracy on the same realm (Tab. 
 
 On synthetic scenes a realm dataset is the set of samples whose main shape lies in that realm
 (polygons, curved shapes, symbols), and the task is to tell its shapes apart. For user data, every
-top-level folder is a realm (:func:`nclip.eval.datasets.realm_folders`).
+top-level folder is a realm (:func:`nclip.eval.datasets.realm_folders`). A class hierarchy
+(:class:`nclip.hierarchy.Hierarchy`, realm = the child of the root on a class's path) gives the
+same inputs from class labels alone: :func:`from_hierarchy`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,17 @@ from nclip.eval import probe
 def key(name: str) -> str:
     """A realm name as it appears in result keys ("curved shape" -> "curved_shape")."""
     return "".join(ch if ch.isalnum() else "_" for ch in name.strip().lower()).strip("_") or "realm"
+
+
+def from_hierarchy(hierarchy, class_names, class_ids) -> tuple[torch.Tensor, list[str]]:
+    """(realm id of every sample [N], realm names) for :func:`evaluate`, from class ids [N] into
+    ``class_names`` and a :class:`nclip.hierarchy.Hierarchy` that has a node for every class name.
+    Realms are numbered in the order of the classes that first reach them."""
+    hierarchy.check_covers(class_names)
+    of_class = hierarchy.realms(class_names)  # {class: realm}
+    names = list(dict.fromkeys(of_class[c] for c in class_names))
+    lookup = torch.tensor([names.index(of_class[c]) for c in class_names], dtype=torch.long)  # [C]
+    return lookup[torch.as_tensor(class_ids).long()], names
 
 
 def evaluate(train_x, train_realm, train_cls, test_x, test_realm, test_cls, realm_names,
