@@ -233,6 +233,8 @@ def test_presets_reproduce_what_they_say():
     assert (paper.train.batch_size, paper.objective.bank_size, paper.objective.momentum) == (256, 128_000, 0.99)
     assert (paper.model.vision.kind, paper.model.cmsf_hidden, paper.model.cmsf_dim) == ("resnet", 4096, 512)
     assert resolve("cmsf-noisy-tiny").objective.label_noise == 0.5
+    xmodal = resolve("cmsf-xmodal-tiny").objective  # Tab. 3's n = 10, k = 5, captions by the bundled MiniLM
+    assert (xmodal.constraint, xmodal.k_prime, xmodal.k, xmodal.constraint_encoder) == ("cross_modal", 10, 5, None)
 
 
 # ---------------------------------------------------------------------------------------------
