@@ -6,6 +6,8 @@ and 2 gloo ranks against 1 process."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -428,3 +430,37 @@ def test_two_ranks_match_one_process():
     for r in results:  # the queue is global: every rank enqueued every view of the whole batch, in rank order
         torch.testing.assert_close(r["queue"].embeddings, obj.queue.view().embeddings)
         assert torch.equal(r["queue"].labels, obj.queue.view().labels)
+
+
+# ---- training through the CLI ---------------------------------------------------------------------
+
+TRAIN = ["data.image_size=16", "model.supcon_hidden=32", "model.supcon_dim=16", "train.batch_size=32",
+         "train.threads=1", "train.log_every=1", "train.checkpoint_every=3", "train.keep_checkpoints=3",
+         "train.steps=8", "objective.name=reco", "objective.base=paco", "objective.queue_size=96"]
+
+
+def _rows(path) -> list[dict]:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for r in rows:
+        r.pop("samples_per_s", None)
+    return rows
+
+
+@pytest.mark.slow
+def test_reco_trains_and_resumes_bitwise(tmp_path):
+    from nclip.cli import main
+
+    from conftest import train_and_kill
+
+    def args(out):
+        return ["train", "--preset", "supcon-tiny", "--out", str(out), "--no-progress", "--no-eval"] + \
+            [x for o in TRAIN for x in ("--set", o)]
+
+    assert main(args(tmp_path / "reference")) == 0
+    expected = _rows(tmp_path / "reference" / "metrics.jsonl")
+    assert [r["step"] for r in expected] == list(range(1, 9))
+    assert all(0 < r["reco/kept"] <= 1 and r["reco/queue_fill"] > 0 for r in expected)
+    run = tmp_path / "killed"
+    train_and_kill(args(run), run / "metrics.jsonl", 5)  # killed after step 5: resumes from step 3
+    assert main(args(run) + ["--resume", "auto"]) == 0
+    assert _rows(run / "metrics.jsonl") == expected  # the draws, the queue and the centres continue exactly
