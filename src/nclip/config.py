@@ -152,6 +152,10 @@ class ModelConfig(_Section):
     # CMSF's projection and predictor MLPs, linear(d, 4096) → BN → ReLU → linear(4096, 512) (Sec. 3)
     cmsf_hidden: int = Field(4096, ge=1, description="CMSF projection/predictor hidden width (Sec. 3: 4096)")
     cmsf_dim: int = Field(512, ge=1, description="CMSF projection/predictor output (Sec. 3: 512)")
+    # SupCon's projection MLP on the online image tower (Khosla et al. Sec. 3: 2048 → 128), the
+    # SupCon/PaCo/ReCo family's embedding
+    supcon_hidden: int = Field(2048, ge=1, description="SupCon projection hidden width (Khosla et al.: 2048)")
+    supcon_dim: int = Field(128, ge=1, description="SupCon projection output (Khosla et al.: 128)")
     sync_batchnorm: bool = True  # under DDP, BatchNorm statistics over the global batch
 
 

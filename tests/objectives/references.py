@@ -136,6 +136,72 @@ def ref_cmsf(v, u, bank, k, query_labels=None, bank_labels=None, include_target=
     return total / b
 
 
+
+def _multiview(features, labels):
+    """The 2N multi-view batch of Sec. 4.1 as lists: z_i (unit vectors), ỹ_i and the source image of i."""
+    f = features if features.ndim == 3 else features[:, None]
+    zs, ys, src = [], [], []
+    for b in range(f.shape[0]):
+        for v in range(f.shape[1]):
+            zs.append(f[b, v] / f[b, v].norm())
+            ys.append(int(labels[b]))
+            src.append(b)
+    return zs, ys, src
+
+
+def _ref_contrast(features, labels, tau, keep=None, queue=None, queue_labels=None, centers=None, alpha=1.0,
+                  beta=0.0):
+    """One anchor at a time: L_i = −(α Σ_{p∈P(i)} log p_ip + β log p_{i,c_ỹi}) / (α|P(i)| + β), p over the
+    kept members of A(i) (positives always kept), the queue and the centres; mean over anchors that have a
+    positive. Unlabelled (-1) anchors: P(i) = the other views of their image, no centre."""
+    zs, ys, src = _multiview(features, labels)
+    cands = [(z, y, s) for z, y, s in zip(zs, ys, src)]
+    if queue is not None:
+        cands += [(queue[j] / queue[j].norm(), int(queue_labels[j]), None) for j in range(queue.shape[0])]
+    cs = [] if centers is None else [centers[k] / centers[k].norm() for k in range(centers.shape[0])]
+    total, count = zs[0].new_zeros(()), 0
+    for i, (zi, yi, si) in enumerate(zip(zs, ys, src)):
+        positives, denominator = [], []
+        for k, (zk, yk, sk) in enumerate(cands):
+            if k == i:
+                continue
+            is_pos = (yk == yi and yi != -1) or sk == si
+            if is_pos:
+                positives.append(zk)
+            if is_pos or keep is None or k >= keep.shape[1] or bool(keep[i, k]):
+                denominator.append(torch.exp((zi * zk).sum() / tau))
+        for c in cs:
+            denominator.append(torch.exp((zi * c).sum() / tau))
+        own = cs[yi] if (cs and yi != -1 and beta > 0) else None
+        weight = alpha * len(positives) + (beta if own is not None else 0.0)
+        if weight == 0:
+            continue
+        log_den = torch.log(sum(denominator))
+        acc = sum(alpha * ((zi * zp).sum() / tau - log_den) for zp in positives) if positives else 0.0
+        if own is not None:
+            acc = acc + beta * ((zi * own).sum() / tau - log_den)
+        total = total - acc / weight
+        count += 1
+    return total / max(count, 1)
+
+
+def ref_supcon(features, labels, tau=0.1, keep=None, queue=None, queue_labels=None):
+    """OmniBenchmark Eq. (2) with Khosla et al.'s 1/|P(i)| (L^sup_out), over the multi-view batch
+    (features [B, V, D] or [B, D]); ``keep`` [N, N(+Q)] drops negatives from A(i)."""
+    return _ref_contrast(features, labels, tau, keep, queue, queue_labels)
+
+
+def ref_paco(features, labels, centers, alpha, beta, tau, queue=None, queue_labels=None):
+    """Eq. (3) with PaCo's weights: positives P(i) (weight α) and c_ỹi (weight β), candidates A(i) ∪ C."""
+    return _ref_contrast(features, labels, tau, None, queue, queue_labels, centers, alpha, beta)
+
+
+def ref_reco(features, labels, keep, alpha=1.0, tau=0.1, centers=None, paco=(0.05, 1.0, 0.2)):
+    """Eq. (7): L_SupCon (or L_PaCo with ``centers``) + α·L_ReCo, L_ReCo = Eq. (6): Eq. (2) over A_select."""
+    base = ref_supcon(features, labels, tau) if centers is None else ref_paco(features, labels, centers, *paco)
+    return base + alpha * ref_supcon(features, labels, tau, keep)
+
+
 def leaves(*shapes, seed, scale=1.0):
     g = torch.Generator().manual_seed(seed)
     return [(scale * torch.randn(*s, generator=g, dtype=torch.float64)).requires_grad_() for s in shapes]

@@ -45,6 +45,12 @@ COVERED_ELSEWHERE = {
 COVERED_ELSEWHERE.update({name: ("test_cmsf_train", ["test_objective_matches_float64_reference",
                                                      "test_two_ranks_match_one_process"])
                           for name in ("cmsf", "clip_cmsf", "xent")})
+# the SupCon family needs the "supcon" head's multi-view projections and labels (PaCo its centres, ReCo a
+# class similarity and its seeded draws): float64 (against references.ref_supcon, ref_paco, ref_reco) and
+# 2-rank checks live in test_supcon
+COVERED_ELSEWHERE.update({name: ("test_supcon", ["test_objective_matches_float64_reference",
+                                                 "test_two_ranks_match_one_process"])
+                          for name in ("supcon", "paco", "reco", "clip_supcon")})
 
 
 def _inputs() -> dict[str, torch.Tensor]:

@@ -1,7 +1,7 @@
 """The dual encoder: two towers, a CLIP head and/or an nCLIP head (and/or a ProtoCLIP head on top of
 the CLIP head) per modality, a logit scale; for CMSF an image-side online projection + predictor and a
-momentum (target) copy of the image tower and projection; for the supervised baseline a linear
-classifier on the image features."""
+momentum (target) copy of the image tower and projection; for the SupCon family a projection MLP on
+every view; for the supervised baseline a linear classifier on the image features."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from torch import nn
 
 from nclip.config import RunConfig
 from nclip.data.tokenization import CaptionTokenizer
-from nclip.models.heads import CmsfMLP, NclipHead, ProtoHead, clip_head
+from nclip.models.heads import CmsfMLP, NclipHead, ProtoHead, SupconMLP, clip_head
 from nclip.models.towers import build_text_tower, build_vision_tower
 from nclip.objectives import REGISTRY
 from nclip.objectives.base import EncoderOutput
@@ -36,6 +36,13 @@ class DualEncoder(nn.Module):
     checkpoints and the saved model hold it. With pixels [B, 2, 3, S, S] (two views, online/strong
     first) :meth:`forward` runs the online branch on view 0 and the target branch on view 1 without
     gradient; evaluation encodes single views with the online tower as before.
+
+    "supcon" head (SupCon, PaCo, ReCo): ``image_supcon_head`` (:class:`SupconMLP`, sizes
+    ``model.supcon_hidden`` / ``model.supcon_dim``) on the online image tower. With pixels
+    [B, 2, 3, S, S] (and no "cmsf" head) both views go through the tower and the head as one batch of
+    2B (BatchNorm statistics over the whole multi-view batch, as SupCon's code), giving
+    ``image_supcon`` [B, 2, D]; the other heads and ``image_features`` see view 0. With pixels
+    [B, 3, S, S], ``image_supcon`` is [B, 1, D].
 
     "xent" head: a linear classifier ``image_xent_head`` [d → C] on the image features, C the classes
     of the run's label kind (the supervised cross-entropy baseline).
@@ -73,6 +80,8 @@ class DualEncoder(nn.Module):
             # param groups and FSDP's head units
             self.target_vision = copy.deepcopy(self.vision).requires_grad_(False)
             self.target_cmsf_head = copy.deepcopy(self.image_cmsf_head).requires_grad_(False)
+        if "supcon" in self.heads:
+            self.image_supcon_head = SupconMLP(self.vision.width, m.supcon_hidden, m.supcon_dim)
         if "xent" in self.heads:
             from nclip.data.loader import label_classes
 
@@ -123,14 +132,24 @@ class DualEncoder(nn.Module):
     def forward(self, pixels: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> EncoderOutput:
         """pixels [B, 3, S, S], or [B, 2, 3, S, S]: two views, the online (strong) one first (see the
         class docstring); ids, mask [B, L]."""
-        target = None
+        target, supcon = None, None
         if pixels.ndim == 5:
-            if "cmsf" not in self.heads or pixels.shape[1] != 2:
-                raise ValueError(f"pixels of shape {tuple(pixels.shape)}: two views need a model with a 'cmsf' head")
-            with torch.no_grad():
-                target = self.target_cmsf_head(self.target_vision(pixels[:, 1]))  # u (Fig. 1), no gradient
-            pixels = pixels[:, 0]
-        img = self.encode_image(pixels)
+            if not self.heads & {"cmsf", "supcon"} or pixels.shape[1] != 2:
+                raise ValueError(f"pixels of shape {tuple(pixels.shape)}: two views need a model with a 'cmsf' "
+                                 "or 'supcon' head")
+            if "cmsf" in self.heads:
+                with torch.no_grad():
+                    target = self.target_cmsf_head(self.target_vision(pixels[:, 1]))  # u (Fig. 1), no gradient
+                pixels = pixels[:, 0]
+        if pixels.ndim == 5:  # the SupCon family's 2N multi-view batch (Eq. 1): every view through the tower
+            b, v = pixels.shape[:2]
+            f = self.vision(pixels.flatten(0, 1))  # [B·V, d]
+            supcon = self.image_supcon_head(f).unflatten(0, (b, v))  # [B, V, D]
+            img = self._project(f.unflatten(0, (b, v))[:, 0], "image")
+        else:
+            img = self.encode_image(pixels)
+            if "supcon" in self.heads:
+                supcon = self.image_supcon_head(img["features"])[:, None]  # [B, 1, D]
         txt = self.encode_text(ids, mask) if self.uses_text else {}
         return EncoderOutput(
             image_features=img["features"],
@@ -145,6 +164,7 @@ class DualEncoder(nn.Module):
             image_cmsf_pred=self.image_cmsf_predictor(img["cmsf"]) if target is not None else None,
             image_cmsf_target=target,
             image_class_logits=img.get("class_logits"),
+            image_supcon=supcon,
         )
 
 

@@ -5,7 +5,7 @@ Adding an objective = a functional section + a module with a typed config + one 
 
 from __future__ import annotations
 
-from nclip.objectives.base import EncoderOutput, Objective, ObjectiveConfig
+from nclip.objectives.base import EncoderOutput, LabelSpace, Objective, ObjectiveConfig
 from nclip.objectives.clip import ClipConfig, ClipObjective
 from nclip.objectives.cmsf import (
     ClipCmsfConfig,
@@ -18,6 +18,16 @@ from nclip.objectives.cmsf import (
 from nclip.objectives.nclip import NclipConfig, NclipObjective, XclipConfig, XclipObjective
 from nclip.objectives.protoclip import ProtoclipConfig, ProtoclipObjective
 from nclip.objectives.siglip import SiglipConfig, SiglipObjective, XsiglipConfig, XsiglipObjective
+from nclip.objectives.supcon import (
+    ClipSupconConfig,
+    ClipSupconObjective,
+    PacoConfig,
+    PacoObjective,
+    RecoConfig,
+    RecoObjective,
+    SupconConfig,
+    SupconObjective,
+)
 from nclip.objectives.unified import UnifiedConfig, UnifiedObjective
 from nclip.objectives.yclip import YclipConfig, YclipObjective
 
@@ -34,13 +44,21 @@ REGISTRY: dict[str, tuple[type[ObjectiveConfig], type[Objective]]] = {
     "cmsf": (CmsfConfig, CmsfObjective),
     "clip_cmsf": (ClipCmsfConfig, ClipCmsfObjective),
     "xent": (XentConfig, XentObjective),
+    "supcon": (SupconConfig, SupconObjective),
+    "paco": (PacoConfig, PacoObjective),
+    "reco": (RecoConfig, RecoObjective),
+    "clip_supcon": (ClipSupconConfig, ClipSupconObjective),
 }
 
 
-def build_objective(cfg: ObjectiveConfig, run_cfg=None) -> Objective:
+def build_objective(cfg: ObjectiveConfig, run_cfg=None, label_space: LabelSpace | None = None) -> Objective:
     """The registered objective for ``cfg``; ``run_cfg`` (the RunConfig) gives it sizes from other
-    sections (see :meth:`Objective.build`)."""
-    return REGISTRY[cfg.name][1].build(cfg, run_cfg)
+    sections (see :meth:`Objective.build`); ``label_space`` the run's classes (and class similarity)
+    for an objective that ``needs_label_space`` (ignored by the others)."""
+    cls = REGISTRY[cfg.name][1]
+    if cls.needs_label_space:
+        return cls.build(cfg, run_cfg, label_space=label_space)
+    return cls.build(cfg, run_cfg)
 
 
-__all__ = ["REGISTRY", "build_objective", "EncoderOutput", "Objective", "ObjectiveConfig"]
+__all__ = ["REGISTRY", "build_objective", "EncoderOutput", "LabelSpace", "Objective", "ObjectiveConfig"]

@@ -26,6 +26,9 @@ class EncoderOutput:
         head and the batch holds two views.
     image_class_logits: [B, C] the linear classifier of the "xent" head on f_I (the supervised
         cross-entropy baseline); None without that head.
+    image_supcon: [B, V, D] the "supcon" head's projections (SupCon's MLP on the online tower) of the
+        V views of each image, V = 2 for pixels [B, 2, 3, S, S] and 1 otherwise, not normalised;
+        None without that head.
     text_features is None when the model skipped the text tower (no head of the objective reads it).
     """
 
@@ -41,6 +44,7 @@ class EncoderOutput:
     image_cmsf_pred: torch.Tensor | None = None
     image_cmsf_target: torch.Tensor | None = None
     image_class_logits: torch.Tensor | None = None
+    image_supcon: torch.Tensor | None = None
 
 
 class ObjectiveConfig(BaseModel):
@@ -99,6 +103,25 @@ class FrozenEmbedding:
 
 
 @dataclass(frozen=True)
+class LabelSpace:
+    """The classes of the labels a run trains on, handed to an objective that declares
+    ``needs_label_space`` by a higher layer (the trainer: :func:`nclip.train.labels.label_space_for`),
+    since objectives may not import the data layer that knows them.
+
+    classes: the class names in label order (label c is ``classes[c]``);
+    similarity: [C, C] the normalised class similarity s of a class hierarchy in [0, 1] (ReCo Eq. 4),
+        or None when the objective asked for none.
+    """
+
+    classes: tuple[str, ...]
+    similarity: torch.Tensor | None = None
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+
+@dataclass(frozen=True)
 class CollapseWatch:
     """What the collapse monitor (App. B.1) reads for an objective with an nCLIP-style head."""
 
@@ -135,12 +158,22 @@ class Objective(nn.Module):
     # augmented views per image in a training batch: 1 = pixels [B, 3, S, S]; 2 = [B, 2, 3, S, S],
     # the online (strong) view first and the target (weak) view second (nclip.data.views)
     views: ClassVar[int] = 1
+    # True: built with the run's label space (class names, and a class similarity where the config
+    # asks for one): ``build(cfg, run_cfg, label_space=...)``, e.g. PaCo's K centres, ReCo's s
+    needs_label_space: ClassVar[bool] = False
 
     @classmethod
     def build(cls, cfg: ObjectiveConfig, run_cfg=None) -> Objective:
         """The objective for ``cfg``; ``run_cfg`` (the whole RunConfig, when the trainer builds it)
-        for sizes that live elsewhere in the config, e.g. CMSF's bank width ``model.cmsf_dim``."""
+        for sizes that live elsewhere in the config, e.g. CMSF's bank width ``model.cmsf_dim``. An
+        objective with ``needs_label_space`` also takes ``label_space`` (a :class:`LabelSpace`)."""
         return cls(cfg)
+
+    @classmethod
+    def hierarchy_request(cls, cfg: ObjectiveConfig) -> str | None:
+        """For an objective with ``needs_label_space``: ``"builtin"`` (the source's built-in class
+        hierarchy), a path to a hierarchy file, or None (no class similarity wanted)."""
+        return None
 
     @classmethod
     def label_request(cls, run_cfg) -> LabelRequest | None:

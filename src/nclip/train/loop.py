@@ -53,6 +53,7 @@ from nclip.train.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from nclip.train.labels import label_space_for
 from nclip.train.launch import (
     DistContext,
     TrainStep,
@@ -151,7 +152,7 @@ def _restore(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool) -> t
         torch.set_num_threads(t.threads)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg)
-    objective = build_objective(cfg.objective, cfg)
+    objective = build_objective(cfg.objective, cfg, label_space=label_space_for(cfg))
     start, state = 0, None
     if resume:
         start, weights, state = _find_resume_point(run_dir, ctx)

@@ -2,8 +2,9 @@
 
 ``clip`` (InfoNCE, Eq. 1), ``nclip`` (nCLIP Eq. 2-4, xCLIP Eq. 5, the zero-shot score and head
 diagnostics), ``unified`` (Appendix A), ``yclip`` (App. B.2), ``siglip``, ``protoclip`` (PBT and
-the prototypical loss) and ``cmsf`` (Constrained Mean Shift, Eq. 1 of its own paper, and its
-constraints); everything public is re-exported here, so
+the prototypical loss), ``cmsf`` (Constrained Mean Shift, Eq. 1 of its own paper, and its
+constraints) and ``supcon`` (SupCon, PaCo and ReCo, OmniBenchmark paper Eq. 2-7); everything
+public is re-exported here, so
 ``from nclip.objectives.functional import clip_loss`` works for every family.
 
 Notation follows "Non-Contrastive Learning Meets Language-Image Pre-Training" (xCLIP paper),
@@ -39,6 +40,20 @@ from nclip.objectives.functional.nclip import (
 )
 from nclip.objectives.functional.protoclip import pbt, proto_loss, proto_terms
 from nclip.objectives.functional.siglip import siglip_loss, siglip_terms
+from nclip.objectives.functional.supcon import (
+    PACO_ALPHA,
+    PACO_BETA,
+    PACO_TEMPERATURE,
+    SUPCON_TEMPERATURE,
+    multiview_labels,
+    paco_loss,
+    paco_terms,
+    reco_keep_mask,
+    reco_loss,
+    reco_terms,
+    supcon_loss,
+    supcon_terms,
+)
 from nclip.objectives.functional.unified import (
     UNIFORM_CHOICES,
     batch_moments,
@@ -59,4 +74,6 @@ __all__ = [
     "siglip_terms", "siglip_loss",
     "pbt", "proto_loss", "proto_terms",
     "cmsf_terms", "cmsf_loss", "cmsf_candidates", "topk_constraint", "semi_supervised_constraint", "UNLABELLED",
+    "supcon_terms", "supcon_loss", "paco_terms", "paco_loss", "reco_keep_mask", "reco_terms", "reco_loss",
+    "multiview_labels", "SUPCON_TEMPERATURE", "PACO_ALPHA", "PACO_BETA", "PACO_TEMPERATURE",
 ]

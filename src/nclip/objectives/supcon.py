@@ -1,0 +1,290 @@
+"""SupCon, PaCo and ReCo (OmniBenchmark paper, Sec. 4.1–4.3, Eq. 2–7) as trainer objectives:
+``supcon``, ``paco``, ``reco`` (image-only) and ``clip_supcon`` (w_clip·InfoNCE + w_supcon·SupCon on
+the image side, one view, beside CLIP).
+
+What the rest of nclip does for them (declared by the class attributes, see :class:`Objective`):
+
+- the model builds the "supcon" head: SupCon's projection MLP on the *online* image tower, applied to
+  every view (``out.image_supcon`` [B, V, D], sizes ``model.supcon_hidden`` / ``model.supcon_dim``);
+- the data gives two views per image (``views = 2``: the 2N multi-view batch of Eq. 1, both views
+  anchors) and, on built-in data, the rows' training labels (:meth:`label_request`);
+- the trainer hands the run's label space in at construction (``needs_label_space``; built by
+  :func:`nclip.train.labels.label_space_for`, since objectives may not import the data layer): the
+  class count for PaCo's centres and, for ReCo, the [C, C] normalised class similarity s (Eq. 4) of
+  the source's built-in hierarchy or of the file ``hierarchy`` names.
+
+State: PaCo's class centres C (a parameter [K, D], optimised with the model: the trainer's optimizer
+takes the objective's parameters, and DDP averages them); the optional queue of past embeddings
+(``queue_size`` > 0; a :class:`~nclip.objectives.cmsf_bank.MemoryBank` of every view's detached
+projection and label, extra candidates as in PaCo's MoCo queue; buffers, so checkpointed and restored
+when a step is skipped); ReCo's draw counter ``draws``.
+
+ReCo's randomness: the Bernoulli mask of Eq. (5) is drawn over the *global* multi-view batch from a
+generator seeded by (``seed`` of the run, ``draws``), the same on every rank, so 2 ranks draw what 1
+process draws; ``draws`` counts the training forwards (a buffer: a skipped step's draw is reused by
+the next step, and a resumed run continues the stream exactly).
+
+Inputs arrive in float32 (cast by the trainer), and every loss is computed in float32.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from nclip.defaults import BUILTIN_SOURCES
+from nclip.objectives import functional
+from nclip.objectives.base import EncoderOutput, LabelRequest, LabelSpace, Objective, ObjectiveConfig
+from nclip.objectives.cmsf_bank import MemoryBank
+
+_DRAW_MIX = 0x9E3779B97F4A7C15  # golden-ratio multiplier: (seed, draw) → one 63-bit generator seed
+
+
+class SupconFields(ObjectiveConfig):
+    """Settings shared by the SupCon family: labels, temperature, queue."""
+
+    label_key: str | None = Field(None, title="labels", description="label kind (digits: digit; synthetic: shape, "
+                                  "colour, count, realm, size); None: digit / shape")
+    label_noise: float = Field(0.0, ge=0, le=1, title="noise", description="share of training labels corrupted "
+                               "uniformly at random, seeded")
+    temperature: float = Field(functional.SUPCON_TEMPERATURE, gt=0, title="τ",
+                               description="SupCon temperature (Khosla et al.: 0.1; Eq. 2 and 6 write none)")
+    queue_size: int = Field(0, ge=0, title="|Q|", description="queue of past embeddings as extra candidates "
+                            "(MoCo-style, as PaCo's code); 0: off")
+
+
+# PaCo (Cui et al., "Parametric Contrastive Learning", ICCV 2021): the authors' ResNet-50 scripts for
+# ImageNet and ImageNet-LT pass --alpha 0.05 --beta 1.0 --moco-t 0.2 (see functional.supcon)
+_ALPHA_DOC = "weight of the sample positives P(i) (PaCo's code: 0.05)"
+_BETA_DOC = "weight of the class-centre positive c_y (PaCo's code: 1.0)"
+_TAU_DOC = "PaCo temperature (PaCo's code: --moco-t 0.2)"
+_K_DOC = "class centres K; None: the classes of the run's labels"
+
+
+class SupconConfig(SupconFields):
+    name: Literal["supcon"] = "supcon"
+
+
+class PacoConfig(SupconFields):
+    name: Literal["paco"] = "paco"
+    temperature: float = Field(functional.PACO_TEMPERATURE, gt=0, title="τ", description=_TAU_DOC)
+    alpha: float = Field(functional.PACO_ALPHA, ge=0, title="α", description=_ALPHA_DOC)
+    beta: float = Field(functional.PACO_BETA, ge=0, title="β", description=_BETA_DOC)
+    num_classes: int | None = Field(None, ge=1, title="K", description=_K_DOC)
+
+
+class RecoConfig(SupconFields):
+    name: Literal["reco"] = "reco"
+    reco_alpha: float = Field(1.0, ge=0, title="α", description="weight of L_ReCo in Eq. 7 (paper: 1)")
+    base: Literal["supcon", "paco"] = Field("supcon", title="base", description="L_SupCon or L_PaCo in Eq. 7")
+    hierarchy: str | None = Field(None, title="hierarchy", description="class hierarchy file for s (Eq. 4); "
+                                  "None: the data source's built-in hierarchy")
+    paco_alpha: float = Field(functional.PACO_ALPHA, ge=0, title="α_PaCo", description=_ALPHA_DOC)
+    paco_beta: float = Field(functional.PACO_BETA, ge=0, title="β_PaCo", description=_BETA_DOC)
+    paco_temperature: float = Field(functional.PACO_TEMPERATURE, gt=0, title="τ_PaCo", description=_TAU_DOC)
+    num_classes: int | None = Field(None, ge=1, title="K", description=_K_DOC + " (base paco)")
+
+
+class ClipSupconConfig(SupconFields):
+    name: Literal["clip_supcon"] = "clip_supcon"
+    w_clip: float = Field(1.0, ge=0, title="w_CLIP", description="weight of InfoNCE")
+    w_supcon: float = Field(1.0, ge=0, title="w_SupCon", description="weight of the image-side SupCon loss")
+
+
+def _check_labelled(run_cfg) -> None:
+    name = run_cfg.objective.name
+    if run_cfg.data.source not in BUILTIN_SOURCES:
+        raise ValueError(f"objective {name} needs labelled data, but data.source {run_cfg.data.source} has no labels "
+                         f"(use a built-in source: {', '.join(BUILTIN_SOURCES)})")
+
+
+class SupconObjective(Objective):
+    """Image-only SupCon: L = Eq. (2) over the 2N multi-view batch of the "supcon" head."""
+
+    heads = frozenset({"supcon"})
+    zero_shot_head = None  # no text-aligned head: evaluated by k-NN and linear probes
+    views = 2
+    needs_label_space = True
+    prefix = "supcon"
+
+    def __init__(self, cfg: SupconFields, dim: int = 128, seed: int = 0):
+        super().__init__()
+        self.cfg, self.seed = cfg, int(seed)
+        if cfg.queue_size:
+            self.queue = MemoryBank(dim, cfg.queue_size)
+
+    @classmethod
+    def build(cls, cfg: SupconFields, run_cfg=None, label_space: LabelSpace | None = None) -> SupconObjective:
+        if run_cfg is None:
+            return cls(cfg)
+        return cls(cfg, dim=run_cfg.model.supcon_dim, seed=run_cfg.seed)
+
+    @classmethod
+    def check_run(cls, run_cfg) -> None:
+        _check_labelled(run_cfg)
+
+    @classmethod
+    def label_request(cls, run_cfg) -> LabelRequest | None:
+        if run_cfg.data.source not in BUILTIN_SOURCES:
+            return None
+        cfg = run_cfg.objective
+        return LabelRequest(cfg.label_key, cfg.label_noise, 1.0)
+
+    def forward(self, out: EncoderOutput, labels: torch.Tensor | None = None,
+                true_labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        terms = self.supcon_terms(out, labels)
+        return {"loss": terms[f"{self.prefix}/loss"], **terms}
+
+    def _features(self, out: EncoderOutput, labels: torch.Tensor | None) -> torch.Tensor:
+        if out.image_supcon is None:
+            raise ValueError(f"{self.prefix} needs the 'supcon' head's projections (EncoderOutput.image_supcon)")
+        if labels is None:
+            raise ValueError(f"{self.prefix} needs the batch's labels")
+        return out.image_supcon  # [B, V, D]
+
+    def _queue(self) -> dict:
+        if not self.cfg.queue_size:
+            return {}
+        view = self.queue.view()
+        return {"queue": view.embeddings, "queue_labels": view.labels}
+
+    def _enqueue(self, z: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        if not self.cfg.queue_size:
+            return {}
+        if self.training:  # the trainer's forward; evaluation leaves the queue alone
+            v = z.shape[1]
+            self.queue.enqueue(z.detach().reshape(-1, z.shape[-1]), labels.repeat_interleave(v),
+                               global_batch=self.cfg.global_batch)
+        return {f"{self.prefix}/queue_fill": self.queue.filled.float() / self.queue.size}
+
+    def supcon_terms(self, out: EncoderOutput, labels: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        z = self._features(out, labels)
+        t = functional.supcon_terms(z, labels, temperature=self.cfg.temperature, global_batch=self.cfg.global_batch,
+                                    **self._queue())
+        terms = {f"{self.prefix}/{k}": v for k, v in t.items()}
+        return {**terms, **self._enqueue(z, labels)}
+
+
+def _centres(num_classes: int, dim: int) -> torch.nn.Parameter:
+    # PaCo's centres are a linear classifier's weights (nn.Linear's init, U(±1/√D)); they are
+    # ℓ2-normalised by the loss, so only their directions matter
+    bound = 1 / dim**0.5
+    return torch.nn.Parameter(torch.empty(num_classes, dim).uniform_(-bound, bound))
+
+
+def _num_classes(cfg, label_space: LabelSpace | None) -> int:
+    known = label_space.num_classes if label_space is not None else None
+    if cfg.num_classes is None and known is None:
+        raise ValueError(f"objective {cfg.name} needs objective.num_classes or the run's label space")
+    if cfg.num_classes is not None and known is not None and cfg.num_classes < known:
+        raise ValueError(f"objective.num_classes {cfg.num_classes} is below the {known} classes of the run's labels")
+    return cfg.num_classes if cfg.num_classes is not None else known
+
+
+class PacoObjective(SupconObjective):
+    """Image-only PaCo: L = Eq. (3) with the learnable class centres ``centers`` [K, D]."""
+
+    prefix = "paco"
+
+    def __init__(self, cfg: PacoConfig, dim: int = 128, seed: int = 0, num_classes: int | None = None):
+        super().__init__(cfg, dim, seed)
+        self.centers = _centres(num_classes or _num_classes(cfg, None), dim)
+
+    @classmethod
+    def build(cls, cfg: PacoConfig, run_cfg=None, label_space: LabelSpace | None = None) -> PacoObjective:
+        k = _num_classes(cfg, label_space)
+        if run_cfg is None:
+            return cls(cfg, num_classes=k)
+        return cls(cfg, dim=run_cfg.model.supcon_dim, seed=run_cfg.seed, num_classes=k)
+
+    def supcon_terms(self, out: EncoderOutput, labels: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        cfg, z = self.cfg, self._features(out, labels)
+        t = functional.paco_terms(z, labels, self.centers, alpha=cfg.alpha, beta=cfg.beta, temperature=cfg.temperature,
+                                  global_batch=cfg.global_batch, **self._queue())
+        terms = {f"{self.prefix}/{k}": v for k, v in t.items()}
+        return {**terms, **self._enqueue(z, labels)}
+
+
+class RecoObjective(SupconObjective):
+    """ReCo: L = L_SupCon (or L_PaCo, ``base``) + α·L_ReCo (Eq. 7), L_ReCo = Eq. (6) over the negatives
+    kept by Eq. (5)'s Bernoulli trials with P = 1 − s(ỹ_i, ỹ_k), s the [C, C] ``similarity`` buffer."""
+
+    prefix = "reco"
+
+    def __init__(self, cfg: RecoConfig, dim: int = 128, seed: int = 0, similarity: torch.Tensor | None = None,
+                 num_classes: int | None = None):
+        super().__init__(cfg, dim, seed)
+        if similarity is None:
+            raise ValueError("objective reco needs the class similarity s [C, C] (Eq. 4): built by the trainer from "
+                             "objective.hierarchy or the data source's built-in hierarchy")
+        s = torch.as_tensor(similarity, dtype=torch.float32)
+        if s.ndim != 2 or s.shape[0] != s.shape[1] or bool(((s < 0) | (s > 1)).any()):
+            raise ValueError(f"the class similarity must be [C, C] with values in [0, 1], got shape {tuple(s.shape)}")
+        # derived from the config and the hierarchy at construction, so not checkpointed
+        self.register_buffer("similarity", s, persistent=False)
+        self.register_buffer("draws", torch.zeros((), dtype=torch.long))
+        if cfg.base == "paco":
+            self.centers = _centres(num_classes or s.shape[0], dim)
+
+    @classmethod
+    def build(cls, cfg: RecoConfig, run_cfg=None, label_space: LabelSpace | None = None) -> RecoObjective:
+        s = label_space.similarity if label_space is not None else None
+        k = _num_classes(cfg, label_space) if cfg.base == "paco" else None
+        if run_cfg is None:
+            return cls(cfg, similarity=s, num_classes=k)
+        return cls(cfg, dim=run_cfg.model.supcon_dim, seed=run_cfg.seed, similarity=s, num_classes=k)
+
+    @classmethod
+    def check_run(cls, run_cfg) -> None:
+        _check_labelled(run_cfg)
+        path = run_cfg.objective.hierarchy
+        if path is not None and not Path(path).is_file():
+            raise ValueError(f"objective.hierarchy {path} is not a file")
+
+    @classmethod
+    def hierarchy_request(cls, cfg: RecoConfig) -> str | None:
+        return cfg.hierarchy or "builtin"
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        """The source of this forward's Bernoulli draws: seeded by (run seed, draws), the same on every rank."""
+        seed = (self.seed * _DRAW_MIX + int(self.draws)) % (2**63 - 1)
+        return torch.Generator(device=device).manual_seed(seed)
+
+    def supcon_terms(self, out: EncoderOutput, labels: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        cfg, z = self.cfg, self._features(out, labels)
+        queue = self._queue()
+        rows = functional.multiview_labels(labels, z.shape[1], global_batch=cfg.global_batch)  # [N_g]
+        cols = torch.cat([rows, queue["queue_labels"].to(rows)]) if queue else rows  # [N_g + Q]
+        keep = functional.reco_keep_mask(rows, self.similarity, self.generator(rows.device), candidate_labels=cols)
+        if self.training:
+            self.draws += 1
+        paco = {}
+        if cfg.base == "paco":
+            paco = {"centers": self.centers, "paco_alpha": cfg.paco_alpha, "paco_beta": cfg.paco_beta,
+                    "paco_temperature": cfg.paco_temperature}
+        t = functional.reco_terms(z, labels, keep, alpha=cfg.reco_alpha, temperature=cfg.temperature,
+                                  global_batch=cfg.global_batch, **paco, **queue)
+        terms = {f"{self.prefix}/{k}": v for k, v in t.items()}
+        return {**terms, **self._enqueue(z, labels)}
+
+
+class ClipSupconObjective(SupconObjective):
+    """w_clip·L_CLIP + w_supcon·L_SupCon: InfoNCE on the CLIP heads and SupCon (Eq. 2) on the image
+    side's "supcon" head, one view per image (a class's other images are the positives), so it runs
+    beside CLIP on labelled pairs."""
+
+    heads = frozenset({"clip", "supcon"})
+    zero_shot_head = "clip"
+    views = 1
+    prefix = "supcon"
+
+    def forward(self, out: EncoderOutput, labels: torch.Tensor | None = None,
+                true_labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        cfg = self.cfg
+        clip = functional.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch)
+        terms = self.supcon_terms(out, labels)
+        loss = cfg.w_clip * clip["loss"] + cfg.w_supcon * terms["supcon/loss"]
+        return {"loss": loss, **{f"clip/{k}": v for k, v in clip.items()}, **terms}
