@@ -14,8 +14,9 @@ range, which for two seeds is the distance of each seed from the mean).
 Fig. 2's purity (Sec. 2.2: under noise, the nearest neighbours within the noisy-label constraint
 are more often truly of the query's class than arbitrary members of it) is measured on the final
 memory bank of each CMSF top-k run: every bank row is a query; its constrained set is the other
-rows with the same noisy label (queries with fewer than k of them are left out); purity = share of the chosen rows whose clean label is the query's,
-for the k nearest (by cosine of the target embeddings) and for k drawn at random (seeded).
+rows with the same noisy label (queries with fewer than k of them are left out); purity = share
+of the chosen rows whose clean label is the query's, for the k nearest (by cosine of the target
+embeddings) and for k drawn at random (seeded).
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def main() -> None:
     p.add_argument("--noise", type=float, nargs="+", default=[0.0, 0.25, 0.5])
     p.add_argument("--parallel", type=int, default=2)
     args = p.parse_args()
-    jobs = [(m, n, s) for s in args.seeds for n in args.noise for m in METHODS]
+    jobs = [(m, n, s) for n in args.noise for s in args.seeds for m in METHODS]  # noise levels one by one
     with ThreadPoolExecutor(args.parallel) as pool:
         runs = list(pool.map(lambda j: train(args.out, *j), jobs))
     rows = [{"method": m, "noise": n, "seed": s, **collect(r, m)} for (m, n, s), r in zip(jobs, runs)]

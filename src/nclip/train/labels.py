@@ -8,14 +8,9 @@ so the trainer builds the :class:`~nclip.objectives.base.LabelSpace` here and pa
 
 Hierarchies come from :mod:`nclip.hierarchy` (``Hierarchy.load(path)``,
 ``Hierarchy.normalized_similarity(classes)``) and :func:`nclip.data.hierarchies.builtin_hierarchy`.
-Where those modules are not installed in this build, a built-in request falls back to the flat
-hierarchy (every class a child of one root): s = I, so ReCo keeps every negative and Eq. 7 reduces to
-L_base + α·L_SupCon; a note on stderr says so. A hierarchy file then cannot be read: one-line error.
 """
 
 from __future__ import annotations
-
-import sys
 
 import torch
 
@@ -35,16 +30,8 @@ def _class_names(cfg: RunConfig, key: str | None) -> tuple[str, tuple[str, ...]]
 def class_similarity(cfg: RunConfig, request: str, kind: str, classes: tuple[str, ...]) -> torch.Tensor:
     """s [C, C] in [0, 1] for ``classes``: of the file ``request``, or of the source's built-in
     hierarchy of label kind ``kind`` when ``request`` is ``"builtin"``."""
-    try:
-        from nclip.hierarchy import Hierarchy
-    except ImportError:
-        Hierarchy = None  # noqa: N806 - the class, when this build has it
-    if Hierarchy is None:
-        if request != "builtin":
-            raise NclipError(f"objective.hierarchy {request}: this build of nclip has no nclip.hierarchy to read it")
-        print("nclip: note: no class hierarchies in this build of nclip; using the flat hierarchy (s = I: "
-              "every negative kept)", file=sys.stderr)
-        return torch.eye(len(classes))
+    from nclip.hierarchy import Hierarchy
+
     if request == "builtin":
         from nclip.data.hierarchies import builtin_hierarchy
 
