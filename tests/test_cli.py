@@ -48,3 +48,11 @@ def test_user_errors_are_one_line_exit_2(argv, needle, tmp_path):
     assert proc.returncode == 2
     err = proc.stderr.strip()
     assert needle in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_version(capsys):
+    from nclip import __version__
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"nclip {__version__}"

@@ -28,6 +28,9 @@ def _add_config_args(p: argparse.ArgumentParser, default: str | None = "tiny", d
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="nclip", description="Language-image pre-training beyond the contrastive objective.")
+    from nclip import __version__
+
+    parser.add_argument("--version", action="version", version=f"nclip {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("train", help="train a dual encoder")
