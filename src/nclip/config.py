@@ -16,7 +16,7 @@ from typing import Annotated, Any, Callable, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from nclip.defaults import EVAL_BATCH_SIZE
+from nclip.defaults import EVAL_BATCH_SIZE, USER_LABEL, has_labels
 from nclip.errors import NclipError
 from nclip.objectives import REGISTRY, ObjectiveConfig
 
@@ -57,9 +57,31 @@ class ShardSource(_Section):
     weight: float = Field(1.0, gt=0, description="share of samples drawn from this source")
 
 
+class TaggingConfig(_Section):
+    """Tagging data as image–text pairs (xCLIP Sec. 4.3, "Pre-training with tagging data", Tab. 8):
+    the caption of a labelled sample is a prompt template filled with its class name, the template
+    re-drawn every epoch (seeded by seed, epoch and sample), so a classification set trains any
+    caption objective. See nclip.data.tagging and docs/tagging.md."""
+
+    enabled: bool = False
+    # the label kind whose class names fill the templates; None: the source's main label (digits:
+    # digit, synthetic: shape, csv/folder: label -- the only kind those have)
+    label_key: str | None = None
+    # a text file, one template with {} per line, # comments; None: the label kind's zero-shot
+    # prompt templates (the ones nclip eval scores with)
+    templates: str | None = None
+
+    @model_validator(mode="after")
+    def _needs_enabled(self):
+        if not self.enabled and (self.label_key is not None or self.templates is not None):
+            raise ValueError("label_key and templates need enabled: true")
+        return self
+
+
 class DataConfig(_Section):
-    # synthetic / digits: built-in; webdataset: tar shards (img2dataset layout); csv: CSV/TSV file
-    source: Literal["synthetic", "digits", "webdataset", "csv"] = "synthetic"
+    # synthetic / digits: built-in; webdataset: tar shards (img2dataset layout); csv: CSV/TSV file;
+    # folder: one sub-folder of images per class (class labels; captions: the class names)
+    source: Literal["synthetic", "digits", "webdataset", "csv", "folder"] = "synthetic"
     image_size: int = Field(64, ge=8, le=1024)
     train_length: int = Field(1_000_000, ge=1, description="samples in the (procedural) train split")
     max_objects: int = Field(4, ge=1, le=4)
@@ -75,6 +97,13 @@ class DataConfig(_Section):
     csv: str | None = None  # CSV (or .tsv) file; image paths are relative to its directory
     csv_image_key: str = "filepath"
     csv_caption_key: str = "title"
+    # a class-label column of the CSV: class ids are its distinct values in sorted order (label
+    # kind "label"), for label-using objectives and data.tagging; None: the CSV has no labels
+    csv_label_key: str | None = None
+    # source folder: DIR/<class>/<image>, or DIR/train/<class>/... (then only train/ is read, as
+    # `nclip eval --dataset folder:DIR` tests on test/); class ids: the sorted sub-folder names
+    folder: str | None = None
+    tagging: TaggingConfig = TaggingConfig()
     shuffle_buffer: int = Field(1000, ge=0, description="samples in the shuffle buffer (0: none)")
     resampled: bool = True  # draw shards with replacement (no epochs); False: split and cycle
     exact_resume: bool = True  # resume replays the shard stream to the exact sample (no decoding)
@@ -91,6 +120,18 @@ class DataConfig(_Section):
             raise ValueError("data.hard_negative_group > 1 needs data.source synthetic")
         if self.source == "csv" and not self.csv:
             raise ValueError("data.source csv needs data.csv (the path of a CSV/TSV file)")
+        if self.csv_label_key is not None and self.source != "csv":
+            raise ValueError(f"data.csv_label_key needs data.source csv (got {self.source})")
+        if (self.source == "folder") != (self.folder is not None):
+            raise ValueError("data.source folder needs data.folder (a folder with one sub-folder of images per "
+                             "class), and data.folder needs data.source folder")
+        if self.tagging.enabled and not has_labels(self):
+            hint = " without data.csv_label_key" if self.source == "csv" else ""
+            raise ValueError(f"data.tagging needs labelled data, but data.source {self.source}{hint} has no labels")
+        if (self.tagging.enabled and self.source in ("csv", "folder")
+                and self.tagging.label_key not in (None, USER_LABEL)):
+            raise ValueError(f"data.tagging.label_key {self.tagging.label_key!r} is not a label of data.source "
+                             f"{self.source} (it has {USER_LABEL})")
         return self
 
 

@@ -6,6 +6,20 @@ settings (:mod:`nclip.eval.settings`, which the CLI parser imports without torch
 # (the sources that can constrain CMSF by label, be evaluated at the end of a run, be exported
 # as shards, and be named as `nclip eval --dataset`).
 BUILTIN_SOURCES = ("synthetic", "digits")
+# The map-style sources: random access by dataset index (step-indexed exact resume, two views per
+# image, frozen per-sample embeddings, episodes); webdataset shards are streamed instead.
+MAP_SOURCES = (*BUILTIN_SOURCES, "csv", "folder")
+# The label kind of the user's labelled sources (a CSV's data.csv_label_key column, a folder's
+# class sub-folders); the built-in sources name theirs (digit, shape, colour, ...).
+USER_LABEL = "label"
+
+
+def has_labels(data) -> bool:
+    """Whether a data config (``RunConfig.data``, duck-typed: objectives sit below the config) gives
+    every training row a class label: the built-in sources, a class-folder tree, and a CSV with a
+    label column. The one rule behind every "needs labelled data" check."""
+    return (data.source in BUILTIN_SOURCES or data.source == "folder"
+            or (data.source == "csv" and getattr(data, "csv_label_key", None) is not None))
 
 # Images or captions per forward pass when evaluation extracts features: the end-of-run eval
 # (the run config's eval.batch_size) and `nclip eval --batch-size`. 256, not the run config's

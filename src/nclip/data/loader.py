@@ -1,6 +1,6 @@
 """From a data source to this rank's batches of (pixels, token ids, attention mask) for training.
 
-Map-style sources (synthetic, digits, csv) are step-based and deterministic: the global batch of
+Map-style sources (synthetic, digits, csv, folder) are step-based and deterministic: the global batch of
 optimizer step t holds dataset indices drawn from a seeded permutation, and each index's
 augmentation is seeded by (seed, index), so a run resumed at step t sees exactly the data an
 uninterrupted run would have. Under distribution, rank r takes the r-th contiguous slice of every
@@ -19,12 +19,16 @@ What an objective needs beyond (pixels, ids, mask) comes from its class (``Objec
   them applied: a resumed run and a run split over ranks see exactly the views of an uninterrupted
   single-process run. Map-style sources only (built-in and CSV); images of a CSV source are first
   resized and centre-cropped to ⌈8·S/7⌉ (256 for 224) so that they batch.
-- labels (built-in sources): two more per-row tensors, the training label of the requested kind
+- labels (built-in sources, a ``folder`` tree, a CSV with ``data.csv_label_key``: see
+  :func:`nclip.defaults.has_labels`): two more per-row tensors, the training label of the requested kind
   and the clean one, appended as ``(pixels, ids, mask, labels, true_labels)``. Label noise is
   :func:`nclip.data.label_noise.corrupt_labels` over the whole training split (the exact share,
   seeded by the run seed, fixed for the run, as the paper's Sec. 2.2), computed from dataset
   indices alone so that no sample has to be generated up front; the semi-supervised setting keeps
-  the label of a seeded ``labelled`` share of the rows and gives the rest -1.
+  the label of a seeded ``labelled`` share of the rows and gives the rest -1. The clean label of a
+  ``folder``/CSV row is its class label itself.
+- ``data.tagging`` (xCLIP Sec. 4.3): a row's caption is a template filled with its class name, drawn
+  by (seed, epoch of the step, index): :mod:`nclip.data.tagging`.
 
 :func:`train_loader` returns a :class:`TrainData`: iterate it for batches; ``skipped`` counts the
 bad samples skipped so far on this rank and ``state()`` is the data position to checkpoint.
@@ -41,10 +45,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from nclip.config import RunConfig
 from nclip.data.shards import Bad
+from nclip.data.tagging import TagCaptions
 from nclip.data.tokenization import CaptionTokenizer
 from nclip.data.transforms import augment, resize_center_crop, to_tensor
-from nclip.data.types import Sample
-from nclip.defaults import BUILTIN_SOURCES
+from nclip.data.types import LabelSpace, Sample
+from nclip.defaults import BUILTIN_SOURCES, USER_LABEL, has_labels
 from nclip.errors import NclipError
 from nclip.objectives.base import LabelRequest
 from nclip.objectives.functional import UNLABELLED
@@ -55,8 +60,13 @@ MAIN_LABEL = {"synthetic": "shape", "digits": "digit"}  # the label kind used wh
 
 
 def build_dataset(cfg: RunConfig, split: str, length: int | None = None) -> Sequence[Sample]:
-    """A built-in dataset (synthetic scenes or digits) for ``split``."""
+    """A built-in dataset (synthetic scenes or digits) for ``split``, or a ``folder`` source's
+    training set."""
     d = cfg.data
+    if d.source == "folder" and split == "train":
+        from nclip.data.folders import folder_train_samples
+
+        return folder_train_samples(d.folder)
     if d.source == "synthetic":
         from nclip.data.synthetic import SyntheticScenes
 
@@ -73,24 +83,50 @@ def build_dataset(cfg: RunConfig, split: str, length: int | None = None) -> Sequ
         from nclip.data.digits import DigitsPairs
 
         return DigitsPairs(split=split, seed=cfg.seed, image_size=d.image_size)
-    if d.source in ("webdataset", "csv"):
+    if d.source in ("webdataset", "csv", "folder"):
         raise NclipError(f"data.source {d.source} has no built-in {split!r} split with labels; evaluate "
                          "on a built-in dataset or your own evaluation set instead")
     raise NclipError(f"unknown data source {d.source!r}")  # pragma: no cover - validated
 
 
-def label_space(cfg: RunConfig, key: str | None = None) -> tuple[str, int]:
-    """(label kind, number of classes) of the run's labels: ``key``, or the source's main kind."""
+def train_label_spaces(cfg: RunConfig) -> dict[str, LabelSpace]:
+    """The label kinds of the training source, with their class names and prompt templates ({}: the
+    source has no labels). A CSV's or a folder's one kind is ``label``."""
+    d = cfg.data
+    if not has_labels(d):
+        return {}
+    if d.source in BUILTIN_SOURCES:
+        return dict(build_dataset(cfg, "test", length=1).label_spaces)
+    if d.source == "folder":
+        return build_dataset(cfg, "train").label_spaces
+    from nclip.data.csv_source import label_names
+    from nclip.data.folders import FOLDER_TEMPLATES
+
+    return {USER_LABEL: LabelSpace(label_names(cfg), FOLDER_TEMPLATES)}
+
+
+def label_space(cfg: RunConfig, key: str | None = None, what: str = "objective.label_key") -> tuple[str, LabelSpace]:
+    """(label kind, its class names and templates) of the run's labels: ``key`` (the config key
+    ``what``), or the source's main kind."""
     source = cfg.data.source
-    if source not in BUILTIN_SOURCES:
-        raise NclipError(f"data.source {source} has no labels: the objective's labels need a built-in source "
-                         f"({', '.join(BUILTIN_SOURCES)})")
-    spaces = build_dataset(cfg, "test", length=1).label_spaces
-    key = key or MAIN_LABEL[source]
+    spaces = train_label_spaces(cfg)
+    if not spaces:
+        hint = " without data.csv_label_key" if source == "csv" else ""
+        raise NclipError(f"data.source {source}{hint} has no labels: the objective's labels need a labelled source "
+                         f"({', '.join(BUILTIN_SOURCES)}, folder, or csv with data.csv_label_key)")
+    key = key or MAIN_LABEL.get(source, USER_LABEL)
     if key not in spaces:
-        raise NclipError(f"objective.label_key {key!r} is not a label of data.source {source} "
-                         f"(it has {', '.join(spaces)})")
-    return key, len(spaces[key])
+        raise NclipError(f"{what} {key!r} is not a label of data.source {source} (it has {', '.join(spaces)})")
+    return key, spaces[key]
+
+
+def tag_captions(cfg: RunConfig) -> tuple[TagCaptions, str] | None:
+    """The tagging captions of the run (``data.tagging``) and the label kind they name; None: off."""
+    t = cfg.data.tagging
+    if not t.enabled:
+        return None
+    key, space = label_space(cfg, t.label_key, "data.tagging.label_key")
+    return TagCaptions.of(space, t.templates, cfg.seed), key
 
 
 def label_classes(cfg: RunConfig) -> int:
@@ -98,7 +134,7 @@ def label_classes(cfg: RunConfig) -> int:
     from nclip.objectives import REGISTRY
 
     request = REGISTRY[cfg.objective.name][1].label_request(cfg) or LabelRequest()
-    return label_space(cfg, request.key)[1]
+    return len(label_space(cfg, request.key)[1])
 
 
 def _int_seed(*parts: int) -> int:
@@ -147,16 +183,30 @@ def csv_view_side(size: int) -> int:
     return math.ceil(size * 8 / 7)  # 256 for 224, as ImageNet's resize-then-crop
 
 
+class Tagged:
+    """The tagging caption of a row of a step-indexed source (:mod:`nclip.data.tagging`): the
+    template is drawn by the epoch of the step, as the sampler counts epochs (``epoch_of``)."""
+
+    def __init__(self, captions: TagCaptions, key: str, epoch_of):
+        self.captions, self.key, self.epoch_of = captions, key, epoch_of
+
+    def __call__(self, step: int, index: int, class_id: int) -> str:
+        return self.captions(self.epoch_of(step), index, class_id)
+
+
 class TrainPairs(Dataset):
     """Key (step, index) → (augmented image tensor [3, S, S], caption, bad, labels, step, index); see
     :class:`Collate`.
 
-    ``raw``: the un-augmented image (:func:`view_source`), for the two views made in the collate
-    function; ``labels``: (train, true) of the ``label_key`` kind by :class:`RowLabels`."""
+    ``raw``: the un-augmented image (:func:`view_source`, of side ``raw_side``), for the two views
+    made in the collate function; ``labels``: (train, true) of the ``label_key`` kind by
+    :class:`RowLabels`; ``tags``: the tagging captions instead of the samples' own."""
 
     def __init__(self, samples: Sequence[Sample], cfg: RunConfig, raw: bool = False,
-                 labels: RowLabels | None = None, label_key: str | None = None):
+                 labels: RowLabels | None = None, label_key: str | None = None, tags: Tagged | None = None,
+                 raw_side: int | None = None):
         self.samples, self.cfg, self.raw, self.labels, self.label_key = samples, cfg, raw, labels, label_key
+        self.tags, self.raw_side = tags, raw_side or cfg.data.image_size
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -165,28 +215,39 @@ class TrainPairs(Dataset):
         step, index = key
         s = self.samples[index]
         if self.raw:
-            image = view_source(s.image, self.cfg.data.image_size)  # built-in images are S × S
+            image = view_source(s.image, self.raw_side)  # built-in images are S × S
         else:
             rng = np.random.default_rng([self.cfg.seed, _AUG_STREAM, index])
             image = to_tensor(augment(s.image, self.cfg.data.image_size, self.cfg.data.augment, rng))
         labels = self.labels(index, s.labels[self.label_key]) if self.labels is not None else None
-        return image, s.caption, [], labels, step, index  # built-in samples are never bad
+        caption = self.tags(step, index, s.labels[self.tags.key]) if self.tags is not None else s.caption
+        return image, caption, [], labels, step, index  # built-in samples are never bad (a folder's: an error)
 
 
 class _Keyed(Dataset):
-    """A dataset of (image, caption, bad) items read by sampler keys, as :class:`TrainPairs`'s items;
-    ``unlabelled``: every row's (train, true) labels are :data:`UNLABELLED` (a source without labels
-    for an objective whose labels are optional)."""
+    """A CSV source's (image, caption, bad, row read) items read by sampler keys, as
+    :class:`TrainPairs`'s items. ``class_ids`` [N]: the rows' labels (of the row actually read: a
+    bad row is replaced by the next good one), for ``labels`` (:class:`RowLabels`, by the requested
+    index) and ``tags``; ``unlabelled``: every row's (train, true) labels are :data:`UNLABELLED`
+    (a source without labels for an objective whose labels are optional)."""
 
-    def __init__(self, dataset: Dataset, unlabelled: bool = False):
-        self.dataset, self.labels = dataset, (UNLABELLED, UNLABELLED) if unlabelled else None
+    def __init__(self, dataset: Dataset, unlabelled: bool = False, class_ids: np.ndarray | None = None,
+                 labels: RowLabels | None = None, tags: Tagged | None = None):
+        self.dataset, self.fixed = dataset, (UNLABELLED, UNLABELLED) if unlabelled else None
+        self.class_ids, self.labels, self.tags = class_ids, labels, tags
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, key) -> tuple:
         step, index = key
-        return (*self.dataset[index], self.labels, step, index)
+        image, caption, bad, row = self.dataset[index]
+        labels = self.fixed
+        if self.labels is not None:
+            labels = self.labels(index, int(self.class_ids[row]))
+        if self.tags is not None:
+            caption = self.tags(step, index, int(self.class_ids[row]))
+        return image, caption, bad, labels, step, index
 
 
 class StepBatches(torch.utils.data.Sampler):
@@ -206,6 +267,12 @@ class StepBatches(torch.utils.data.Sampler):
         self.length, self.batch, self.steps, self.seed = length, batch_size, steps, seed
         self.start, self.rank, self.world, self.group = start_step, rank, world_size, group
 
+    def epoch(self, step: int) -> int:
+        """The epoch of ``step``: the permutation its global batch is a slice of (an epoch is
+        ⌊length / batch⌋ steps); below one global batch of data every step draws anew, its own epoch."""
+        units, per_batch = self.length // self.group, self.batch // self.group
+        return step if units < per_batch else step // (units // per_batch)
+
     def global_batch(self, step: int) -> np.ndarray:
         """Dataset indices of the global batch of ``step``: consecutive slices of per-epoch
         permutations (an epoch is ⌊length / batch⌋ steps; the remainder is dropped)."""
@@ -214,7 +281,7 @@ class StepBatches(torch.utils.data.Sampler):
         if units < per_batch:  # tiny datasets: sample with replacement
             picked = np.random.default_rng([self.seed, step]).integers(0, max(units, 1), per_batch)
         else:
-            epoch, pos = divmod(step, units // per_batch)
+            epoch, pos = self.epoch(step), step % (units // per_batch)
             perm = np.random.default_rng([self.seed, epoch]).permutation(units)
             picked = perm[pos * per_batch : (pos + 1) * per_batch]
         if g == 1:
@@ -346,23 +413,35 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
         ds.plan_resume(state, d.exact_resume)
         loader = DataLoader(ds, batch_size=None, **workers)
         return TrainData(loader, "stream", steps, cfg, world_size, "data.shards", streams=ds.initial_streams())
+    if labels is not None and not labels.optional:
+        label_space(cfg, labels.key)  # raises for a source without labels, before any image is read
+    want = labels if labels is not None and has_labels(d) else None  # optional labels of unlabelled data: -1
+    tagging = tag_captions(cfg)
     if d.source == "csv":
         from nclip.data.csv_source import CsvTrainPairs
 
-        if labels is not None and not labels.optional:
-            label_space(cfg)  # raises: a CSV source has no labels
-        dataset, what = _Keyed(CsvTrainPairs(cfg, raw=views == 2), unlabelled=labels is not None), d.csv
+        pairs = CsvTrainPairs(cfg, raw=views == 2)
+        n = len(pairs)
     else:
         samples = build_dataset(cfg, "train")
-        if len(samples) == 0:
+        n = len(samples)
+        if n == 0:
             raise NclipError("the training dataset is empty")
-        row_labels, key = None, None
-        if labels is not None:
-            key, classes = label_space(cfg, labels.key)
-            row_labels = RowLabels(len(samples), classes, labels, cfg.seed)
-        dataset, what = TrainPairs(samples, cfg, raw=views == 2, labels=row_labels, label_key=key), d.source
-    sampler = StepBatches(len(dataset), cfg.train.batch_size, cfg.train.steps, cfg.seed, start_step, rank,
+    sampler = StepBatches(n, cfg.train.batch_size, cfg.train.steps, cfg.seed, start_step, rank,
                           world_size, d.hard_negative_group)  # group > 1 only for synthetic scenes (validated)
+    row_labels, key = None, None
+    if want is not None:
+        key, space = label_space(cfg, want.key)
+        row_labels = RowLabels(n, len(space), want, cfg.seed)
+    tags = Tagged(*tagging, sampler.epoch) if tagging is not None else None
+    if d.source == "csv":
+        dataset = _Keyed(pairs, unlabelled=labels is not None and want is None, class_ids=pairs.labels,
+                         labels=row_labels, tags=tags)
+        what = d.csv
+    else:  # a folder's images have any size: the views' source is resized as a CSV's
+        side = csv_view_side(d.image_size) if d.source == "folder" else None
+        dataset = TrainPairs(samples, cfg, raw=views == 2, labels=row_labels, label_key=key, tags=tags, raw_side=side)
+        what = d.folder if d.source == "folder" else d.source
     two = None
     if views == 2:
         from nclip.data.views import TwoViews

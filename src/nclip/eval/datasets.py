@@ -26,7 +26,6 @@ Problems with user data (a missing file, a malformed row, an unreadable image) r
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -35,13 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
+from nclip.data.folders import FOLDER_TEMPLATES, FileSamples, class_folders, class_name, fingerprint, scan_classes
 from nclip.data.types import LabelSpace, Sample
 from nclip.defaults import BUILTIN_SOURCES
 from nclip.errors import NclipError
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
-# CLIP-style prompts for class names that come from folder names
-FOLDER_TEMPLATES = ("a photo of a {}.", "a picture of a {}.", "an image of a {}.", "a {}.")
 USER_SPLIT_TEST_FRACTION = 0.3
 
 
@@ -121,77 +118,8 @@ def digits(image_size: int, seed: int) -> EvalData:
 
 
 # ---------------------------------------------------------------------------------------------
-# user data
+# user data (folder trees and image files: nclip.data.folders, shared with training)
 # ---------------------------------------------------------------------------------------------
-
-
-def load_image(path: Path, where: str = "") -> np.ndarray:
-    """uint8 [H, W, 3] RGB, or an NclipError naming the file (and ``where`` it was listed)."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as im:
-            return np.asarray(im.convert("RGB"))
-    except FileNotFoundError:
-        raise NclipError(f"{where}image not found: {path}") from None
-    except (UnidentifiedImageError, OSError, ValueError) as e:
-        raise NclipError(f"{where}cannot read image {path}: {str(e).splitlines()[0]}") from None
-
-
-class FileSamples(Sequence):
-    """Samples whose images are read from disk on access."""
-
-    def __init__(self, paths: list[Path], captions: list[tuple[str, ...]], labels: list[dict[str, int]],
-                 where: list[str] | None = None):
-        self.paths, self.captions, self.labels = paths, captions, labels
-        self.where = where or [""] * len(paths)
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        caps = self.captions[i]
-        return Sample(image=load_image(self.paths[i], self.where[i]), caption=caps[0], captions=caps,
-                      labels=dict(self.labels[i]))
-
-
-def _fingerprint(paths: list[Path], extra: str = "") -> str:
-    """Hash of the file list with sizes and modification times (a changed file invalidates the cache)."""
-    h = hashlib.sha256(extra.encode())
-    for p in paths:
-        st = p.stat()
-        h.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return h.hexdigest()
-
-
-def _images_in(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-
-
-def _class_folders(root: Path) -> list[Path]:
-    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-
-
-def _scan_classes(root: Path) -> dict[str, dict[str, list[Path]]]:
-    """{split: {class folder name: [images]}} for ``root/<class>/`` or ``root/{train,test}/<class>/``."""
-    if not root.is_dir():
-        raise NclipError(f"dataset folder not found: {root}")
-    if (root / "train").is_dir() and (root / "test").is_dir():
-        out = {s: {c.name: _images_in(c) for c in _class_folders(root / s)} for s in ("train", "test")}
-    else:
-        out = {"all": {c.name: _images_in(c) for c in _class_folders(root)}}
-    for split, classes in out.items():
-        where = root if split == "all" else root / split
-        if len(classes) < 2:
-            raise NclipError(f"{where}: expected one sub-folder per class (at least 2), found {len(classes)}")
-        for name, files in classes.items():
-            if not files:
-                raise NclipError(f"{where / name}: no images ({', '.join(IMAGE_SUFFIXES)})")
-    if "train" in out and sorted(out["train"]) != sorted(out["test"]):
-        raise NclipError(f"{root}: train/ and test/ must hold the same class folders")
-    return out
 
 
 def _split_indices(labels: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -201,14 +129,10 @@ def _split_indices(labels: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarra
     return tr.numpy(), te.numpy()
 
 
-def _pretty(name: str) -> str:
-    return name.replace("_", " ").replace("-", " ").strip()
-
-
 def _folder_splits(root: Path, seed: int, label: str, extra_labels: dict[str, int] | None = None,
                    class_offset: int = 0):
     """(names, {split: (paths, labels)}) of a class-folder tree; labels offset by ``class_offset``."""
-    scan = _scan_classes(root)
+    scan = scan_classes(root)
     names = sorted(next(iter(scan.values())))
     splits = {}
     for split, classes in scan.items():
@@ -231,7 +155,7 @@ def _folder_splits(root: Path, seed: int, label: str, extra_labels: dict[str, in
 def image_folder(root: str | Path, seed: int = 0) -> EvalData:
     root = Path(root).expanduser()
     names, splits = _folder_splits(root, seed, "class")
-    space = LabelSpace(tuple(_pretty(n) for n in names), FOLDER_TEMPLATES)
+    space = LabelSpace(tuple(class_name(n) for n in names), FOLDER_TEMPLATES)
     data = EvalData(name=_dataset_name(root), identity={}, label_spaces={"class": space})
     return _with_splits(data, splits, space, "folder", root, seed, names)
 
@@ -241,18 +165,18 @@ def realm_folders(root: str | Path, seed: int = 0) -> EvalData:
     root = Path(root).expanduser()
     if not root.is_dir():
         raise NclipError(f"dataset folder not found: {root}")
-    realms = _class_folders(root)
+    realms = class_folders(root)
     if not realms:
         raise NclipError(f"{root}: expected one sub-folder per realm, each with one sub-folder per class")
     class_names: list[str] = []
     merged: dict[str, tuple[list, list]] = {"train": ([], []), "test": ([], [])}
     for r, realm in enumerate(realms):
         names, splits = _folder_splits(realm, seed, "class", {"realm": r}, class_offset=len(class_names))
-        class_names += [f"{_pretty(n)}" for n in names]
+        class_names += [f"{class_name(n)}" for n in names]
         for split, (paths, labels) in splits.items():
             merged[split][0].extend(paths)
             merged[split][1].extend(labels)
-    realm_space = LabelSpace(tuple(_pretty(r.name) for r in realms), FOLDER_TEMPLATES)
+    realm_space = LabelSpace(tuple(class_name(r.name) for r in realms), FOLDER_TEMPLATES)
     class_space = LabelSpace(tuple(class_names), FOLDER_TEMPLATES)
     data = EvalData(name=_dataset_name(root), identity={},
                     label_spaces={"realm": realm_space, "class": class_space}, realm=("realm", "class"))
@@ -269,7 +193,7 @@ def _with_splits(data: EvalData, splits: dict[str, tuple[list, list]], classes: 
         data.splits[split] = FileSamples(paths, caps, labels)
         files += paths
     data.identity = {"kind": kind, "root": str(root.resolve()), "seed": seed,
-                     "files": _fingerprint(files, json.dumps(names))}
+                     "files": fingerprint(files, json.dumps(names))}
     return data
 
 
@@ -351,7 +275,7 @@ def caption_file(path: str | Path) -> EvalData:
                           [f"{where_of[p]}: " for p in order])
     return EvalData(name=_dataset_name(path),
                     identity={"kind": "captions", "file": str(path.resolve()),
-                              "files": _fingerprint([path, *order])},
+                              "files": fingerprint([path, *order])},
                     splits={"test": samples}, retrieval=True)
 
 
@@ -403,7 +327,7 @@ def sts_file(path: str | Path) -> EvalData:
     if len(pairs) < 2:
         raise NclipError(f"{path}: STS needs at least 2 sentence pairs, found {len(pairs)}")
     return EvalData(name=_dataset_name(path),
-                    identity={"kind": "sts", "file": str(path.resolve()), "files": _fingerprint([path])},
+                    identity={"kind": "sts", "file": str(path.resolve()), "files": fingerprint([path])},
                     sts=pairs)
 
 

@@ -6,8 +6,8 @@ What the rest of nclip does for them (declared by the class attributes, see :cla
 
 - the model builds the "cmsf" head: online projection + predictor and a momentum copy of the image
   tower and projection (:class:`nclip.models.dual_encoder.DualEncoder`); the data gives two views
-  per image (``views = 2``: strong for the online branch, weak for the target) and, on built-in
-  data, the rows' training and clean labels (:meth:`label_request`);
+  per image (``views = 2``: strong for the online branch, weak for the target) and, on labelled
+  data (:func:`nclip.defaults.has_labels`), the rows' training and clean labels (:meth:`label_request`);
 - the objective holds the memory bank M (:class:`~nclip.objectives.cmsf_bank.MemoryBank`, buffers:
   checkpointed with the objective, restored by the trainer when a step is skipped), computes
   :func:`functional.cmsf_terms` on (v, u, M before this batch) and then enqueues the batch's targets
@@ -29,7 +29,8 @@ M_c is looked up in the table the trainer attaches (:meth:`attach_frozen_embeddi
 M_c, in M's order, at a fraction of the memory.
 
 Diagnostics: ``cmsf/purity`` (share of the selected neighbours whose *clean* label is the query's:
-Fig. 2's argument for top-k under noise; built-in data only, not in the semi setting),
+Fig. 2's argument for top-k under noise; labelled data only (for a CSV or folder source the clean
+label is the label itself), not in the semi setting),
 ``cmsf/bank_fill``, ``cmsf/constrained_size`` (mean |M̂|), ``cmsf/neighbours`` (mean |S|),
 ``cmsf/momentum`` (the m of this step's update).
 
@@ -45,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 
-from nclip.defaults import BUILTIN_SOURCES
+from nclip.defaults import MAP_SOURCES, has_labels
 from nclip.objectives import functional
 from nclip.objectives.base import (
     EncoderOutput,
@@ -61,10 +62,10 @@ LABELLED = ("labels", "noisy_labels", "semi")  # the constraints that read train
 
 
 class LabelFields(ObjectiveConfig):
-    """Mixin: which labels of the built-in data the run trains on, and their noise."""
+    """Mixin: which labels of the data the run trains on, and their noise."""
 
     label_key: str | None = Field(None, title="labels", description="label kind (digits: digit; synthetic: shape, "
-                                  "colour, count, realm, size); None: digit / shape")
+                                  "colour, count, realm, size; csv/folder: label); None: the source's main one")
     label_noise: float = Field(0.0, ge=0, le=1, title="noise", description="share of training labels corrupted "
                                "uniformly at random, seeded (Sec. 2.2, Fig. 3)")
 
@@ -105,12 +106,18 @@ def _check_cmsf_run(cfg: CmsfFields, run_cfg) -> None:
     batch = run_cfg.train.batch_size
     if cfg.bank_size < batch:
         raise ValueError(f"objective.bank_size {cfg.bank_size} is smaller than the batch (train.batch_size {batch})")
-    if cfg.constraint in LABELLED and run_cfg.data.source not in BUILTIN_SOURCES:
-        raise ValueError(f"objective.constraint {cfg.constraint} needs labelled data, but data.source "
-                         f"{run_cfg.data.source} has no labels (use constraint none, or a built-in source)")
-    if cfg.constraint == "cross_modal" and run_cfg.data.source not in (*BUILTIN_SOURCES, "csv"):
-        raise ValueError(f"objective.constraint cross_modal needs the captions of a map-style source (synthetic, "
-                         f"digits, csv), not data.source {run_cfg.data.source}")
+    if cfg.constraint in LABELLED and not has_labels(run_cfg.data):
+        raise ValueError(f"objective.constraint {cfg.constraint} needs labelled data, but {_unlabelled(run_cfg.data)}")
+    if cfg.constraint == "cross_modal" and run_cfg.data.source not in MAP_SOURCES:
+        raise ValueError(f"objective.constraint cross_modal needs the captions of a map-style source "
+                         f"({', '.join(MAP_SOURCES)}), not data.source {run_cfg.data.source}")
+
+
+def _unlabelled(data) -> str:
+    """Why ``data`` has no labels and what gives them, for the one-line refusals."""
+    if data.source == "csv":
+        return "data.source csv has no labels without data.csv_label_key (a class column)"
+    return f"data.source {data.source} has no labels (use synthetic, digits, folder, or csv with data.csv_label_key)"
 
 
 def _label_request(cfg, run_cfg) -> LabelRequest | None:
@@ -118,7 +125,7 @@ def _label_request(cfg, run_cfg) -> LabelRequest | None:
     if constraint == "cross_modal":  # labels only for the purity diagnostic; the frozen embedding always
         return LabelRequest(cfg.label_key, optional=True,
                             frozen=FrozenEmbedding(cfg.constraint_encoder, cfg.constraint_modality))
-    if run_cfg.data.source not in BUILTIN_SOURCES:
+    if not has_labels(run_cfg.data):
         return None  # no labels: the label constraints are refused by check_run, purity is not logged
     labelled = cfg.labelled_share if constraint == "semi" else 1.0
     return LabelRequest(cfg.label_key, cfg.label_noise, labelled)
@@ -158,7 +165,7 @@ class CmsfObjective(Objective):
     def build(cls, cfg: CmsfFields, run_cfg=None) -> CmsfObjective:
         if run_cfg is None:
             return cls(cfg)
-        return cls(cfg, dim=run_cfg.model.cmsf_dim, labelled_source=run_cfg.data.source in BUILTIN_SOURCES)
+        return cls(cfg, dim=run_cfg.model.cmsf_dim, labelled_source=has_labels(run_cfg.data))
 
     @classmethod
     def check_run(cls, run_cfg) -> None:
@@ -270,8 +277,8 @@ class XentObjective(Objective):
 
     @classmethod
     def check_run(cls, run_cfg) -> None:
-        if run_cfg.data.source not in BUILTIN_SOURCES:
-            raise ValueError(f"objective xent needs labelled data, but data.source {run_cfg.data.source} has no labels")
+        if not has_labels(run_cfg.data):
+            raise ValueError(f"objective xent needs labelled data, but {_unlabelled(run_cfg.data)}")
 
     @classmethod
     def label_request(cls, run_cfg) -> LabelRequest | None:

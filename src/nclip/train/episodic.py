@@ -35,7 +35,7 @@ Resume: a checkpoint holds the objective's episode state (labels and prototypes)
 in the middle of an episode continues with the same prototypes; a run resumed at an episode
 boundary builds the next episode as an uninterrupted run would.
 
-Sources: episodes need random access, so the map-style ones: synthetic, digits and csv (a row
+Sources: episodes need random access, so the map-style ones: synthetic, digits, csv and folder (a row
 whose image is unusable is replaced by the next good row, as in :mod:`nclip.data.csv_source`).
 WebDataset shards are refused. ``train.strategy: fsdp`` is refused too (extraction calls the model
 outside the sharded wrapper).
@@ -56,8 +56,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from nclip import distributed as collectives
 from nclip.config import RunConfig
-from nclip.data.loader import build_dataset
+from nclip.data.loader import build_dataset, tag_captions
 from nclip.data.transforms import augment, to_tensor
+from nclip.defaults import MAP_SOURCES, USER_LABEL
 from nclip.errors import NclipError
 from nclip.jsonio import truncate_jsonl
 from nclip.objectives import REGISTRY, functional
@@ -91,10 +92,12 @@ def episode_order(seed: int, episode_size: int, episode: int) -> np.ndarray:
 
 class EpisodePairs(Dataset):
     """key (episode, phase, position, index) → (augmented image [3, S, S], caption); the
-    augmentation of a key is a pure function of (seed, episode, phase, position)."""
+    augmentation of a key is a pure function of (seed, episode, phase, position). With
+    ``data.tagging`` the caption is the tagging caption of (seed, episode, index): re-drawn every
+    episode, the same in an episode's extraction and training phases (xCLIP Sec. 4.3)."""
 
     def __init__(self, samples, cfg: RunConfig):
-        self.samples, self.cfg = samples, cfg
+        self.samples, self.cfg, self.tags = samples, cfg, tag_captions(cfg)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -103,7 +106,11 @@ class EpisodePairs(Dataset):
         episode, phase, position, index = key
         s = self.samples[int(index)]
         rng = np.random.default_rng([self.cfg.seed, EPISODE_STREAM, episode, 2 + phase, position])
-        return to_tensor(augment(s.image, self.cfg.data.image_size, self.cfg.data.augment, rng)), s.caption
+        caption = s.caption
+        if self.tags is not None:
+            tags, key = self.tags
+            caption = tags(episode, int(index), s.labels[key])
+        return to_tensor(augment(s.image, self.cfg.data.image_size, self.cfg.data.augment, rng)), caption
 
 
 class _Collate:
@@ -118,14 +125,14 @@ class _Collate:
 
 class CsvSamples:
     """Random access to the (image, caption) pairs of a CSV source: item i → an object with
-    ``image`` (uint8 [H, W, 3]) and ``caption``; an unusable row is replaced by the next good one."""
+    ``image`` (uint8 [H, W, 3]), ``caption`` and ``labels`` ({"label": class id} with
+    ``data.csv_label_key``); an unusable row is replaced by the next good one."""
 
     def __init__(self, cfg: RunConfig):
-        from nclip.data.csv_source import read_rows
+        from nclip.data.csv_source import CsvTrainPairs
 
-        d = cfg.data
-        self.file = d.csv
-        self.images, self.captions = read_rows(d.csv, d.csv_image_key, d.csv_caption_key)
+        table = CsvTrainPairs(cfg)  # the table only (captions, or class names with data.tagging; labels)
+        self.file, self.images, self.captions, self.ids = table.file, table.images, table.captions, table.labels
 
     def __len__(self) -> int:
         return len(self.images)
@@ -140,21 +147,22 @@ class CsvSamples:
             row = (index + attempt) % n
             out = load_pair(self.images[row], self.captions[row])
             if not isinstance(out, str):
-                return SimpleNamespace(image=out[0], caption=out[1])
+                labels = {} if self.ids is None else {USER_LABEL: int(self.ids[row])}
+                return SimpleNamespace(image=out[0], caption=out[1], labels=labels)
         raise NclipError(f"{self.file}: {MAX_BAD_IN_A_ROW} unusable rows in a row from row {index + 2}")
 
 
 def train_samples(cfg: RunConfig):
-    """The training pairs with random access: a built-in dataset or a CSV source."""
+    """The training pairs with random access: a built-in dataset, a folder or a CSV source."""
     return CsvSamples(cfg) if cfg.data.source == "csv" else build_dataset(cfg, "train")
 
 
 def _check(cfg: RunConfig, world_size: int) -> None:
     if not getattr(REGISTRY[cfg.objective.name][1], "episodic", False):
         raise NclipError(f"objective {cfg.objective.name!r} is not episodic")
-    if cfg.data.source not in ("synthetic", "digits", "csv"):
+    if cfg.data.source not in MAP_SOURCES:
         raise NclipError(f"episodic training needs random access to the training set: data.source "
-                         f"{cfg.data.source} is not supported (use synthetic, digits or csv)")
+                         f"{cfg.data.source} is not supported (use {', '.join(MAP_SOURCES)})")
     if world_size > 1 and cfg.train.strategy == "fsdp":
         raise NclipError("episodic training does not support train.strategy fsdp; use ddp")
 

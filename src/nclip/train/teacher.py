@@ -30,6 +30,8 @@ import numpy as np
 import torch
 
 from nclip.config import RunConfig
+from nclip.data.loader import build_dataset, tag_captions
+from nclip.defaults import MAP_SOURCES, USER_LABEL
 from nclip.errors import NclipError
 
 FORMAT = "nclip-teacher-features/1"  # bump when the content of an entry changes meaning
@@ -64,20 +66,39 @@ def _weights_sha256(directory: Path) -> str:
 
 
 def dataset_identity(cfg: RunConfig) -> dict:
-    """The data-config fields that determine the training captions (and their order)."""
+    """The data-config fields that determine the training captions (and their order); with
+    ``data.tagging``, also its label kind, templates and seed (the epoch-0 captions, see
+    :func:`train_captions`)."""
+    ident = _source_identity(cfg)
+    tagging = tag_captions(cfg)
+    if tagging is not None:
+        captions, key = tagging
+        ident["tagging"] = {"label_key": key, "templates": list(captions.templates), "seed": cfg.seed}
+    return ident
+
+
+def _source_identity(cfg: RunConfig) -> dict:
     d = cfg.data
     if d.source == "synthetic":
         return {"source": "synthetic", "seed": cfg.seed, "length": d.train_length, "image_size": d.image_size,
                 "max_objects": d.max_objects, "loose_caption_prob": d.loose_caption_prob}
     if d.source == "digits":
         return {"source": "digits", "seed": cfg.seed, "image_size": d.image_size}
-    if d.source == "csv":  # the file's content and the caption column
+    if d.source == "csv":  # the file's content and the caption (or label) column
         h = hashlib.sha256()
         with open(d.csv, "rb") as fh:
             while block := fh.read(1 << 22):
                 h.update(block)
-        return {"source": "csv", "sha256": h.hexdigest(), "caption_key": d.csv_caption_key}
-    raise NclipError(f"the external teacher needs a map-style source (synthetic, digits, csv), not {d.source}")
+        return {"source": "csv", "sha256": h.hexdigest(), "caption_key": d.csv_caption_key,
+                "label_key": d.csv_label_key}
+    if d.source == "folder":  # the file list (sizes, times) and the class names
+        from nclip.data.folders import fingerprint
+
+        samples = build_dataset(cfg, "train")
+        names = list(samples.label_spaces[USER_LABEL].names)
+        return {"source": "folder", "root": str(Path(d.folder).expanduser().resolve()),
+                "files": fingerprint(samples.paths, json.dumps(names))}
+    raise NclipError(f"the external teacher needs a map-style source ({', '.join(MAP_SOURCES)}), not {d.source}")
 
 
 def identity(cfg: RunConfig, encoder: Path, max_length: int) -> dict:
@@ -126,15 +147,32 @@ def encode_captions(captions: list[str], directory: Path, max_length: int, batch
 def train_captions(cfg: RunConfig) -> list[str]:
     """Every training caption in dataset order. For a CSV, the caption column as it is (no image
     is read: a row whose image turns out unusable is trained on as the next good row's pair but
-    keeps its own caption's teacher features)."""
-    if cfg.data.source == "csv":
-        from nclip.data.csv_source import read_rows
+    keeps its own caption's teacher features); for a folder, the class names (no image is read).
 
-        return [c.strip() for c in read_rows(cfg.data.csv, cfg.data.csv_image_key, cfg.data.csv_caption_key)[1]]
-    from nclip.data.loader import build_dataset
+    With ``data.tagging`` the training captions are re-drawn every epoch, but a frozen encoder (the
+    external teacher, CMSF's cross-modal constraint) embeds one caption per sample: it gets the
+    epoch-0 captions, the template of epoch 0 filled with the sample's class name. Every epoch's
+    caption names the same class, so the teacher's clusters (ProtoCLIP Sec. 3.2) are those of the
+    class names, whichever template a later epoch draws."""
+    d = cfg.data
+    tagging = tag_captions(cfg)
+    if d.source == "csv":
+        from nclip.data.csv_source import CsvTrainPairs
 
+        pairs = CsvTrainPairs(cfg)  # reads the table only: images are decoded on access
+        if tagging is None:
+            return [c.strip() for c in pairs.captions]
+        return [tagging[0](0, i, int(c)) for i, c in enumerate(pairs.labels)]
     samples = build_dataset(cfg, "train")
-    return [samples[i].caption for i in range(len(samples))]
+    if d.source == "folder":  # captions and labels without decoding the images
+        captions, labels = [c[0] for c in samples.captions], samples.labels
+    else:
+        rows = [samples[i] for i in range(len(samples))]
+        captions, labels = [s.caption for s in rows], [s.labels for s in rows]
+    if tagging is None:
+        return captions
+    tags, key = tagging
+    return [tags(0, i, lab[key]) for i, lab in enumerate(labels)]
 
 
 def teacher_features(cfg: RunConfig, device: torch.device | str = "cpu", log=None) -> tuple[torch.Tensor, bool]:

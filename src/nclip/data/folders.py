@@ -1,0 +1,117 @@
+"""Class-folder trees and image files: the one reader behind ``data.source: folder`` (training) and
+``nclip eval --dataset folder:DIR`` / ``realms:DIR`` (:mod:`nclip.eval.datasets`).
+
+A tree is ``DIR/<class>/<image>`` or ``DIR/train/<class>/...`` with ``DIR/test/<class>/...``;
+class ids are the sorted class-folder names, class names the folder names with ``_`` and ``-`` as
+spaces. Listings are sorted, so the dataset order is deterministic. Problems (a missing folder, a
+class without images, an unreadable image) raise one :class:`~nclip.errors.NclipError` naming it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from nclip.data.types import LabelSpace, Sample
+from nclip.defaults import USER_LABEL
+from nclip.errors import NclipError
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+# CLIP-style prompts for class names that come from the user's data (folder names, a CSV label column)
+FOLDER_TEMPLATES = ("a photo of a {}.", "a picture of a {}.", "an image of a {}.", "a {}.")
+
+
+def load_image(path: Path, where: str = "") -> np.ndarray:
+    """uint8 [H, W, 3] RGB, or an NclipError naming the file (and ``where`` it was listed)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            return np.asarray(im.convert("RGB"))
+    except FileNotFoundError:
+        raise NclipError(f"{where}image not found: {path}") from None
+    except (UnidentifiedImageError, OSError, ValueError) as e:
+        raise NclipError(f"{where}cannot read image {path}: {str(e).splitlines()[0]}") from None
+
+
+class FileSamples(Sequence):
+    """Samples whose images are read from disk on access; ``label_spaces`` as every dataset's."""
+
+    def __init__(self, paths: list[Path], captions: list[tuple[str, ...]], labels: list[dict[str, int]],
+                 where: list[str] | None = None, label_spaces: dict[str, LabelSpace] | None = None):
+        self.paths, self.captions, self.labels = paths, captions, labels
+        self.where = where or [""] * len(paths)
+        self.label_spaces = label_spaces or {}
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        caps = self.captions[i]
+        return Sample(image=load_image(self.paths[i], self.where[i]), caption=caps[0], captions=caps,
+                      labels=dict(self.labels[i]))
+
+
+def fingerprint(paths: list[Path], extra: str = "") -> str:
+    """Hash of the file list with sizes and modification times (a changed file invalidates a cache)."""
+    h = hashlib.sha256(extra.encode())
+    for p in paths:
+        st = p.stat()
+        h.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def images_in(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+
+
+def class_folders(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def class_name(folder_name: str) -> str:
+    """The class name of a class folder: ``golden_retriever`` → ``golden retriever``."""
+    return folder_name.replace("_", " ").replace("-", " ").strip()
+
+
+def scan_classes(root: Path) -> dict[str, dict[str, list[Path]]]:
+    """{split: {class folder name: [images]}} for ``root/<class>/`` (split "all") or
+    ``root/{train,test}/<class>/``."""
+    if not root.is_dir():
+        raise NclipError(f"dataset folder not found: {root}")
+    if (root / "train").is_dir() and (root / "test").is_dir():
+        out = {s: {c.name: images_in(c) for c in class_folders(root / s)} for s in ("train", "test")}
+    else:
+        out = {"all": {c.name: images_in(c) for c in class_folders(root)}}
+    for split, classes in out.items():
+        where = root if split == "all" else root / split
+        if len(classes) < 2:
+            raise NclipError(f"{where}: expected one sub-folder per class (at least 2), found {len(classes)}")
+        for name, files in classes.items():
+            if not files:
+                raise NclipError(f"{where / name}: no images ({', '.join(IMAGE_SUFFIXES)})")
+    if "train" in out and sorted(out["train"]) != sorted(out["test"]):
+        raise NclipError(f"{root}: train/ and test/ must hold the same class folders")
+    return out
+
+
+def folder_train_samples(root: str | Path) -> FileSamples:
+    """The training set of ``data.source: folder``: every image of ``root/<class>/`` (or of
+    ``root/train/<class>/``, leaving ``test/`` to evaluation), class by class in sorted order, with
+    label kind ``label`` (class id: the sorted folder's position) and the class name as caption."""
+    root = Path(root).expanduser()
+    scan = scan_classes(root)
+    classes = scan.get("train", scan.get("all"))
+    folders = sorted(classes)
+    names = tuple(class_name(f) for f in folders)
+    paths, labels = [], []
+    for c, folder in enumerate(folders):
+        paths += classes[folder]
+        labels += [{USER_LABEL: c}] * len(classes[folder])
+    return FileSamples(paths, [(names[lab[USER_LABEL]],) for lab in labels], labels,
+                       label_spaces={USER_LABEL: LabelSpace(names, FOLDER_TEMPLATES)})
