@@ -82,6 +82,9 @@ class ProtoclipConfig(ObjectiveConfig):
     # external teacher (Sec. 3.2; App. A.1: RoBERTa-large, PCA to 64)
     ext_encoder: str | None = None  # a local transformers encoder directory; None: the bundled MiniLM
     ext_pca_dim: int | None = Field(64, ge=1, description="PCA dimensions of the teacher (None: none)")
+    # how the teacher's token states become a caption feature: mean (sentence-transformers, the bundled
+    # MiniLM), eot (the last non-padding token: a CLIP text encoder, Fig. 4(d)), cls (the first token)
+    ext_pooling: Literal["mean", "eot", "cls"] = "mean"
     ext_max_length: int = Field(64, ge=4, le=512)
     ext_batch_size: int = Field(256, ge=1)
     ext_cache_dir: str | None = None  # None: $NCLIP_CACHE or ~/.cache/nclip
