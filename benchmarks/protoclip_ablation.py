@@ -12,11 +12,14 @@ Every run uses the synthetic training set of ``--train-length`` pairs (the exter
 features are computed once for it) and ProtoCLIP's light augmentation (crop scale (0.5, 1), colour
 jitter p = 0.2, grayscale p = 0.2), so the runs differ in the objective only.
 
-Evaluation of the final model's CLIP embeddings z (what the paper evaluates, App. B), for the
-label kinds ``shape`` (15 classes) and ``colour`` (10) of the main object: zero-shot top-1 (prompt
-ensembles), linear probe (L-BFGS logistic regression, probe fitted on the val split, scored on the
-test split), kNN top-1 (k = 20, DINO's weighted vote), and K-Means clustering of the test split
-into as many clusters as classes (ARI, AMI), plus retrieval mean recall (R@1, R@5 both ways).
+Evaluation by ``nclip eval``'s code path (:func:`evaluate` calls :func:`nclip.eval.run_eval`), for
+the label kinds ``shape`` (15 classes) and ``colour`` (10) of the main object: zero-shot top-1
+(prompt ensembles), linear probe (L-BFGS logistic regression, L2 chosen on a held-out fifth of the
+probe's training scenes), kNN top-1 (k = 20, DINO's weighted vote), and K-Means clustering of the
+test scenes into as many clusters as classes (ARI, AMI), plus retrieval mean recall (R@1, 5, 10
+both ways). The probes read each objective's paper default (``--features`` overrides): ProtoCLIP's
+CLIP embeddings z (App. B: z before normalisation for the linear probe), CLIP's backbone features
+(``nclip eval --features clip`` gives the same protocol for CLIP).
 
     python benchmarks/protoclip_ablation.py --steps 400 --out runs/protoclip_ablation
 
@@ -76,35 +79,31 @@ def train_all(names: list[str], out: Path, steps: int, train_length: int, parall
     return took
 
 
-def evaluate(run: Path, n_train: int, n_test: int) -> dict:
-    import torch
+EVAL_TASKS = ("zeroshot", "retrieval", "linear", "knn", "cluster")
 
-    from nclip.data.loader import build_dataset
-    from nclip.eval import metrics as M
-    from nclip.eval.features import class_text_outputs, extract, similarity
-    from nclip.models.io import load_model
 
-    model, cfg = load_model(run / "model")
-    cfg = cfg.model_copy(update={"seed": 0})  # the same evaluation scenes whatever the run's seed
-    fit = extract(model, build_dataset(cfg, "val", length=n_train), cfg.data.image_size, "cpu")
-    test = extract(model, build_dataset(cfg, "test", length=n_test), cfg.data.image_size, "cpu")
-    space = build_dataset(cfg, "test", length=1).label_spaces
+def evaluate(run: Path, n_train: int, n_test: int, features: str | None = None) -> dict:
+    """The final model's scores by ``nclip eval``'s own code path (:func:`nclip.eval.run_eval`, no
+    second implementation of the protocols) on the built-in synthetic scenes: probes fitted on
+    ``n_train`` train-split scenes, scored on ``n_test`` test-split scenes, evaluation seed 0.
+    ``features``: the probed image features (None: the objective's paper default, ProtoCLIP's z per
+    App. B, the backbone for CLIP), as ``nclip eval --features``."""
+    from nclip.eval.runner import run_eval
+    from nclip.eval.settings import EvalSettings
+
+    settings = EvalSettings(tasks=EVAL_TASKS, datasets=("synthetic",), test_samples=n_test, train_samples=n_train,
+                            sts_pairs=0, features=features)
+    doc = run_eval(run, None, settings=settings, cache_dir=None, report=False)
+    r = doc["results"]
     res = {}
     for kind in KINDS:
-        n_cls = len(space[kind])
-        zs = similarity(test.image, class_text_outputs(model, space[kind], "cpu"), "clip")
-        res[f"{kind}/zeroshot"] = M.topk_accuracy(zs, test.labels[kind], ks=(1,))["top1"]
-        lp = M.linear_probe(fit.image["emb"], fit.labels[kind], test.image["emb"], test.labels[kind], n_cls,
-                            l2_grid=(1e-2, 1e-3, 1e-4), max_iter=300)  # a short grid: CPU time
-        res[f"{kind}/linear"] = lp["top1"]
-        xf = torch.nn.functional.normalize(fit.image["emb"], dim=-1)
-        xt = torch.nn.functional.normalize(test.image["emb"], dim=-1)
-        pred = M.knn_predict(xf, fit.labels[kind], xt, n_cls, k=20)
-        res[f"{kind}/knn"] = float((pred == test.labels[kind]).float().mean())
-        cs = M.cluster_scores(test.image["emb"], test.labels[kind], seed=0)
-        res[f"{kind}/ARI"], res[f"{kind}/AMI"] = cs["ari"], cs["ami"]
-    sim = similarity(test.image, test.text, "clip")
-    res["retrieval/mean_recall"] = M.recall_at_k(sim, test.text_to_image, ks=(1, 5))["mean_recall"]
+        ds = f"synthetic-{kind}"
+        res[f"{kind}/zeroshot"] = r[f"zeroshot/{ds}/top1"]
+        res[f"{kind}/linear"] = r[f"linear/{ds}/top1"]
+        res[f"{kind}/knn"] = r[f"knn/{ds}/top1"]
+        res[f"{kind}/ARI"], res[f"{kind}/AMI"] = r[f"cluster/{ds}/ari"], r[f"cluster/{ds}/ami"]
+    res["retrieval/mean_recall"] = r["retrieval/synthetic/mean_recall"]
+    res["probe_features"] = doc["config"]["features"]
     return res
 
 
@@ -127,7 +126,9 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=1, help="runs trained at once")
     ap.add_argument("--threads", type=int, default=2, help="torch threads per run")
     ap.add_argument("--seed", type=int, default=0, help="the runs' seed (data, init, episodes)")
-    ap.add_argument("--eval-train", type=int, default=2000, help="val-split pairs the probes are fitted on")
+    ap.add_argument("--eval-train", type=int, default=2000, help="synthetic scenes the probes are fitted on")
+    ap.add_argument("--features", choices=("backbone", "clip", "nclip", "proto"),
+                    help="probed image features (default: each objective's paper protocol, as nclip eval)")
     ap.add_argument("--eval-test", type=int, default=1000)
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -146,7 +147,7 @@ def main() -> None:
         entry = results.get(name, {})
         if not args.eval_only:
             entry["train_s"] = took[name]
-        entry.update(evaluate(args.out / name, args.eval_train, args.eval_test))
+        entry.update(evaluate(args.out / name, args.eval_train, args.eval_test, args.features))
         entry["steps"], entry["seed"] = args.steps, args.seed
         results[name] = entry
         path.write_text(json.dumps(results, indent=2))

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Callable, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from nclip.defaults import EVAL_BATCH_SIZE, USER_LABEL, has_labels
+from nclip.defaults import EVAL_BATCH_SIZE, PROBE_FEATURES, USER_LABEL, has_labels
 from nclip.errors import NclipError
 from nclip.objectives import REGISTRY, ObjectiveConfig
 
@@ -245,6 +245,9 @@ class TrainConfig(_Section):
 class EvalConfig(_Section):
     samples: int = Field(1000, ge=10, description="held-out synthetic pairs for the end-of-run eval")
     batch_size: int = Field(EVAL_BATCH_SIZE, ge=1)  # the same default as `nclip eval --batch-size`
+    # the image features the end-of-run probes read (objectives without a zero-shot head): None = the
+    # objective's paper default (Objective.probe_features); as `nclip eval --features`
+    probe_features: Literal[tuple(PROBE_FEATURES)] | None = None  # type: ignore[valid-type]
 
 
 def _objective_union():
@@ -278,6 +281,10 @@ class RunConfig(_Section):
             raise ValueError(f"train.batch_size {self.train.batch_size} is not divisible by "
                              f"data.hard_negative_group {self.data.hard_negative_group}")
         REGISTRY[self.objective.name][1].check_run(self)  # e.g. a label constraint needs labelled data
+        heads = REGISTRY[self.objective.name][1].heads
+        if self.eval.probe_features not in (None, "backbone") and self.eval.probe_features not in heads:
+            raise ValueError(f"eval.probe_features {self.eval.probe_features}: objective {self.objective.name!r} "
+                             f"trains no {self.eval.probe_features!r} head (it has {', '.join(sorted(heads))})")
         return self
 
 

@@ -28,3 +28,15 @@ def has_labels(data) -> bool:
 # tower runs in eval mode (BatchNorm on its running statistics), so a batch size only reorders
 # float rounding.
 EVAL_BATCH_SIZE = 256
+
+# The image features the probes (linear, k-NN, clustering, realms) can read, by the head that makes
+# them: name -> key of DualEncoder.encode_image's outputs. "backbone" is the tower's own feature
+# ([CLS] / pooled, before any head); the others need the objective to train that head. Each
+# objective's paper default is its class attribute ``Objective.probe_features``.
+PROBE_FEATURES = {"backbone": "features", "clip": "emb", "nclip": "logits", "proto": "proto"}
+PROBE_FEATURES_DETAIL = {
+    "backbone": "image backbone features ({tower}, no projection)",
+    "clip": "CLIP-head embeddings z, not normalised (k-NN and clustering L2-normalise)",
+    "nclip": "nCLIP-head logits, not normalised (k-NN and clustering L2-normalise)",
+    "proto": "ProtoCLIP-head projections h = g(z), not normalised (k-NN and clustering L2-normalise)",
+}

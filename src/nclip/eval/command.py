@@ -1,7 +1,8 @@
 """The ``nclip eval`` subcommand (registered by :mod:`nclip.cli`).
 
     nclip eval --checkpoint RUN_DIR --out DIR [--tasks zeroshot,linear,...] [--dataset SPEC ...]
-               [--head clip|nclip] [--baseline RUN_DIR] [--cache-dir DIR | --no-cache] [--no-report]
+               [--head clip|nclip] [--features backbone|clip|nclip|proto]
+               [--baseline RUN_DIR] [--cache-dir DIR | --no-cache] [--no-report]
     nclip eval compare EVAL_A EVAL_B ... [--out FILE.md]
 """
 
@@ -30,6 +31,9 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated subset of: {','.join(TASKS)}")
     p.add_argument("--dataset", dest="datasets", action="append", metavar="SPEC", help=_DATASET_HELP)
     p.add_argument("--head", choices=["clip", "nclip"], help="zero-shot head (default: the objective's)")
+    p.add_argument("--features", help="image features of the linear, k-NN, clustering and realm probes: "
+                                      "backbone | clip | nclip | proto (default: the objective's paper protocol, "
+                                      "ProtoCLIP: clip = z, App. B; the others: backbone)")
     p.add_argument("--baseline", metavar="RUN_DIR", help="run or eval directory for relative realm accuracy")
     p.add_argument("--cache-dir", type=Path, help="feature cache (default: OUT/../.nclip-cache)")
     p.add_argument("--no-cache", action="store_true", help="extract features afresh and store nothing")
@@ -71,6 +75,7 @@ def run_eval_command(args) -> int:
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
     settings = EvalSettings().updated(
         _option, tasks=tasks, datasets=tuple(args.datasets or EvalSettings().datasets), head=args.head,
+        features=args.features,
         baseline=args.baseline, test_samples=args.samples, train_samples=args.train_samples,
         sts_pairs=args.sts_pairs, mask_samples=args.mask_samples, batch_size=args.batch_size, seed=args.seed,
         device=args.device)

@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 
+from nclip.defaults import PROBE_FEATURES
 from nclip.errors import NclipError
 from nclip.eval import diagnostics, masks, multilabel, probe, realms, retrieval, sts, zeroshot
 from nclip.eval.cache import FeatureCache
@@ -53,6 +54,11 @@ class EvalState:
     @property
     def image_size(self) -> int:
         return self.ck.cfg.data.image_size
+
+    @property
+    def probe_key(self) -> str:
+        """The key of the probed image features in the extracted outputs (settings.features)."""
+        return PROBE_FEATURES[self.settings.features or "backbone"]
 
     def put(self, task: str, dataset: str, metrics: dict) -> None:
         for k, v in metrics.items():
@@ -97,6 +103,9 @@ def _prompts(st: EvalState, data: EvalData, kind: str) -> dict[str, torch.Tensor
 
 
 def _check_head(st: EvalState, outputs: dict[str, torch.Tensor]) -> None:
+    if st.probe_key not in outputs:
+        raise NclipError(f"features {st.settings.features!r} are not in this checkpoint's outputs "
+                         f"(objective {st.ck.cfg.objective.name})")
     if st.head is None:  # image-only objective: no head is scored
         return
     need = {"clip": "emb", "nclip": "logits"}[st.head]
@@ -132,7 +141,7 @@ def eval_dataset(st: EvalState, data: EvalData) -> None:
         for kind in data.label_spaces:
             y = test[f"label.{kind}"]
             if torch.unique(y).numel() >= 2:
-                st.put("cluster", f"{data.name}-{kind}", probe.cluster(image["features"], y, seed=st.settings.seed))
+                st.put("cluster", f"{data.name}-{kind}", probe.cluster(image[st.probe_key], y, seed=st.settings.seed))
     if "realms" in tasks and data.realm and "train" in data.splits:
         _eval_realms(st, data, test)
     if "masks" in tasks and data.masks:
@@ -188,10 +197,12 @@ def _eval_retrieval(st: EvalState, data: EvalData, test: dict, image: dict, text
 
 
 def _eval_probes(st: EvalState, data: EvalData, test: dict, image: dict, tasks: set[str]) -> None:
-    """Linear probe and k-NN on frozen image features, per label kind (train split -> test split)."""
+    """Linear probe and k-NN on frozen image features (``settings.features``), per label kind (train
+    split -> test split). The linear probe reads them as they are (ProtoCLIP App. B: z "before
+    normalization"), k-NN L2-normalises them (cosine neighbours)."""
     s = st.settings
     train = _features(st, data, "train", texts=False)
-    xtr, xte = train["image.features"], image["features"]
+    xtr, xte = train[f"image.{st.probe_key}"], image[st.probe_key]
     for kind in data.label_spaces:
         n_cls = len(data.label_spaces[kind])
         ytr, yte = train[f"label.{kind}"], test[f"label.{kind}"]
@@ -209,8 +220,9 @@ def _eval_realms(st: EvalState, data: EvalData, test: dict) -> None:
     rk, ck = data.realm
     train = _features(st, data, "train", texts=False)
     names = data.label_spaces[rk].names
-    per = realms.evaluate(train["image.features"], train[f"label.{rk}"], train[f"label.{ck}"],
-                          test["image.features"], test[f"label.{rk}"], test[f"label.{ck}"], names,
+    key = st.probe_key
+    per = realms.evaluate(train[f"image.{key}"], train[f"label.{rk}"], train[f"label.{ck}"],
+                          test[f"image.{key}"], test[f"label.{rk}"], test[f"label.{ck}"], names,
                           l2_grid=st.settings.l2_grid, seed=st.settings.seed)
     for name, m in per.items():
         st.put("realms", f"{data.name}-{realms.key(name)}", {"top1": m["top1"], "mean_per_class": m["mean_per_class"]})

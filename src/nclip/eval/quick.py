@@ -6,11 +6,12 @@ A small, uncached subset of ``nclip eval`` (protocols 1 and 2 of :mod:`nclip.eva
 ``zeroshot/<kind>/chance`` and ``retrieval/{i2t,t2i}@{1,5}`` plus ``retrieval/mean_recall``.
 
 An objective without a text-aligned head (``zero_shot_head = None``: CMSF, the cross-entropy
-baseline) is scored instead on its image backbone features by the probes of :mod:`nclip.eval.probe`
-(protocols 4 and 5): weighted k-NN and the L-BFGS linear probe, trained on ``eval.samples`` training
-images (digits: the whole train split) and tested on ``eval.samples`` held-out ones, against the
-*clean* labels of the run's label kind: ``knn/<kind>/top1``, ``linear/<kind>/top1``,
-``probe/<kind>/chance``.
+baseline) is scored instead by the probes of :mod:`nclip.eval.probe` (protocols 4 and 5): weighted
+k-NN and the L-BFGS linear probe, trained on ``eval.samples`` training images (digits: the whole
+train split) and tested on ``eval.samples`` held-out ones, against the *clean* labels of the run's
+label kind: ``knn/<kind>/top1``, ``linear/<kind>/top1``, ``probe/<kind>/chance``. They read the
+image features ``eval.probe_features`` names (None: the objective's ``probe_features``, the
+backbone for CMSF and xent), recorded as ``eval/probe_features``, as ``nclip eval --features``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from nclip.config import RunConfig
 from nclip.data.loader import MAIN_LABEL, build_dataset
+from nclip.defaults import PROBE_FEATURES
 from nclip.eval import probe, retrieval, zeroshot
 from nclip.eval.features import class_text_outputs, extract, similarity
 from nclip.objectives import REGISTRY
@@ -49,7 +51,11 @@ def evaluate_run(model, cfg: RunConfig, device) -> dict[str, float]:
 
 
 def _probe_run(model, cfg: RunConfig, device, test_data, objective) -> dict:
-    """k-NN and linear-probe top-1 on the backbone features, for objectives without a zero-shot head."""
+    """k-NN and linear-probe top-1 on the probed features, for objectives without a zero-shot head."""
+    from nclip.eval.runner import probe_features
+
+    features = probe_features(cfg.eval.probe_features, cfg.objective.name)
+    key = PROBE_FEATURES[features]
     kind = (objective.label_request(cfg) or LabelRequest()).key or MAIN_LABEL[cfg.data.source]
     # the probe's training images come from the training split (synthetic: its first eval.samples
     # scenes), its test images from the held-out split, as nclip eval's linear and k-NN protocols
@@ -58,10 +64,10 @@ def _probe_run(model, cfg: RunConfig, device, test_data, objective) -> dict:
     train = extract(model, train_data, cfg.data.image_size, device, bs, texts=False)
     test = extract(model, test_data, cfg.data.image_size, device, bs, texts=False)
     n_cls = len(test_data.label_spaces[kind])
-    xtr, ytr = train.image["features"], train.labels[kind]
-    xte, yte = test.image["features"], test.labels[kind]
+    xtr, ytr = train.image[key], train.labels[kind]
+    xte, yte = test.image[key], test.labels[kind]
     results: dict = {"eval/samples": float(len(test_data)), "eval/train_samples": float(len(train_data)),
-                     "eval/head": "features", "eval/label": kind}
+                     "eval/head": "features", "eval/label": kind, "eval/probe_features": features}
     results[f"knn/{kind}/top1"] = probe.knn(xtr, ytr, xte, yte, n_cls)["top1"]
     results[f"linear/{kind}/top1"] = probe.linear(xtr, ytr, xte, yte, n_cls, seed=cfg.seed)["top1"]
     results[f"probe/{kind}/chance"] = float(torch.bincount(yte, minlength=n_cls).max()) / len(yte)

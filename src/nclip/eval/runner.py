@@ -24,6 +24,7 @@ from typing import Callable
 
 import torch
 
+from nclip.defaults import PROBE_FEATURES_DETAIL
 from nclip.errors import NclipError
 from nclip.eval import datasets as eval_data
 from nclip.eval.cache import FeatureCache
@@ -74,6 +75,7 @@ def run_eval(checkpoint: str | Path, out: str | Path | None = None, *, tasks=Non
     elif head_name not in objective.heads:
         raise NclipError(f"head {head_name!r} is not in this checkpoint: objective {ck.cfg.objective.name!r} "
                          f"has {', '.join(sorted(objective.heads))}")
+    settings = settings.updated(features=probe_features(settings.features, ck.cfg.objective.name))
     st = EvalState(ck, settings, head_name, FeatureCache(settings.cache_dir, ck.sha256), _device(settings.device),
                    log or (lambda msg: None))
     st.skipped.update(text_skipped)
@@ -93,6 +95,20 @@ def run_eval(checkpoint: str | Path, out: str | Path | None = None, *, tasks=Non
     if out is not None:
         _write(Path(out).expanduser(), doc, st, report, t0)
     return doc
+
+
+def probe_features(features: str | None, objective_name: str) -> str:
+    """The image features the probes read: ``features``, or (None) the objective's paper default
+    (``Objective.probe_features``: ProtoCLIP's z per its App. B, the backbone for the others);
+    a one-line error when the objective trains no such head."""
+    from nclip.objectives import REGISTRY
+
+    objective = REGISTRY[objective_name][1]
+    features = features or objective.probe_features
+    if features != "backbone" and features not in objective.heads:
+        raise NclipError(f"features {features!r}: objective {objective_name!r} trains no {features!r} head "
+                         f"(it has {', '.join(sorted(objective.heads))}; backbone features always exist)")
+    return features
 
 
 def _resolve_settings(settings: EvalSettings, out, cache_dir, **shortcuts) -> EvalSettings:
@@ -171,7 +187,8 @@ def _document(st: EvalState, objective) -> dict:
                        "vision_tower": cfg.model.vision.kind, "text_tower": cfg.model.text.kind,
                        "run_dir": str(ck.run_dir) if ck.run_dir else None},
         "config": {**st.settings.model_dump(),
-                   "probe_features": f"image backbone features ({tower.feature}, no projection)",
+                   "probe_features": f"{st.settings.features}: "
+                                     + PROBE_FEATURES_DETAIL[st.settings.features].format(tower=tower.feature),
                    "mask_maps": tower.saliency,
                    "sts_features": "text backbone features ([EOS]/pooled, no projection)"},
         "results": dict(sorted(st.results.items())),

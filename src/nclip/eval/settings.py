@@ -14,12 +14,15 @@ from typing import Annotated, Any, Callable, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from nclip.defaults import EVAL_BATCH_SIZE
+from nclip.defaults import EVAL_BATCH_SIZE, PROBE_FEATURES
 from nclip.errors import NclipError
 
 TASKS = ("zeroshot", "retrieval", "multilabel", "linear", "knn", "cluster", "realms", "sts", "masks", "diagnostics")
 Head = Literal["clip", "nclip"]
 HEADS = get_args(Head)
+Features = Literal["backbone", "clip", "nclip", "proto"]  # the probed image features (PROBE_FEATURES)
+FEATURES = get_args(Features)
+assert FEATURES == tuple(PROBE_FEATURES)
 L2_GRID = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 1e-5, 1e-6)  # linear-probe L2 strengths (validated)
 MASK_THRESHOLD = 0.6  # DINO: keep the patches holding 60% of the [CLS] attention mass
 
@@ -32,6 +35,9 @@ class EvalSettings(BaseModel):
     tasks: tuple[str, ...] = TASKS
     datasets: tuple[str, ...] = ("synthetic", "digits")
     head: Head | None = None  # None: the objective's zero_shot_head
+    # image features of the linear, k-NN, clustering and realm probes; None: the objective's
+    # Objective.probe_features (its paper's protocol; results.json records the one used)
+    features: Features | None = None
     test_samples: int = Field(1000, ge=10, description="synthetic test scenes")
     train_samples: int = Field(2000, ge=10, description="synthetic scenes for the probes' training split")
     sts_pairs: int = Field(1000, ge=0, description="built-in STS pairs (with the synthetic dataset); 0 or >= 2")

@@ -155,6 +155,12 @@ class Objective(nn.Module):
     # namespace of the logged nCLIP-head statistics (L_CE, L_EH, L_HE, L_KL, row_std, col_std,
     # usage) that the collapse monitor and the sweep's Fig. B1 curves read; None: no such head
     head_stats_prefix: ClassVar[str | None] = None
+    # the image features the probes (linear, k-NN, clustering, realms) read by default, as the
+    # objective's paper evaluates: backbone (the tower's own feature; xCLIP Sec. 4.2.1 and CMSF probe
+    # the frozen backbone), clip (the CLIP-head embedding z: ProtoCLIP App. B), nclip, proto
+    # (nclip.defaults.PROBE_FEATURES); `nclip eval --features` and the run config's
+    # eval.probe_features override it
+    probe_features: ClassVar[str] = "backbone"
     # augmented views per image in a training batch: 1 = pixels [B, 3, S, S]; 2 = [B, 2, 3, S, S],
     # the online (strong) view first and the target (weak) view second (nclip.data.views)
     views: ClassVar[int] = 1

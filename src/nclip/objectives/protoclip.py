@@ -16,9 +16,12 @@ PBT-translated into both spaces (they live in another space), L_ext = (L_I→E +
 
 Choices where the paper is ambiguous (each one a config key):
 
-- Soft targets (Eq. 5): Algorithm 1 computes them from the *translated* centroids
-  (``target_centroids[label] @ target_centroids.T``), Eq. 5 and the authors' code from the
-  teacher's own prototypes. Default ``soft_targets_from: translated`` (Algorithm 1).
+- Soft targets (Eq. 5): Eq. 5 (S_k = C^T · c_k^T) and the authors' code compute them from the
+  teacher's own K-Means prototypes; Algorithm 1's pseudocode (line 58) from the *translated*
+  centroids (``target_centroids[label] @ target_centroids.T``). Default ``soft_targets_from:
+  teacher`` (Eq. 5); ``translated`` gives Algorithm 1's reading.
+- "w/o K-Means" (Tab. 1(a)): ``kmeans_iters: 0`` keeps K randomly drawn episode samples as the
+  prototypes (K-Means' initialisation, no Lloyd iteration); see :mod:`nclip.train.kmeans`.
 - The external term uses hard targets by default (``t_target_ext: 0``), as the authors' code does
   (``teacher_temperature=-1``); the paper only says "in a similar way of Eq. 4".
 - Locked-image tuning (App. A.1): from ``lit_episode`` on the image tower's learning rate is 0
@@ -61,13 +64,16 @@ class ProtoclipConfig(ObjectiveConfig):
     t_proto_init: float = Field(0.07, gt=0, le=1, description="initial learnable τ_Proto (App. A.1)")
     t_target: float = Field(0.01, description="τ_y of Eq. 5 (Fig. 4(b): 0.01); <= 0: hard targets")
     t_target_ext: float = Field(0.0, description="τ_y of the external term; <= 0: hard (authors' code)")
-    soft_targets_from: Literal["translated", "teacher"] = "translated"  # Algorithm 1 | Eq. 5
+    # C of Eq. 5's soft targets: the teacher's own prototypes (Eq. 5, authors' code) | the translated
+    # PBT centroids the student is scored against (Algorithm 1's pseudocode, line 58)
+    soft_targets_from: Literal["teacher", "translated"] = "teacher"
     pbt: bool = True  # Prototype Back Translation (Sec. 3.2); false: the "w/o PBT" ablation
     # episodes (Sec. 3.3, Tab. A.3)
     episode_size: int = Field(200_000, ge=2, description="m: pairs sampled (with replacement) per episode")
     clusters: int = Field(20_000, ge=2, description="K: prototypes per modality (10 pairs per prototype)")
     ext_clusters: int | None = Field(None, ge=2, description="K of the external teacher (None: clusters)")
-    kmeans_iters: int = Field(20, ge=1)
+    # Lloyd iterations (App. A.1: 20); 0: K random episode samples as the prototypes (Tab. 1(a) "w/o K-Means")
+    kmeans_iters: int = Field(20, ge=0, description="K-Means iterations; 0: random samples, no K-Means")
     kmeans_nredo: int = Field(1, ge=1, description="K-Means restarts (the best objective is kept)")
     kmeans_method: Literal["auto", "flat", "two_level"] = "auto"  # see nclip.train.kmeans
     extract_batch_size: int | None = Field(None, ge=1, description="feature-extraction batch (None: train)")
@@ -76,6 +82,9 @@ class ProtoclipConfig(ObjectiveConfig):
     # external teacher (Sec. 3.2; App. A.1: RoBERTa-large, PCA to 64)
     ext_encoder: str | None = None  # a local transformers encoder directory; None: the bundled MiniLM
     ext_pca_dim: int | None = Field(64, ge=1, description="PCA dimensions of the teacher (None: none)")
+    # how the teacher's token states become a caption feature: mean (sentence-transformers, the bundled
+    # MiniLM), eot (the last non-padding token: a CLIP text encoder, Fig. 4(d)), cls (the first token)
+    ext_pooling: Literal["mean", "eot", "cls"] = "mean"
     ext_max_length: int = Field(64, ge=4, le=512)
     ext_batch_size: int = Field(256, ge=1)
     ext_cache_dir: str | None = None  # None: $NCLIP_CACHE or ~/.cache/nclip
@@ -114,6 +123,10 @@ _EPISODE_BUFFERS = [("episode_labels", torch.long)] + [
 class ProtoclipObjective(Objective):
     heads = frozenset({"clip", "proto"})
     zero_shot_head = "clip"  # App. B: zero-shot transfer uses z, the CLIP embeddings
+    # App. B: "frozen 1024-dimensional image representations (z^I) before normalization are used for
+    # linear probing"; k-NN (DINO's) on the same z, normalised. z is nclip's CLIP-head embedding
+    # ("emb"), not the 128-d prototype projection h = g(z) (that one is --features proto)
+    probe_features = "clip"
     episodic = True
 
     def __init__(self, cfg: ProtoclipConfig):

@@ -167,6 +167,56 @@ def _check(cfg: RunConfig, world_size: int) -> None:
         raise NclipError("episodic training does not support train.strategy fsdp; use ddp")
 
 
+
+def build_prototypes(oc, h_i: torch.Tensor, h_t: torch.Tensor, teacher: torch.Tensor | None,
+                     seed: int) -> tuple[dict, dict]:
+    """Step 2 of an episode (Sec. 3.1-3.2; Algorithm 1, lines 31-40): K-Means of each modality (and
+    of the external teacher's features) into K clusters, the assignments, PBT and the soft-target
+    prototypes; (the state for :meth:`ProtoclipObjective.set_episode`, timings and statistics).
+
+    oc: the objective config; h_i, h_t: [m, d_h] the episode's normalised projections; teacher:
+    [m, D'] the episode's PCA-reduced teacher features (None: no external teacher).
+
+    Soft targets (Eq. 5): with ``soft_targets_from: teacher`` (the default) y = softmax(C[label]·Cᵀ/τ_y)
+    uses the *teacher's own* K-Means prototypes (C^T for the image student, C^I for the text student,
+    C^external for both), as Eq. 5 writes them (S_k = C^T · c_k^T) and the authors' code does; the
+    ``{direction}_targets`` entries carry them. ``translated`` leaves them out, and the objective then
+    builds the targets from the classifier's own (PBT-translated) centroids, as Algorithm 1's
+    pseudocode (line 58) does.
+    """
+    k, ke, m = oc.clusters, oc.k_ext, h_i.shape[0]
+    t0 = time.perf_counter()
+    run = lambda x, kk, j: kmeans(x, kk, niter=oc.kmeans_iters, nredo=oc.kmeans_nredo,  # noqa: E731
+                                  seed=seed + j, method=oc.kmeans_method)
+    km_i, km_t = run(h_i, k, 0), run(h_t, k, 1)
+    km_e = run(teacher, ke, 2) if teacher is not None else None
+    t1 = time.perf_counter()
+    dev = h_i.device
+    lab_i, lab_t = km_i.labels.to(dev), km_t.labels.to(dev)
+    lab_e = km_e.labels.to(dev) if km_e is not None else torch.zeros(m, dtype=torch.long, device=dev)
+    state = {"labels": torch.stack([lab_i, lab_t, lab_e], 1)}  # [m, 3]
+    if oc.pbt:  # Sec. 3.2: teacher clusters → centroids of the student's own features
+        state["i2t_centroids"], state["i2t_valid"] = functional.pbt(h_i, lab_t, k, return_mask=True)  # C_PBT→I
+        state["t2i_centroids"], state["t2i_valid"] = functional.pbt(h_t, lab_i, k, return_mask=True)  # C_PBT→T
+    else:  # "w/o PBT": the teacher's prototypes themselves (C^T for images, C^I for texts)
+        state["i2t_centroids"], state["i2t_valid"] = km_t.centroids.to(dev), torch.bincount(lab_t, minlength=k) > 0
+        state["t2i_centroids"], state["t2i_valid"] = km_i.centroids.to(dev), torch.bincount(lab_i, minlength=k) > 0
+    if oc.soft_targets_from == "teacher":  # Eq. 5: the teacher's own prototypes
+        state["i2t_targets"], state["t2i_targets"] = km_t.centroids.to(dev), km_i.centroids.to(dev)
+    if km_e is not None:  # the external prototypes live in another space: always PBT
+        state["i2e_centroids"], state["i2e_valid"] = functional.pbt(h_i, lab_e, ke, return_mask=True)
+        state["t2e_centroids"], state["t2e_valid"] = functional.pbt(h_t, lab_e, ke, return_mask=True)
+        if oc.soft_targets_from == "teacher":
+            state["i2e_targets"] = state["t2e_targets"] = km_e.centroids.to(dev)
+    t2 = time.perf_counter()
+    stats = dict(kmeans_s=t1 - t0, pbt_s=t2 - t1, kmeans_method=km_i.method,
+                 kmeans_obj_image=km_i.objective, kmeans_obj_text=km_t.objective,
+                 empty_image=int(k - (torch.bincount(lab_i, minlength=k) > 0).sum()),
+                 empty_text=int(k - (torch.bincount(lab_t, minlength=k) > 0).sum()))
+    if km_e is not None:
+        stats.update(kmeans_obj_ext=km_e.objective, empty_ext=int(ke - (torch.bincount(lab_e, minlength=ke) > 0).sum()))
+    return state, stats
+
 class EpisodicData:
     """The loop's data source for an episodic objective: this rank's batches (pixels, ids, mask,
     rows) from ``start`` to ``train.steps``, building each episode's prototypes first."""
@@ -228,41 +278,11 @@ class EpisodicData:
         return h_i, h_t
 
     def _prototypes(self, episode: int, indices: np.ndarray, h_i: torch.Tensor, h_t: torch.Tensor) -> dict:
-        """Step 2 on rank 0: K-Means per modality (and of the teacher), labels, PBT."""
-        oc, m = self.oc, len(indices)
-        k, ke = oc.clusters, oc.k_ext
+        """Step 2 on rank 0 (:func:`build_prototypes`), its timings and K-Means statistics kept."""
         seed = (self.cfg.seed * 1_000_003 + episode * 7) % (2**31 - 1)
-        t0 = time.perf_counter()
-        run = lambda x, kk, j: kmeans(x, kk, niter=oc.kmeans_iters, nredo=oc.kmeans_nredo,  # noqa: E731
-                                      seed=seed + j, method=oc.kmeans_method)
-        km_i, km_t = run(h_i, k, 0), run(h_t, k, 1)
-        km_e = run(self.teacher[torch.from_numpy(indices)], ke, 2) if oc.use_ext else None
-        t1 = time.perf_counter()
-        dev = h_i.device
-        lab_i, lab_t = km_i.labels.to(dev), km_t.labels.to(dev)
-        lab_e = km_e.labels.to(dev) if km_e is not None else torch.zeros(m, dtype=torch.long, device=dev)
-        state = {"labels": torch.stack([lab_i, lab_t, lab_e], 1)}  # [m, 3]
-        if oc.pbt:  # Sec. 3.2: teacher clusters → centroids of the student's own features
-            state["i2t_centroids"], state["i2t_valid"] = functional.pbt(h_i, lab_t, k, return_mask=True)  # C_PBT→I
-            state["t2i_centroids"], state["t2i_valid"] = functional.pbt(h_t, lab_i, k, return_mask=True)  # C_PBT→T
-        else:  # "w/o PBT": the teacher's prototypes themselves (C^T for images, C^I for texts)
-            state["i2t_centroids"], state["i2t_valid"] = km_t.centroids.to(dev), torch.bincount(lab_t, minlength=k) > 0
-            state["t2i_centroids"], state["t2i_valid"] = km_i.centroids.to(dev), torch.bincount(lab_i, minlength=k) > 0
-        if oc.soft_targets_from == "teacher":
-            state["i2t_targets"], state["t2i_targets"] = km_t.centroids.to(dev), km_i.centroids.to(dev)
-        if km_e is not None:  # the external prototypes live in another space: always PBT
-            state["i2e_centroids"], state["i2e_valid"] = functional.pbt(h_i, lab_e, ke, return_mask=True)
-            state["t2e_centroids"], state["t2e_valid"] = functional.pbt(h_t, lab_e, ke, return_mask=True)
-            if oc.soft_targets_from == "teacher":
-                state["i2e_targets"] = state["t2e_targets"] = km_e.centroids.to(dev)
-        t2 = time.perf_counter()
-        self.timings.update(kmeans_s=t1 - t0, pbt_s=t2 - t1, kmeans_method=km_i.method,
-                            kmeans_obj_image=km_i.objective, kmeans_obj_text=km_t.objective,
-                            empty_image=int(k - (torch.bincount(lab_i, minlength=k) > 0).sum()),
-                            empty_text=int(k - (torch.bincount(lab_t, minlength=k) > 0).sum()))
-        if km_e is not None:
-            self.timings.update(kmeans_obj_ext=km_e.objective,
-                                empty_ext=int(ke - (torch.bincount(lab_e, minlength=ke) > 0).sum()))
+        teacher = self.teacher[torch.from_numpy(indices)] if self.oc.use_ext else None
+        state, stats = build_prototypes(self.oc, h_i, h_t, teacher, seed)
+        self.timings.update(stats)
         return state
 
     def _prepare(self, episode: int) -> None:

@@ -19,6 +19,11 @@ K-Means objective (sum of squared distances). Methods:
 - ``auto``: ``flat`` on a GPU or when N·K ≤ 2.5e8 (about a second per iteration on a CPU),
   else ``two_level``.
 
+``niter = 0`` is ProtoCLIP's "w/o K-Means" ablation (Tab. 1(a), Sec. 4.2: "K-Means optimizing"
+removed): the prototypes are what Lloyd's iterations would start from, K distinct training points
+drawn uniformly at random (Faiss' initialisation), kept as they are; every point is then assigned
+to its nearest one exactly. The method reported is ``random`` whatever ``method`` asked for.
+
 ``nredo`` runs the clustering that many times from different seeds and keeps the lowest
 objective (Faiss' ``nredo``). Deterministic for a given seed on the CPU.
 """
@@ -41,7 +46,7 @@ class KMeansResult:
     centroids: torch.Tensor  # [K, d] float32
     labels: torch.Tensor  # [N] int64, each point's cluster
     objective: float  # Σ_i ||x_i − c_{labels_i}||²
-    method: str  # the method that ran: flat | two_level
+    method: str  # the method that ran: flat | two_level | random (niter = 0)
 
 
 def faiss_gpus() -> int:
@@ -60,13 +65,19 @@ def kmeans(
     seed: int = 0,
     method: str = "auto",
 ) -> KMeansResult:
-    """K-Means of ``x`` [N, d] into ``k`` clusters (1 <= k <= N); see the module docstring."""
+    """K-Means of ``x`` [N, d] into ``k`` clusters (1 <= k <= N); see the module docstring.
+    ``niter`` = 0: k random points as the centroids, no Lloyd iteration (ProtoCLIP's "w/o K-Means")."""
     x = _as_float32(x)
     n, d = x.shape
     if not 1 <= k <= n:
         raise ValueError(f"k must lie in [1, {n}] (the number of points), got {k}")
     if method not in ("auto", "flat", "two_level"):
         raise ValueError(f"unknown K-Means method {method!r}; use auto, flat or two_level")
+    if niter < 0 or nredo < 1:
+        raise ValueError(f"niter must be >= 0 and nredo >= 1, got {niter} and {nredo}")
+    if niter == 0:
+        centroids, labels, obj = _random_centroids(x, k, nredo, seed)
+        return KMeansResult(torch.from_numpy(centroids), torch.from_numpy(labels), float(obj), "random")
     gpu = faiss_gpus() > 0
     if method == "auto":
         method = "flat" if gpu or n * k <= AUTO_FLAT_MAX_WORK or k < 4 else "two_level"
@@ -102,6 +113,25 @@ def _faiss_kmeans(x: np.ndarray, k: int, niter: int, nredo: int, seed: int, gpu:
     km.train(x)
     dist, labels = km.index.search(x, 1)  # final assignment to the final centroids
     return km.centroids.copy(), labels[:, 0].astype(np.int64), float(dist.sum())
+
+
+def _random_centroids(x: np.ndarray, k: int, nredo: int, seed: int):
+    """(centroids [k, d], labels [n], objective): k distinct points of ``x`` drawn uniformly (as Faiss
+    seeds Lloyd's iterations), each point assigned to its nearest one by an exact search; of
+    ``nredo`` draws the one with the lowest objective."""
+    import faiss
+
+    rng = np.random.default_rng(seed)
+    best = None
+    for _ in range(nredo):
+        centroids = x[np.sort(rng.choice(x.shape[0], k, replace=False))].copy()
+        index = faiss.IndexFlatL2(x.shape[1])
+        index.add(centroids)
+        dist, labels = index.search(x, 1)
+        obj = float(dist.sum())
+        if best is None or obj < best[2]:
+            best = (centroids, labels[:, 0].astype(np.int64), obj)
+    return best
 
 
 def _flat(x, k, niter, nredo, seed, gpu):

@@ -7,6 +7,11 @@ with ``transformers.AutoModel`` and pooled as its sentence-transformers config s
 the token states over the attention mask, then L2 normalisation. Any local ``transformers`` encoder
 directory with a ``tokenizer.json`` works (``objective.ext_encoder``); nothing is downloaded.
 
+Pooling (``objective.ext_pooling``, :func:`pool`): ``mean`` (sentence-transformers), ``eot`` -- the
+state of the last non-padding token, the end-of-text token, as CLIP's text transformer pools (the
+"CLIP (ViT-B/32) text encoder" teacher of Fig. 4(d)) -- or ``cls``, the first token's state (BERT's
+[CLS], RoBERTa's <s>). The features are L2-normalised after pooling in every case.
+
 Cache: ``<root>/teacher/<key>.safetensors`` with the raw (pre-PCA) features [M, D] in float32; the
 key hashes the dataset identity (the data-config fields that determine the training captions), the
 encoder (its directory and the SHA-256 of its weights), the pooling and the token length. The
@@ -35,6 +40,7 @@ from nclip.defaults import MAP_SOURCES, USER_LABEL
 from nclip.errors import NclipError
 
 FORMAT = "nclip-teacher-features/1"  # bump when the content of an entry changes meaning
+POOLINGS = ("mean", "eot", "cls")  # how token states become one caption feature (see pool)
 
 
 def cache_root(configured: str | None) -> Path:
@@ -101,9 +107,37 @@ def _source_identity(cfg: RunConfig) -> dict:
     raise NclipError(f"the external teacher needs a map-style source ({', '.join(MAP_SOURCES)}), not {d.source}")
 
 
-def identity(cfg: RunConfig, encoder: Path, max_length: int) -> dict:
+def identity(cfg: RunConfig, encoder: Path, max_length: int, pooling: str = "mean") -> dict:
+    """What a cache entry's features depend on (its key hashes this): the training captions, the
+    encoder, the pooling and the token length. ``mean`` keeps the key entries had before pooling
+    was a choice."""
+    _check_pooling(pooling)
     return {"format": FORMAT, "data": dataset_identity(cfg), "encoder": str(encoder.resolve()),
-            "encoder_sha256": _weights_sha256(encoder), "pooling": "mean+l2", "max_length": max_length}
+            "encoder_sha256": _weights_sha256(encoder), "pooling": f"{pooling}+l2", "max_length": max_length}
+
+
+def _check_pooling(pooling: str) -> None:
+    if pooling not in POOLINGS:
+        raise NclipError(f"unknown teacher pooling {pooling!r}; use {', '.join(POOLINGS)}")
+
+
+def pool(states: torch.Tensor, mask: torch.Tensor, pooling: str = "mean") -> torch.Tensor:
+    """[B, L, D] token states, [B, L] attention mask → [B, D] (not normalised).
+
+    ``mean``: the mean over the non-padding tokens (sentence-transformers' pooling); ``eot``: the
+    state of the *last* non-padding token (the end-of-text token: CLIP's text pooling; [SEP] for a
+    WordPiece encoder); ``cls``: the first token's state.
+    """
+    _check_pooling(pooling)
+    if pooling == "cls":
+        return states[:, 0]
+    m = mask.to(device=states.device)
+    if pooling == "eot":
+        positions = torch.arange(m.shape[1], device=m.device).expand_as(m)
+        last = torch.where(m.bool(), positions, torch.zeros_like(positions)).amax(1)  # [B]
+        return states[torch.arange(states.shape[0], device=states.device), last]
+    w = m.unsqueeze(-1).to(states.dtype)
+    return (states * w).sum(1) / w.sum(1).clamp_min(1)
 
 
 def _key(ident: dict) -> str:
@@ -112,11 +146,12 @@ def _key(ident: dict) -> str:
 
 @torch.no_grad()
 def encode_captions(captions: list[str], directory: Path, max_length: int, batch_size: int,
-                    device: torch.device | str = "cpu") -> torch.Tensor:
-    """[N, D] float32: mean-pooled, L2-normalised token states of a local transformers encoder.
+                    device: torch.device | str = "cpu", pooling: str = "mean") -> torch.Tensor:
+    """[N, D] float32: pooled (:func:`pool`), L2-normalised token states of a local transformers encoder.
 
     Exact shortcuts: each distinct caption is encoded once, in batches of similar lengths with the
     trailing padding cut (padding is at the end and masked, so the pooled states do not change)."""
+    _check_pooling(pooling)
     from transformers import AutoModel
     from transformers.utils import logging as hf_logging
 
@@ -138,8 +173,7 @@ def encode_captions(captions: list[str], directory: Path, max_length: int, batch
         ids, mask = tok([str(unique[r]) for r in rows])  # [b, L], tokenized per batch (memory)
         width = int(mask.sum(1).max())
         states = model(input_ids=ids[:, :width].to(device), attention_mask=mask[:, :width].to(device)).last_hidden_state
-        w = mask[:, :width].unsqueeze(-1).to(device=states.device, dtype=states.dtype)
-        pooled = (states * w).sum(1) / w.sum(1).clamp_min(1)
+        pooled = pool(states, mask[:, :width], pooling)
         out[torch.from_numpy(rows)] = torch.nn.functional.normalize(pooled.float(), dim=-1).cpu()
     return out[torch.from_numpy(inverse.reshape(-1).astype(np.int64))]
 
@@ -179,23 +213,24 @@ def teacher_features(cfg: RunConfig, device: torch.device | str = "cpu", log=Non
     """(raw features [M, D] of every training caption, whether they came from the cache), by
     ProtoCLIP's configured teacher (``objective.ext_*``)."""
     oc = cfg.objective
-    return caption_features(cfg, oc.ext_encoder, oc.ext_max_length, oc.ext_batch_size, oc.ext_cache_dir, device, log)
+    return caption_features(cfg, oc.ext_encoder, oc.ext_max_length, oc.ext_batch_size, oc.ext_cache_dir, device, log,
+                            pooling=oc.ext_pooling)
 
 
 def caption_features(cfg: RunConfig, encoder: str | None, max_length: int, batch_size: int,
                      cache_dir: str | None = None, device: torch.device | str = "cpu",
-                     log=None) -> tuple[torch.Tensor, bool]:
+                     log=None, pooling: str = "mean") -> tuple[torch.Tensor, bool]:
     """(features [M, D] of every training caption by the frozen ``encoder`` directory — None: the
-    bundled MiniLM —, whether they came from the cache)."""
+    bundled MiniLM —, ``pooling`` its token states (:func:`pool`), whether they came from the cache)."""
     directory = encoder_dir(encoder)
-    ident = identity(cfg, directory, max_length)
+    ident = identity(cfg, directory, max_length, pooling)
     path = cache_root(cache_dir) / "teacher" / f"{_key(ident)}.safetensors"
     found = _read(path, ident)
     if found is not None:
         return found, True
     t0 = time.perf_counter()
     captions = train_captions(cfg)
-    feats = encode_captions(captions, directory, max_length, batch_size, device)
+    feats = encode_captions(captions, directory, max_length, batch_size, device, pooling)
     _write(path, ident, feats)
     if log is not None:
         log(f"frozen text encoder {directory}: encoded {len(captions)} captions in "
