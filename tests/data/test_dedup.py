@@ -181,3 +181,26 @@ def test_fast_jpeg_close_to_full_decoding(tmp_path):
     full, fast = hash_images(items), hash_images(items, fast_jpeg=True)
     gaps = np.unpackbits(full.codes ^ fast.codes, axis=1).sum(axis=1)
     assert full.ids == fast.ids and gaps.max() <= 4
+
+
+def test_training_loader_leaves_out_the_excluded_samples(tmp_path):
+    """data.exclude: a built-in sample listed by its dedup identifier is never drawn for training,
+    and the drawn items keep their own dataset index."""
+    from nclip.config import resolve
+    from nclip.data.loader import train_loader
+    from nclip.data.tokenization import CaptionTokenizer
+
+    excluded = set(range(0, 1212, 3))  # every third digit of the training split
+    (tmp_path / "exclude.txt").write_text("# leaked\n" + "\n".join(f"digits:train:{i}" for i in excluded) + "\n")
+    cfg = resolve("micro", ["data.source=digits", f"data.exclude={tmp_path / 'exclude.txt'}", "train.steps=40",
+                            "objective.name=cmsf", "objective.constraint=cross_modal", "objective.bank_size=64"])
+    from nclip.objectives.base import FrozenEmbedding, LabelRequest
+
+    data = train_loader(cfg, CaptionTokenizer(cfg.data.text_length), views=2,
+                        labels=LabelRequest(optional=True, frozen=FrozenEmbedding()))
+    seen = {i for batch in data for i in batch[-1].tolist()}
+    assert seen and not seen & excluded and len(seen) > 600  # 40 × 16 draws over the 808 kept digits
+    bad = tmp_path / "none.txt"
+    bad.write_text("\n".join(f"digits:train:{i}" for i in range(1212)))
+    with pytest.raises(NclipError, match="leaves no training sample"):
+        train_loader(resolve("micro", ["data.source=digits", f"data.exclude={bad}"]), CaptionTokenizer(16))

@@ -250,6 +250,38 @@ class _Keyed(Dataset):
         return image, caption, bad, labels, step, index
 
 
+def _kept(cfg: RunConfig, rows, n: int) -> np.ndarray:
+    """Dataset indices of the training split that are not in ``data.exclude`` (the identifiers
+    ``nclip data dedup`` writes: image paths for CSV and folder sources, ``source:train:i`` for
+    built-in data), so that evaluation images never leak into pre-training."""
+    from nclip.data.dedup import load_exclusions
+
+    excluded = load_exclusions(cfg.data.exclude)
+    if cfg.data.source in BUILTIN_SOURCES:
+        ids = (f"{cfg.data.source}:train:{i}" for i in range(n))
+    else:  # a CSV's resolved image paths, a folder's files
+        ids = (str(p) for p in (rows if cfg.data.source == "csv" else rows.paths))
+    kept = np.asarray([i for i, name in enumerate(ids) if name not in excluded], dtype=np.int64)
+    if len(kept) == 0:
+        raise NclipError(f"data.exclude {cfg.data.exclude} leaves no training sample")
+    return kept
+
+
+class _Excluding(Dataset):
+    """A keyed dataset restricted to the dataset indices ``kept``: the sampler draws positions in
+    ``kept``, items keep their own dataset index (labels, noise and frozen embeddings follow it)."""
+
+    def __init__(self, dataset: Dataset, kept: np.ndarray):
+        self.dataset, self.kept = dataset, kept
+
+    def __len__(self) -> int:
+        return len(self.kept)
+
+    def __getitem__(self, key) -> tuple:
+        step, position = key
+        return self.dataset[(step, int(self.kept[position]))]
+
+
 class StepBatches(torch.utils.data.Sampler):
     """Lists of (step, dataset index) keys: this rank's share of every global batch, from
     ``start_step`` on.
@@ -427,8 +459,9 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
         n = len(samples)
         if n == 0:
             raise NclipError("the training dataset is empty")
-    sampler = StepBatches(n, cfg.train.batch_size, cfg.train.steps, cfg.seed, start_step, rank,
-                          world_size, d.hard_negative_group)  # group > 1 only for synthetic scenes (validated)
+    kept = _kept(cfg, pairs.images if d.source == "csv" else samples, n) if d.exclude else None
+    sampler = StepBatches(n if kept is None else len(kept), cfg.train.batch_size, cfg.train.steps, cfg.seed,
+                          start_step, rank, world_size, d.hard_negative_group)  # group > 1: synthetic only
     row_labels, key = None, None
     if want is not None:
         key, space = label_space(cfg, want.key)
@@ -442,6 +475,8 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
         side = csv_view_side(d.image_size) if d.source == "folder" else None
         dataset = TrainPairs(samples, cfg, raw=views == 2, labels=row_labels, label_key=key, tags=tags, raw_side=side)
         what = d.folder if d.source == "folder" else d.source
+    if kept is not None:
+        dataset = _Excluding(dataset, kept)
     two = None
     if views == 2:
         from nclip.data.views import TwoViews
