@@ -200,6 +200,8 @@ class TrainConfig(_Section):
 class EvalConfig(_Section):
     samples: int = Field(1000, ge=10, description="held-out synthetic pairs for the end-of-run eval")
     batch_size: int = Field(EVAL_BATCH_SIZE, ge=1)  # the same default as `nclip eval --batch-size`
+    # nCLIP head's −L_CE (xCLIP Eq. 2): symmetrised (Sec. 3.1) or image→text only; `nclip eval --nclip-score`
+    nclip_score: Literal["symmetric", "image_to_text"] = "symmetric"
 
 
 def _objective_union():

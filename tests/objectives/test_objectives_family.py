@@ -175,7 +175,7 @@ def test_yclip_matches_eq2_eq3(seed, b, k, lam1, lam2):
 def test_yclip_module_terms():
     h_i, h_t = leaves((6, 10), (6, 10), seed=6)
     obj = build_objective(YclipConfig(lambda1=0.5, lambda2=1.5))
-    assert obj.heads == frozenset({"nclip"}) and obj.zero_shot_head == "nclip"
+    assert obj.heads == frozenset({"nclip"}) and obj.zero_shot_head == "yclip"  # scored with its S
     t = obj(encoder_output(h_i, h_t, scale=5.0))
     p, q = torch.softmax(h_i, 1), torch.softmax(h_t, 1)
     ce = -((p * q.log()).sum(1) + (q * p.log()).sum(1)).mean() / 2

@@ -124,7 +124,8 @@ class Objective(nn.Module):
     # which projection heads the model must build: clip, nclip, proto, cmsf (online projection,
     # predictor and momentum branch), xent (a linear classifier on the image features)
     heads: ClassVar[frozenset[str]]
-    # the head used for zero-shot transfer and retrieval (paper's default); None: the objective
+    # the score used for zero-shot transfer and retrieval (paper's default): "clip" (cosine, CLIP
+    # head), "nclip" (−L_CE, nCLIP head), "yclip" (yCLIP's S, nCLIP head); None: the objective
     # trains no text-aligned head, so evaluation reports k-NN / linear probes instead
     zero_shot_head: ClassVar[str | None]
     # True: trained by nclip.train.episodic (per-episode prototypes; forward takes per-row targets)

@@ -23,7 +23,9 @@ class YclipConfig(EntropyWeights):
 
 class YclipObjective(Objective):
     heads = frozenset({"nclip"})
-    zero_shot_head = "nclip"
+    # scored with its own S (App. B.2 Eq. 2; Eq. 8 of the main text trains on it), not nCLIP's −L_CE:
+    # the "yclip" score reads the nCLIP head (nclip.eval.settings.MODEL_HEAD)
+    zero_shot_head = "yclip"
     head_stats_prefix = "yclip"
 
     def __init__(self, cfg: YclipConfig):

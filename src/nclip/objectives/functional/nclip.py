@@ -108,21 +108,44 @@ def xclip_loss(
     return w_clip * clip + w_nclip * nclip
 
 
-def nclip_similarity(image_logits: torch.Tensor, text_logits: torch.Tensor) -> torch.Tensor:
-    """nCLIP's zero-shot score −L_CE (Sec. 3.1): S[i, j] = Σ_k p_i,k · log q_j,k.
+NCLIP_SCORES = ("symmetric", "image_to_text")
 
-    image_logits: [N_img, K], text_logits: [N_txt, K] → [N_img, N_txt]. Higher is more similar.
-    """
+
+def _check_score_logits(image_logits: torch.Tensor, text_logits: torch.Tensor, name: str) -> None:
     if image_logits.ndim != 2 or text_logits.ndim != 2:
-        raise ValueError("nclip_similarity expects 2-D logits [N, K]")
+        raise ValueError(f"{name} expects 2-D logits [N, K]")
     if image_logits.shape[1] != text_logits.shape[1]:
-        raise ValueError(
-            f"nclip_similarity: head widths differ ({image_logits.shape[1]} vs {text_logits.shape[1]})"
-        )
-    p_img = F.softmax(image_logits, dim=1)  # [N_img, K]
-    log_q = F.log_softmax(text_logits, dim=1)  # [N_txt, K]
-    return p_img @ log_q.T
+        raise ValueError(f"{name}: head widths differ ({image_logits.shape[1]} vs {text_logits.shape[1]})")
 
+
+def nclip_similarity(
+    image_logits: torch.Tensor, text_logits: torch.Tensor, score: str = "symmetric"
+) -> torch.Tensor:
+    """nCLIP's zero-shot score −L_CE (Sec. 3.1: "we utilize negative cross-entropy −L_CE as the
+    similarity metric"), image_logits [N_img, K], text_logits [N_txt, K] → [N_img, N_txt], in float32
+    (float64 inputs stay float64). Higher is more similar. With p_i = softmax(image_logits[i]) and
+    q_j = softmax(text_logits[j]):
+
+    ``symmetric`` (default): L_CE of Eq. (2) is "symmetrized as L_CLIP" (Sec. 3.1), i.e. the average of
+        the two directions, so S[i, j] = −(CE(p_i, q_j) + CE(q_j, p_i)) / 2
+        = ½ (Σ_k p_i,k log q_j,k + Σ_k q_j,k log p_i,k);
+    ``image_to_text``: the one direction of Eq. (2) with the image as target,
+        S[i, j] = −CE(p_i, q_j) = Σ_k p_i,k log q_j,k (nclip's score before issue 15).
+    """
+    _check_score_logits(image_logits, text_logits, "nclip_similarity")
+    if score not in NCLIP_SCORES:
+        raise ValueError(f"nclip_similarity: score must be one of {NCLIP_SCORES}, got {score!r}")
+    image_logits, text_logits = _at_least_float32(image_logits), _at_least_float32(text_logits)
+    log_p = F.log_softmax(image_logits, dim=1)  # [N_img, K]
+    log_q = F.log_softmax(text_logits, dim=1)  # [N_txt, K]
+    i2t = log_p.exp() @ log_q.T  # [N_img, N_txt]: Σ_k p_i,k log q_j,k
+    if score == "image_to_text":
+        return i2t
+    return (i2t + log_p @ log_q.exp().T) / 2  # + Σ_k q_j,k log p_i,k
+
+
+def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
 # ============================================================================================
