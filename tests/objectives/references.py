@@ -79,10 +79,14 @@ def ref_swav_sinkhorn(out, epsilon, n_iters):
 
 
 def ref_target(f, tau_s, uniform, iters=3, center=None, eps=1e-5):
-    """p = uniform(softmax(f / τ_s)) of Algorithm 1 (centering before the softmax, Tab. A1 †)."""
+    """p = uniform(softmax(f / τ_s)) of Algorithm 1. Centering (Tab. A1 †: before the softmax; App. A:
+    running mean, "additional running variance and scale parameters"), element by element:
+    z_bk = γ_k (f_bk − μ_k) / sqrt(v_k + ε), with μ, v constants and γ learnable."""
     if uniform == "centering":
-        mean, var = center
-        f = (f - mean) / torch.sqrt(var + eps)
+        mean, var, scale = center
+        mean, var = mean.detach(), var.detach()
+        f = torch.stack([torch.stack([scale[k] * (f[b, k] - mean[k]) / torch.sqrt(var[k] + eps)
+                                      for k in range(f.shape[1])]) for b in range(f.shape[0])])
     p = torch.softmax(f / tau_s, dim=1)
     if uniform == "sinkhorn":  # Sinkhorn's scalings as constants: p = P·(Q/P) with Q/P detached
         q = ref_swav_sinkhorn(torch.log(p.detach()), 1.0, iters)
