@@ -291,9 +291,29 @@ def test_modules_report_diagnostics(name):
     g_i, g_t, h_i, h_t = leaves((4, 3), (4, 3), (4, 6), (4, 6), seed=9)
     terms = build_objective(REGISTRY[name][0]())(encoder_output(h_i, h_t, g_i, g_t))
     prefix = "unified" if name == "unified" else "nclip"
-    for key in ("L_CE", "L_EH", "L_HE", "L_KL", "acc_nC", "row_std", "col_std", "usage"):
+    for key in ("L_CE", "L_EH", "L_HE", "L_KL", "acc_nC", "row_std", "col_std", "logit_row_std", "logit_col_std",
+                "usage"):
         assert f"{prefix}/{key}" in terms
     assert not terms[f"{prefix}/usage"].requires_grad
+
+
+@pytest.mark.parametrize("name", ["nclip", "xclip", "unified", "yclip"])
+def test_logged_logit_column_std_of_a_batchnormed_batch_is_one(name):
+    """Fig. B1 (a): "Std converges to 1 if training is stable due to Batch Normalization" holds for
+    the logits (the head's last BN(affine=False) standardises every column of a training batch), not
+    for the probabilities P, whose columns have std <= 1/2."""
+    k, b = 16, 32
+    bn = torch.nn.BatchNorm1d(k, affine=False).train()
+    g = torch.Generator().manual_seed(10)
+    h_i, h_t = (bn(4 * torch.randn(b, k, generator=g) + 2).detach() for _ in range(2))
+    g_i, g_t = (torch.randn(b, 5, generator=g) for _ in range(2))
+    terms = build_objective(REGISTRY[name][0]())(encoder_output(h_i, h_t, g_i, g_t))
+    prefix = REGISTRY[name][1].head_stats_prefix
+    assert abs(terms[f"{prefix}/logit_col_std"].item() - 1) < 1e-3
+    assert terms[f"{prefix}/col_std"].item() < 0.5
+    # the row std of the logits is the population std over the K prototypes of each row
+    row = torch.stack([torch.sqrt(((r - r.mean()) ** 2).mean()) for r in h_i]).mean()
+    torch.testing.assert_close(terms[f"{prefix}/logit_row_std"], row)
 
 
 # ---- 2 ranks (gloo) against 1 process, float64: losses, gradients, statistics ----------------

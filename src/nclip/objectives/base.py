@@ -9,6 +9,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+# the detached nCLIP-head statistics every objective with such a head logs under its
+# head_stats_prefix (functional.distribution_diagnostics): Tab. B2's Acc_nC, Fig. B1's row/column
+# std of P and of the logits, prototype usage
+HEAD_STAT_KEYS = ("acc_nC", "row_std", "col_std", "logit_row_std", "logit_col_std", "usage")
+
 
 @dataclass
 class EncoderOutput:
@@ -130,8 +135,8 @@ class Objective(nn.Module):
     zero_shot_head: ClassVar[str | None]
     # True: trained by nclip.train.episodic (per-episode prototypes; forward takes per-row targets)
     episodic: ClassVar[bool] = False
-    # namespace of the logged nCLIP-head statistics (L_CE, L_EH, L_HE, L_KL, row_std, col_std,
-    # usage) that the collapse monitor and the sweep's Fig. B1 curves read; None: no such head
+    # namespace of the logged nCLIP-head statistics (L_CE, L_EH, L_HE, L_KL and HEAD_STAT_KEYS)
+    # that the collapse monitor and the sweep's Fig. B1 curves read; None: no such head
     head_stats_prefix: ClassVar[str | None] = None
     # augmented views per image in a training batch: 1 = pixels [B, 3, S, S]; 2 = [B, 2, 3, S, S],
     # the online (strong) view first and the target (weak) view second (nclip.data.views)

@@ -69,7 +69,7 @@ from pydantic import Field
 from torch import nn
 
 from nclip.objectives import functional
-from nclip.objectives.base import EncoderOutput, EntropyWeights, Objective
+from nclip.objectives.base import HEAD_STAT_KEYS, EncoderOutput, EntropyWeights, Objective
 
 # Tab. A1, one entry per row: overrides of UnifiedConfig's fields.
 TABLE_A1_SETTINGS: dict[str, dict[str, Any]] = {
@@ -206,5 +206,5 @@ class UnifiedObjective(Objective):
         if cfg.uniform == "centering" and self.training:
             self._update_centers(out.image_logits, out.text_logits)
         named = {"L_CE": terms["ce"], "L_EH": terms["eh"], "L_HE": terms["he"], "L_KL": terms["kl"]}
-        named.update({k: terms[k] for k in ("acc_nC", "row_std", "col_std", "usage")})
+        named.update({k: terms[k] for k in HEAD_STAT_KEYS})
         return {"loss": terms["loss"], **{f"unified/{k}": v for k, v in named.items()}}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from nclip.objectives.base import EncoderOutput, EntropyWeights, Objective
+from nclip.objectives.base import HEAD_STAT_KEYS, EncoderOutput, EntropyWeights, Objective
 from nclip.objectives.functional import yclip_terms
 
 
@@ -49,6 +49,6 @@ class YclipObjective(Objective):
             "L_KL": t["kl"],
             "acc_i2t": t["acc_i2t"],  # Acc_C of Tab. B2
             "acc_t2i": t["acc_t2i"],
-            **{k: t[k] for k in ("acc_nC", "row_std", "col_std", "usage")},
+            **{k: t[k] for k in HEAD_STAT_KEYS},
         }
         return {"loss": t["loss"], **{f"yclip/{k}": v for k, v in named.items()}}

@@ -149,12 +149,17 @@ def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
 
 
 # ============================================================================================
-# Diagnostics of the distribution head: Acc_nC (Tab. B2), row/column std of P (Fig. B1), usage
+# Diagnostics of the distribution head: Acc_nC (Tab. B2), row/column std of P and of the logits
+# (Fig. B1), usage
 # ============================================================================================
 
 @torch.no_grad()
 def distribution_diagnostics(
-    image_logits: torch.Tensor, text_logits: torch.Tensor, *, global_batch: bool = True
+    image_logits: torch.Tensor,
+    text_logits: torch.Tensor,
+    *,
+    global_batch: bool = True,
+    raw_logits: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Cheap, detached statistics of the nCLIP head (Appendix B.1, Fig. B1 and Tab. B2).
 
@@ -170,7 +175,13 @@ def distribution_diagnostics(
             prototypes (0 for a uniform p_i; sqrt(K-1)/K for a one-hot p_i);
         ``col_std``: mean over prototypes k of std_i(P[i, k]), the population std over the batch
             (0 when every sample has the same distribution);
-        ``usage``: fraction of the K prototypes that are the argmax of at least one image.
+        ``usage``: fraction of the K prototypes that are the argmax of at least one image;
+        ``logit_row_std``, ``logit_col_std``: the same two stds of the image logits themselves
+            (``raw_logits`` when given, e.g. the logits behind targets passed as log-probabilities,
+            else ``image_logits``). Fig. B1 (a)'s "Std converges to 1 if training is stable due to
+            Batch Normalization" holds for these: the head's last BatchNorm(affine=False) makes
+            every logit column of a training batch mean 0, variance 1, whereas a column of P
+            (values in [0, 1], rows summing to 1) has std at most 1/2 (issue 15).
     P is the image side, as B.1's P = [p_1, ..., p_B]. Population (biased) stds keep every value
     defined for a batch of one.
     """
@@ -184,12 +195,22 @@ def distribution_diagnostics(
     arg_i = image_logits.detach().argmax(dim=1)  # [B]
     arg_t = text_logits.detach().argmax(dim=1)  # [B]
     acc = mean((arg_i == arg_t).float().mean())
-    row_std = mean(p.std(dim=1, unbiased=False).mean())
-    col_mean = mean(p.mean(dim=0))  # [K], global batch mean of each prototype's probability
-    col_var = mean((p - col_mean).square().mean(dim=0))  # [K], global population variance
-    col_std = col_var.sqrt().mean()
+    p_std = _row_col_std(p, mean, prefix="")  # global batch: col mean, then population variance
+    row_std, col_std = p_std["row_std"], p_std["col_std"]
     counts = torch.bincount(arg_i, minlength=p.shape[1]).float()  # [K]
     if dist_on:
         counts = collectives.all_reduce_sum_no_grad(counts)
     usage = (counts > 0).float().mean()
-    return {"acc_nC": acc, "row_std": row_std, "col_std": col_std, "usage": usage}
+    stats = {"acc_nC": acc, "row_std": row_std, "col_std": col_std, "usage": usage}
+    raw = logits if raw_logits is None else _at_least_float32(raw_logits.detach())
+    stats.update(_row_col_std(raw, mean, prefix="logit_"))
+    return stats
+
+
+def _row_col_std(x: torch.Tensor, mean, prefix: str) -> dict[str, torch.Tensor]:
+    """Mean over rows of the std over columns and mean over columns of the std over the (global)
+    batch, population stds of [B, K] ``x``; ``mean`` averages over ranks (identity on one)."""
+    row_std = mean(x.std(dim=1, unbiased=False).mean())
+    col_mean = mean(x.mean(dim=0))  # [K]
+    col_std = mean((x - col_mean).square().mean(dim=0)).sqrt().mean()
+    return {f"{prefix}row_std": row_std, f"{prefix}col_std": col_std}

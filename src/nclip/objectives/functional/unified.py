@@ -211,8 +211,8 @@ def unified_terms(
         L_HE = −(p̄_I·log p̄_I + p̄_T·log p̄_T), loss = (L_CE + λ1·L_EH − λ2·L_HE) / 2,
     returned as the modality means ``ce``, ``eh``, ``he`` (so ``loss`` = ce + λ1·eh − λ2·he, as in
     :func:`nclip_terms`), ``kl`` = ce − eh (detached), and the detached diagnostics of
-    :func:`distribution_diagnostics` computed on the targets p. The CE is cross-modal, as in the
-    main text's transcription of the algorithm (p_I·log q_T + p_T·log q_I); the appendix copy
+    :func:`distribution_diagnostics` computed on the targets p (the ``logit_*`` stds on f_I). The
+    CE is cross-modal, as in the main text's transcription of the algorithm (p_I·log q_T + p_T·log q_I); the appendix copy
     prints p_I·log q_I, which would not couple the modalities at all. With τ_s = τ and
     uniform='none' this is exactly :func:`nclip_terms`.
     """
@@ -238,7 +238,8 @@ def unified_terms(
     log_pbar_t = batch_mean_log_prob(log_p_t, global_batch=global_batch)  # [K]
     he = -((log_pbar_i.exp() * log_pbar_i).sum() + (log_pbar_t.exp() * log_pbar_t).sum()) / 2
     loss = ce + lambda1 * eh - lambda2 * he
-    diag = distribution_diagnostics(log_p_i, log_p_t, global_batch=global_batch)
+    diag = distribution_diagnostics(log_p_i, log_p_t, global_batch=global_batch,
+                                    raw_logits=image_logits)  # P of the targets, logit stds of f_I
     return {"loss": loss, "ce": ce, "eh": eh, "he": he, "kl": (ce - eh).detach(), **diag}
 
 
