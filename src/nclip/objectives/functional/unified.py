@@ -212,8 +212,8 @@ def unified_terms(
     returned as the modality means ``ce``, ``eh``, ``he`` (so ``loss`` = ce + λ1·eh − λ2·he, as in
     :func:`nclip_terms`), ``kl`` = ce − eh (detached), and the detached diagnostics of
     :func:`distribution_diagnostics` computed on the targets p (the ``logit_*`` stds on f_I). The
-    CE is cross-modal, as in the main text's transcription of the algorithm (p_I·log q_T + p_T·log q_I); the appendix copy
-    prints p_I·log q_I, which would not couple the modalities at all. With τ_s = τ and
+    CE is cross-modal, as in the main text's transcription of the algorithm (p_I·log q_T +
+    p_T·log q_I); the appendix copy prints p_I·log q_I, which would not couple the modalities at all. With τ_s = τ and
     uniform='none' this is exactly :func:`nclip_terms`.
     """
     check_pair(image_logits, text_logits, "image_logits", "text_logits")
