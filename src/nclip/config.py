@@ -253,6 +253,8 @@ class EvalConfig(_Section):
     # the image features the end-of-run probes read (objectives without a zero-shot head): None = the
     # objective's paper default (Objective.probe_features); as `nclip eval --features`
     probe_features: Literal[tuple(PROBE_FEATURES)] | None = None  # type: ignore[valid-type]
+    # nCLIP head's −L_CE (xCLIP Eq. 2): symmetrised (Sec. 3.1) or image→text only; `nclip eval --nclip-score`
+    nclip_score: Literal["symmetric", "image_to_text"] = "symmetric"
 
 
 def _objective_union():

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from nclip.eval import diagnostics, masks, multilabel, probe, realms, retrieval, sts, zeroshot
-from nclip.eval.features import ensemble
+from nclip.eval.features import ensemble, similarity
 
 
 def _blobs(n_per, centres, noise=0.05, seed=0):
@@ -67,13 +67,40 @@ def test_prompt_ensemble_clip_and_nclip():
         assert torch.allclose(out["features"][c], feats[rows].mean(0), atol=1e-6)
 
 
+def _minus_ce_loops(img, cls, symmetric):
+    p, q = F.softmax(img.double(), 1), F.softmax(cls.double(), 1)
+    ce = lambda a, b: -float((a * b.log()).sum())  # noqa: E731  Eq. 2: CE(a, b) = −aᵀ log b
+    return torch.tensor([[-(ce(p[i], q[j]) + ce(q[j], p[i])) / 2 if symmetric else -ce(p[i], q[j])
+                          for j in range(len(q))] for i in range(len(p))], dtype=torch.float64)
+
+
 def test_zeroshot_nclip_head_scores_are_minus_cross_entropy():
     g = torch.Generator().manual_seed(2)
-    img, cls = torch.randn(5, 7, generator=g), torch.randn(3, 7, generator=g)
+    img, cls = 2 * torch.randn(30, 7, generator=g), 2 * torch.randn(4, 7, generator=g)
+    # default: −L_CE symmetrised (xCLIP Sec. 3.1, Eq. 2); image_to_text: the one direction
     s = zeroshot.scores({"logits": img}, {"logits": cls}, "nclip")
-    p, logq = F.softmax(img, 1), F.log_softmax(cls, 1)
-    ref = torch.tensor([[float((p[i] * logq[j]).sum()) for j in range(3)] for i in range(5)])
-    assert torch.allclose(s, ref, atol=1e-6)
+    assert s.dtype == torch.float32
+    assert torch.allclose(s.double(), _minus_ce_loops(img, cls, True), atol=1e-5)
+    one = zeroshot.scores({"logits": img}, {"logits": cls}, "nclip", "image_to_text")
+    assert torch.allclose(one.double(), _minus_ce_loops(img, cls, False), atol=1e-5)
+    assert (s.argmax(1) != one.argmax(1)).any()
+    # retrieval scores the same way
+    assert torch.equal(similarity({"logits": img}, {"logits": cls}, "nclip"), s)
+
+
+def test_yclip_is_scored_with_its_own_s():
+    from nclip.eval.settings import HEADS, MODEL_HEAD
+    from nclip.objectives import REGISTRY
+
+    g = torch.Generator().manual_seed(3)
+    img, txt = 2 * torch.randn(6, 9, generator=g), 2 * torch.randn(5, 9, generator=g)
+    head = REGISTRY["yclip"][1].zero_shot_head
+    assert head in HEADS and MODEL_HEAD[head] == "nclip"  # S reads the nCLIP head's logits
+    p, q = F.softmax(img.double(), 1), F.softmax(txt.double(), 1)
+    s_ref = p @ q.log().T + p.log() @ q.T  # App. B.2 Eq. 2: S_ij = p_i·log q_j + log p_i·q_j
+    for sim in (similarity({"logits": img}, {"logits": txt}, head),
+                zeroshot.scores({"logits": img}, {"logits": txt}, head, "image_to_text")):  # nclip_score ignored
+        assert torch.allclose(sim.double(), s_ref, atol=1e-5)
 
 
 # ---------------------------------------------------------------- 2. retrieval

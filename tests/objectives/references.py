@@ -34,6 +34,35 @@ def ref_nclip(h_i, h_t, lam1, lam2):
     return (l_ce + lam1 * l_eh - lam2 * l_he) / 2
 
 
+def ref_cross_entropy(a, b):
+    """Eq. (2) for one pair of distributions: CE(a, b) = −aᵀ log b, an explicit sum over k."""
+    return -sum(a[k] * torch.log(b[k]) for k in range(a.shape[0]))
+
+
+def ref_nclip_score(h_i, h_t, score="symmetric"):
+    """nCLIP's zero-shot score −L_CE (Sec. 3.1) for every image i and text j, pair by pair:
+    symmetric (Eq. 2 "symmetrized as L_CLIP"): −(CE(p_i, q_j) + CE(q_j, p_i)) / 2;
+    image_to_text: −CE(p_i, q_j)."""
+    p, q = torch.softmax(h_i, 1), torch.softmax(h_t, 1)
+    rows = []
+    for i in range(p.shape[0]):
+        row = []
+        for j in range(q.shape[0]):
+            if score == "symmetric":
+                row.append(-(ref_cross_entropy(p[i], q[j]) + ref_cross_entropy(q[j], p[i])) / 2)
+            else:
+                row.append(-ref_cross_entropy(p[i], q[j]))
+        rows.append(torch.stack(row))
+    return torch.stack(rows)
+
+
+def ref_yclip_score(h_i, h_t):
+    """yCLIP's S of App. B.2 Eq. 2: S_ij = p_i·log q_j + log p_i·q_j."""
+    p, q = torch.softmax(h_i, 1), torch.softmax(h_t, 1)
+    return torch.stack([torch.stack([(p[i] * q[j].log()).sum() + (p[i].log() * q[j]).sum()
+                                     for j in range(q.shape[0])]) for i in range(p.shape[0])])
+
+
 def ref_swav_sinkhorn(out, epsilon, n_iters):
     """SwAV's distributed_sinkhorn (single process), line by line, in the probability domain."""
     with torch.no_grad():
@@ -50,10 +79,14 @@ def ref_swav_sinkhorn(out, epsilon, n_iters):
 
 
 def ref_target(f, tau_s, uniform, iters=3, center=None, eps=1e-5):
-    """p = uniform(softmax(f / τ_s)) of Algorithm 1 (centering before the softmax, Tab. A1 †)."""
+    """p = uniform(softmax(f / τ_s)) of Algorithm 1. Centering (Tab. A1 †: before the softmax; App. A:
+    running mean, "additional running variance and scale parameters"), element by element:
+    z_bk = γ_k (f_bk − μ_k) / sqrt(v_k + ε), with μ, v constants and γ learnable."""
     if uniform == "centering":
-        mean, var = center
-        f = (f - mean) / torch.sqrt(var + eps)
+        mean, var, scale = center
+        mean, var = mean.detach(), var.detach()
+        f = torch.stack([torch.stack([scale[k] * (f[b, k] - mean[k]) / torch.sqrt(var[k] + eps)
+                                      for k in range(f.shape[1])]) for b in range(f.shape[0])])
     p = torch.softmax(f / tau_s, dim=1)
     if uniform == "sinkhorn":  # Sinkhorn's scalings as constants: p = P·(Q/P) with Q/P detached
         q = ref_swav_sinkhorn(torch.log(p.detach()), 1.0, iters)

@@ -7,7 +7,7 @@ import torch
 
 from nclip.objectives import functional
 
-from references import leaves, ref_clip, ref_nclip
+from references import leaves, ref_clip, ref_nclip, ref_nclip_score, ref_yclip_score
 
 
 @pytest.mark.parametrize("seed,b,d", [(0, 1, 3), (1, 5, 8), (2, 16, 4)])
@@ -89,13 +89,31 @@ def test_batch_of_one_has_zero_mean_entropy_gap():
 
 def test_nclip_similarity_is_negative_cross_entropy():
     h_i, h_t = leaves((4, 9), (3, 9), seed=11)
-    s = functional.nclip_similarity(h_i, h_t)
-    p = torch.softmax(h_i, 1)
-    q = torch.softmax(h_t, 1)
-    ref = torch.stack([torch.stack([(p[i] * q[j].log()).sum() for j in range(3)]) for i in range(4)])
-    torch.testing.assert_close(s, ref)
-    # the diagonal of -L_CE on identical inputs is -entropy, the maximum over a row for sharp p
+    s = functional.nclip_similarity(h_i, h_t, "image_to_text")
+    torch.testing.assert_close(s, ref_nclip_score(h_i, h_t, "image_to_text"))
     assert s.shape == (4, 3)
+
+
+def test_nclip_similarity_default_is_symmetrised_eq2():
+    # issue 15: the paper's zero-shot metric is −L_CE with L_CE symmetrised (Sec. 3.1, Eq. 2)
+    h_i, h_t = leaves((40, 12), (6, 12), seed=12, scale=2.0)
+    sym = functional.nclip_similarity(h_i, h_t)
+    torch.testing.assert_close(sym, ref_nclip_score(h_i, h_t, "symmetric"), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(functional.nclip_similarity(h_i, h_t, "symmetric"), sym)
+    one = functional.nclip_similarity(h_i, h_t, "image_to_text")
+    assert (sym.argmax(1) != one.argmax(1)).any()  # the two scores pick different classes for some rows
+    # float32 in, float32 out; half precision is scored in float32
+    s32 = functional.nclip_similarity(h_i.detach().float(), h_t.detach().float())
+    assert s32.dtype == torch.float32
+    assert functional.nclip_similarity(h_i.detach().bfloat16(), h_t.detach().bfloat16()).dtype == torch.float32
+    with pytest.raises(ValueError, match="score must be one of"):
+        functional.nclip_similarity(h_i, h_t, "text_to_image")
+
+
+def test_yclip_similarity_is_s_of_eq2():
+    h_i, h_t = leaves((7, 10), (5, 10), seed=13, scale=2.0)
+    torch.testing.assert_close(functional.yclip_similarity(h_i, h_t), ref_yclip_score(h_i, h_t),
+                               rtol=1e-12, atol=1e-12)
 
 
 def test_clip_diagnostics():

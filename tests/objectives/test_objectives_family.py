@@ -71,14 +71,17 @@ def test_unified_matches_algorithm1(uniform, seed, b, k):
     lam1, lam2 = float(torch.rand(1, generator=g)), 1 + float(torch.rand(1, generator=g))
     h_i, h_t = leaves((b, k), (b, k), seed=seed, scale=2.0)
     kw, ref_kw = {"uniform": uniform, "sinkhorn_iters": 4}, {"iters": 4}
-    if uniform == "centering":
-        ci = (torch.randn(k, generator=g, dtype=torch.float64), torch.rand(k, generator=g, dtype=torch.float64) + 0.5)
-        ct = (torch.randn(k, generator=g, dtype=torch.float64), torch.rand(k, generator=g, dtype=torch.float64) + 0.5)
+    wrt = [h_i, h_t]
+    if uniform == "centering":  # (running mean, running variance, learnable scale) per modality
+        ci, ct = ((torch.randn(k, generator=g, dtype=torch.float64),
+                   torch.rand(k, generator=g, dtype=torch.float64) + 0.5,
+                   (torch.rand(k, generator=g, dtype=torch.float64) + 0.5).requires_grad_()) for _ in range(2))
         kw.update(image_center=ci, text_center=ct)
         ref_kw.update(ci=ci, ct=ct)
+        wrt += [ci[2], ct[2]]  # gradients of the scale parameters too
     ours = functional.unified_loss(h_i, h_t, tau_s, tau, lam1, lam2, **kw)
     ref = ref_unified(h_i, h_t, tau_s, tau, lam1, lam2, uniform, **ref_kw)
-    assert_value_and_grads(ours, ref, [h_i, h_t])
+    assert_value_and_grads(ours, ref, wrt)
 
 
 def test_unified_terms_and_stop_grad():
@@ -117,8 +120,8 @@ def test_centering_running_statistics():
     cfg = UnifiedConfig.from_table_a1("DINO", center_momentum=0.8)
     obj = UnifiedObjective(cfg).train()
     g = torch.Generator().manual_seed(4)
-    stats = {side: (torch.zeros(6, dtype=torch.float64), torch.ones(6, dtype=torch.float64))
-             for side in ("image", "text")}
+    stats = {side: (torch.zeros(6, dtype=torch.float64), torch.ones(6, dtype=torch.float64),
+                    getattr(obj, f"center_scale_{side}")) for side in ("image", "text")}
     for _ in range(3):
         h_i, h_t = (3 * torch.randn(5, 6, generator=g, dtype=torch.float64) + 1 for _ in range(2))
         h_i.requires_grad_()
@@ -128,8 +131,8 @@ def test_centering_running_statistics():
                                                      ci=stats["image"], ct=stats["text"]))
         loss.backward()  # the in-place buffer update must not break autograd
         for side, h in (("image", h_i.detach()), ("text", h_t)):
-            mean, var = stats[side]  # C <- m C + (1 - m) batch statistic, population variance
-            stats[side] = (0.8 * mean + 0.2 * h.mean(0), 0.8 * var + 0.2 * h.var(0, unbiased=False))
+            mean, var, scale = stats[side]  # C <- m C + (1 - m) batch statistic, population variance
+            stats[side] = (0.8 * mean + 0.2 * h.mean(0), 0.8 * var + 0.2 * h.var(0, unbiased=False), scale)
             torch.testing.assert_close(getattr(obj, f"center_mean_{side}"), stats[side][0])
             torch.testing.assert_close(getattr(obj, f"center_var_{side}"), stats[side][1])
     obj.eval()
@@ -142,6 +145,59 @@ def test_centering_running_statistics():
     assert "center_mean_image" not in UnifiedObjective(UnifiedConfig()).state_dict()
 
 
+def test_centering_changes_the_target_of_logits_that_are_not_standardised():
+    # Tab. A1 †: p = softmax(γ ⊙ (f − μ) / sqrt(v + ε) / τ_s) (App. A: running variance and scale parameters)
+    g = torch.Generator().manual_seed(7)
+    f = 3 * torch.randn(9, 6, generator=g, dtype=torch.float64) + 2
+    mean, var = functional.batch_moments(f)
+    ones = torch.ones(6, dtype=torch.float64)
+    log_p = functional.unified_target_log_prob(f, 0.7, "centering", center=(mean, var, ones))
+    std = (f - f.mean(0)) / torch.sqrt(f.var(0, unbiased=False) + 1e-5)
+    torch.testing.assert_close(log_p, torch.log_softmax(std / 0.7, 1))
+    assert (log_p - torch.log_softmax(f / 0.7, 1)).abs().max() > 0.1
+    # on standardised logits the statistics are the identity and the scale parameters still act
+    gamma = torch.linspace(0.5, 2.0, 6, dtype=torch.float64)
+    scaled = functional.unified_target_log_prob(std, 0.7, "centering", center=(0 * ones, ones, gamma), center_eps=0)
+    torch.testing.assert_close(scaled, torch.log_softmax(gamma * std / 0.7, 1))
+    with pytest.raises(ValueError, match="running_mean, running_var, scale"):
+        functional.unified_target_log_prob(f, 0.7, "centering", center=(mean, var))
+
+
+def test_centering_row_differs_from_tau_s_only_row_on_batchnormed_logits():
+    """Issue 15: the nCLIP head ends in BatchNorm1d(affine=False), so the running mean/variance
+    converge to 0/1 and centering by them alone is the identity: Tab. A1's DINO row was the same loss
+    as its τ_s-only twin (uniform='none') to 1e-6. The scale parameters of App. A are trained and
+    make the rows differ."""
+    from types import SimpleNamespace
+
+    k = 8
+    bn = torch.nn.BatchNorm1d(k, affine=False).train()
+    g = torch.Generator().manual_seed(8)
+    batches = [(bn(3 * torch.randn(16, k, generator=g) + 1), bn(2 * torch.randn(16, k, generator=g) - 1))
+               for _ in range(20)]
+    run_cfg = SimpleNamespace(model=SimpleNamespace(nclip_dim=k))
+    dino = build_objective(UnifiedConfig.from_table_a1("DINO"), run_cfg).train()
+    tau_s_only = build_objective(UnifiedConfig.from_table_a1("DINO", uniform="none")).train()
+    scales = [p for n, p in dino.named_parameters() if n.startswith("center_scale")]
+    assert len(scales) == 2 and all(p.shape == (k,) and bool((p == 1).all()) for p in scales)  # γ = 1 at start
+    h_i, h_t = batches[0]
+    torch.testing.assert_close(dino(encoder_output(h_i, h_t))["loss"], tau_s_only(encoder_output(h_i, h_t))["loss"])
+    opt = torch.optim.SGD(dino.parameters(), lr=1.0)
+    for h_i, h_t in batches[1:]:
+        opt.zero_grad()
+        dino(encoder_output(h_i.detach(), h_t.detach()))["loss"].backward()
+        opt.step()
+    # the running statistics of BN outputs are (close to) the identity ...
+    torch.testing.assert_close(dino.center_mean_image, torch.zeros(k), atol=1e-6, rtol=0)
+    torch.testing.assert_close(dino.center_var_image, torch.ones(k), atol=0.1, rtol=0)
+    # ... and the trained scales make the row differ from the τ_s-only row on the same inputs
+    h_i, h_t = (x.detach() for x in batches[0])
+    d = dino.eval()(encoder_output(h_i, h_t))["loss"] - tau_s_only.eval()(encoder_output(h_i, h_t))["loss"]
+    assert abs(float(d.detach())) > 1e-3
+    frozen = UnifiedObjective(UnifiedConfig.from_table_a1("DINO", stop_grad_target=True), k)
+    assert not any(p.requires_grad for p in frozen.parameters())  # no gradient reaches γ through a detached target
+
+
 @pytest.mark.parametrize("magnitude", [1e2, 1e4])
 def test_unified_yclip_siglip_finite_for_extreme_inputs(magnitude):
     g = torch.Generator().manual_seed(5)
@@ -150,8 +206,8 @@ def test_unified_yclip_siglip_finite_for_extreme_inputs(magnitude):
         h_t = (magnitude * torch.randn(b, 32, generator=g)).requires_grad_()
         losses = [
             functional.unified_loss(h_i, h_t, 0.25, 1.0, 0.5, 1.5, uniform=u,
-                                    image_center=(torch.zeros(32), torch.zeros(32)),
-                                    text_center=(torch.zeros(32), torch.zeros(32)))
+                                    image_center=(torch.zeros(32), torch.zeros(32), torch.ones(32)),
+                                    text_center=(torch.zeros(32), torch.zeros(32), torch.ones(32)))
             for u in functional.UNIFORM_CHOICES
         ]
         losses += [functional.yclip_loss(h_i, h_t, torch.tensor(100.0)),
@@ -175,7 +231,7 @@ def test_yclip_matches_eq2_eq3(seed, b, k, lam1, lam2):
 def test_yclip_module_terms():
     h_i, h_t = leaves((6, 10), (6, 10), seed=6)
     obj = build_objective(YclipConfig(lambda1=0.5, lambda2=1.5))
-    assert obj.heads == frozenset({"nclip"}) and obj.zero_shot_head == "nclip"
+    assert obj.heads == frozenset({"nclip"}) and obj.zero_shot_head == "yclip"  # scored with its S
     t = obj(encoder_output(h_i, h_t, scale=5.0))
     p, q = torch.softmax(h_i, 1), torch.softmax(h_t, 1)
     ce = -((p * q.log()).sum(1) + (q * p.log()).sum(1)).mean() / 2
@@ -235,9 +291,29 @@ def test_modules_report_diagnostics(name):
     g_i, g_t, h_i, h_t = leaves((4, 3), (4, 3), (4, 6), (4, 6), seed=9)
     terms = build_objective(REGISTRY[name][0]())(encoder_output(h_i, h_t, g_i, g_t))
     prefix = "unified" if name == "unified" else "nclip"
-    for key in ("L_CE", "L_EH", "L_HE", "L_KL", "acc_nC", "row_std", "col_std", "usage"):
+    for key in ("L_CE", "L_EH", "L_HE", "L_KL", "acc_nC", "row_std", "col_std", "logit_row_std", "logit_col_std",
+                "usage"):
         assert f"{prefix}/{key}" in terms
     assert not terms[f"{prefix}/usage"].requires_grad
+
+
+@pytest.mark.parametrize("name", ["nclip", "xclip", "unified", "yclip"])
+def test_logged_logit_column_std_of_a_batchnormed_batch_is_one(name):
+    """Fig. B1 (a): "Std converges to 1 if training is stable due to Batch Normalization" holds for
+    the logits (the head's last BN(affine=False) standardises every column of a training batch), not
+    for the probabilities P, whose columns have std <= 1/2."""
+    k, b = 16, 32
+    bn = torch.nn.BatchNorm1d(k, affine=False).train()
+    g = torch.Generator().manual_seed(10)
+    h_i, h_t = (bn(4 * torch.randn(b, k, generator=g) + 2).detach() for _ in range(2))
+    g_i, g_t = (torch.randn(b, 5, generator=g) for _ in range(2))
+    terms = build_objective(REGISTRY[name][0]())(encoder_output(h_i, h_t, g_i, g_t))
+    prefix = REGISTRY[name][1].head_stats_prefix
+    assert abs(terms[f"{prefix}/logit_col_std"].item() - 1) < 1e-3
+    assert terms[f"{prefix}/col_std"].item() < 0.5
+    # the row std of the logits is the population std over the K prototypes of each row
+    row = torch.stack([torch.sqrt(((r - r.mean()) ** 2).mean()) for r in h_i]).mean()
+    torch.testing.assert_close(terms[f"{prefix}/logit_row_std"], row)
 
 
 # ---- 2 ranks (gloo) against 1 process, float64: losses, gradients, statistics ----------------

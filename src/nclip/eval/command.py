@@ -1,8 +1,9 @@
 """The ``nclip eval`` subcommand (registered by :mod:`nclip.cli`).
 
     nclip eval --checkpoint RUN_DIR --out DIR [--tasks zeroshot,linear,...] [--dataset SPEC ...]
-               [--head clip|nclip] [--features backbone|clip|nclip|proto]
-               [--baseline RUN_DIR] [--cache-dir DIR | --no-cache] [--no-report]
+               [--head clip|nclip|yclip] [--nclip-score symmetric|image_to_text]
+               [--features backbone|clip|nclip|proto] [--baseline RUN_DIR] [--cache-dir DIR | --no-cache]
+               [--no-report]
     nclip eval compare EVAL_A EVAL_B ... [--out FILE.md]
 """
 
@@ -30,7 +31,10 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="output directory for results.json and report.html")
     p.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated subset of: {','.join(TASKS)}")
     p.add_argument("--dataset", dest="datasets", action="append", metavar="SPEC", help=_DATASET_HELP)
-    p.add_argument("--head", choices=["clip", "nclip"], help="zero-shot head (default: the objective's)")
+    p.add_argument("--head", choices=["clip", "nclip", "yclip"],
+                   help="zero-shot score: clip cosine, nclip −L_CE, yclip S (default: the objective's)")
+    p.add_argument("--nclip-score", choices=["symmetric", "image_to_text"],
+                   help="nCLIP's −L_CE: symmetrised as Eq. 2 (default) or image→text only")
     p.add_argument("--features", help="image features of the linear, k-NN, clustering and realm probes: "
                                       "backbone | clip | nclip | proto (default: the objective's paper protocol, "
                                       "ProtoCLIP: clip = z, App. B; the others: backbone)")
@@ -78,7 +82,7 @@ def run_eval_command(args) -> int:
         features=args.features,
         baseline=args.baseline, test_samples=args.samples, train_samples=args.train_samples,
         sts_pairs=args.sts_pairs, mask_samples=args.mask_samples, batch_size=args.batch_size, seed=args.seed,
-        device=args.device)
+        device=args.device, **({"nclip_score": args.nclip_score} if args.nclip_score else {}))
     cache = None if args.no_cache else (args.cache_dir if args.cache_dir else "default")
     log = None if args.quiet else (lambda msg: print(f"eval: {msg}", file=sys.stderr, flush=True))
     doc = run_eval(args.checkpoint, args.out, settings=settings, cache_dir=cache, report=not args.no_report, log=log)

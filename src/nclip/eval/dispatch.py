@@ -21,7 +21,7 @@ from nclip.eval.checkpoint import Checkpoint
 from nclip.eval.datasets import EvalData
 from nclip.eval.features import encode_texts, ensemble, extract, prompt_outputs, similarity
 from nclip.eval.probe import threads as _threads
-from nclip.eval.settings import EvalSettings
+from nclip.eval.settings import MODEL_HEAD, EvalSettings
 
 
 @dataclass
@@ -108,7 +108,7 @@ def _check_head(st: EvalState, outputs: dict[str, torch.Tensor]) -> None:
                          f"(objective {st.ck.cfg.objective.name})")
     if st.head is None:  # image-only objective: no head is scored
         return
-    need = {"clip": "emb", "nclip": "logits"}[st.head]
+    need = {"clip": "emb", "nclip": "logits"}[MODEL_HEAD[st.head]]
     if need not in outputs:
         raise NclipError(f"head {st.head!r} is not in this checkpoint (objective {st.ck.cfg.objective.name})")
 
@@ -158,7 +158,7 @@ def _eval_zero_shot(st: EvalState, data: EvalData, test: dict, image: dict, task
     for kind in kinds if "zeroshot" in tasks else [k for k in kinds if k in data.multilabel_kinds]:
         prompts = _prompts(st, data, kind)
         classes = ensemble(prompts, len(data.label_spaces[kind]))
-        class_scores[kind] = zeroshot.scores(image, classes, st.head)
+        class_scores[kind] = zeroshot.scores(image, classes, st.head, st.settings.nclip_score)
         if kind == _primary_kind(data):
             st.artifacts.setdefault("tsne", {"dataset": data.name, "kind": kind, "head": st.head,
                                              "image": image, "labels": test[f"label.{kind}"],
@@ -189,7 +189,7 @@ def _primary_kind(data: EvalData) -> str | None:
 
 
 def _eval_retrieval(st: EvalState, data: EvalData, test: dict, image: dict, text: dict) -> None:
-    sim = similarity(image, text, st.head)
+    sim = similarity(image, text, st.head, st.settings.nclip_score)
     st.put("retrieval", data.name, retrieval.evaluate(sim, test["text_to_image"]))
     fails = retrieval.failure_cases(sim, test["text_to_image"], n=6)
     if fails:

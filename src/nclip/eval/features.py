@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from nclip.data.loader import eval_tensor
 from nclip.data.types import LabelSpace, Sample
 from nclip.defaults import EVAL_BATCH_SIZE
-from nclip.objectives.functional import nclip_similarity
+from nclip.objectives.functional import nclip_similarity, yclip_similarity
 from nclip.precision import to_float32
 
 
@@ -78,12 +78,19 @@ def extract(model, samples: Sequence[Sample], image_size: int, device, batch_siz
     )
 
 
-def similarity(image: dict[str, torch.Tensor], text: dict[str, torch.Tensor], head: str) -> torch.Tensor:
-    """[N_img, N_txt] scores: cosine of CLIP-head embeddings, or nCLIP's −L_CE (Sec. 3.1)."""
+def similarity(image: dict[str, torch.Tensor], text: dict[str, torch.Tensor], head: str,
+               nclip_score: str = "symmetric") -> torch.Tensor:
+    """[N_img, N_txt] scores with the zero-shot score ``head`` (:data:`nclip.eval.settings.HEADS`):
+    ``clip``: cosine of the CLIP-head embeddings; ``nclip``: nCLIP's −L_CE on the nCLIP head (Sec. 3.1,
+    Eq. 2), symmetrised by default or one-directional (``nclip_score``, see
+    :func:`~nclip.objectives.functional.nclip_similarity`); ``yclip``: yCLIP's own score S on the
+    nCLIP head (App. B.2 Eq. 2, :func:`~nclip.objectives.functional.yclip_similarity`)."""
     if head == "clip":
         return F.normalize(image["emb"], dim=-1) @ F.normalize(text["emb"], dim=-1).T
     if head == "nclip":
-        return nclip_similarity(image["logits"], text["logits"])
+        return nclip_similarity(image["logits"], text["logits"], nclip_score)
+    if head == "yclip":
+        return yclip_similarity(image["logits"], text["logits"])
     raise ValueError(f"unknown head {head!r}")
 
 

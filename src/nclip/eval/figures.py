@@ -72,7 +72,7 @@ def pairwise_distance(x: torch.Tensor, head: str) -> np.ndarray:
     """[N, N] distances for t-SNE: cosine distance (CLIP head, features) or symmetrised KL
     between the softmax distributions (nCLIP head: CE minus the self-entropy, made symmetric)."""
     x = x.double()
-    if head == "nclip":
+    if head in ("nclip", "yclip"):  # distributions of the nCLIP head
         logp = F.log_softmax(x, dim=1)
         p = logp.exp()
         kl = (p * logp).sum(1, keepdim=True) - p @ logp.T  # KL(p_i || p_j)

@@ -36,15 +36,18 @@ def evaluate_run(model, cfg: RunConfig, device) -> dict[str, float]:
     if head is None:
         return _probe_run(model, cfg, device, data, objective)
     feats = extract(model, data, cfg.data.image_size, device, cfg.eval.batch_size)
+    score = cfg.eval.nclip_score
     results: dict[str, float] = {"eval/samples": float(len(data)), "eval/head": head}
+    if head == "nclip":
+        results["eval/nclip_score"] = score
     for kind, space in data.label_spaces.items():
         if kind not in feats.labels:
             continue
-        scores = zeroshot.scores(feats.image, class_text_outputs(model, space, device), head)
+        scores = zeroshot.scores(feats.image, class_text_outputs(model, space, device), head, score)
         m, _ = zeroshot.evaluate(scores, feats.labels[kind])
         results[f"zeroshot/{kind}/top1"] = m["top1"]
         results[f"zeroshot/{kind}/chance"] = m["chance"]
-    sim = similarity(feats.image, feats.text, head)
+    sim = similarity(feats.image, feats.text, head, score)
     for k, v in retrieval.evaluate(sim, feats.text_to_image, ks=(1, 5)).items():
         results[f"retrieval/{k}"] = v
     return results

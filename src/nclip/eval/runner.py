@@ -31,7 +31,7 @@ from nclip.eval.cache import FeatureCache
 from nclip.eval.checkpoint import resolve_checkpoint
 from nclip.eval.dispatch import EvalState, eval_dataset, explain_missing
 from nclip.eval.probe import threads as _threads
-from nclip.eval.settings import HEADS, TASKS, EvalSettings
+from nclip.eval.settings import HEADS, MODEL_HEAD, TASKS, EvalSettings
 from nclip.jsonio import jsonable, read_json
 
 RESULTS_VERSION = 1
@@ -72,7 +72,7 @@ def run_eval(checkpoint: str | Path, out: str | Path | None = None, *, tasks=Non
         why = f"objective {ck.cfg.objective.name!r} trains no text-aligned head (image-only: see linear, knn)"
         text_skipped = {t: why for t in settings.tasks if t in TEXT_TASKS}
         settings = settings.updated(tasks=tuple(t for t in settings.tasks if t not in TEXT_TASKS))
-    elif head_name not in objective.heads:
+    elif MODEL_HEAD[head_name] not in objective.heads:
         raise NclipError(f"head {head_name!r} is not in this checkpoint: objective {ck.cfg.objective.name!r} "
                          f"has {', '.join(sorted(objective.heads))}")
     settings = settings.updated(features=probe_features(settings.features, ck.cfg.objective.name))

@@ -18,11 +18,15 @@ from nclip.defaults import EVAL_BATCH_SIZE, PROBE_FEATURES
 from nclip.errors import NclipError
 
 TASKS = ("zeroshot", "retrieval", "multilabel", "linear", "knn", "cluster", "realms", "sts", "masks", "diagnostics")
-Head = Literal["clip", "nclip"]
+# the zero-shot scores: "clip" (cosine of the CLIP head), "nclip" (nCLIP's −L_CE on the nCLIP head,
+# direction set by ``nclip_score``), "yclip" (yCLIP's S of App. B.2 Eq. 2 on the nCLIP head)
+Head = Literal["clip", "nclip", "yclip"]
 HEADS = get_args(Head)
 Features = Literal["backbone", "clip", "nclip", "proto"]  # the probed image features (PROBE_FEATURES)
 FEATURES = get_args(Features)
 assert FEATURES == tuple(PROBE_FEATURES)
+MODEL_HEAD = {"clip": "clip", "nclip": "nclip", "yclip": "nclip"}  # the projection head a score reads
+NclipScore = Literal["symmetric", "image_to_text"]  # = nclip.objectives.functional.NCLIP_SCORES
 L2_GRID = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 1e-5, 1e-6)  # linear-probe L2 strengths (validated)
 MASK_THRESHOLD = 0.6  # DINO: keep the patches holding 60% of the [CLS] attention mass
 
@@ -38,6 +42,9 @@ class EvalSettings(BaseModel):
     # image features of the linear, k-NN, clustering and realm probes; None: the objective's
     # Objective.probe_features (its paper's protocol; results.json records the one used)
     features: Features | None = None
+    # nCLIP head's −L_CE: "symmetric" = −(CE(p, q) + CE(q, p)) / 2, Eq. 2 symmetrised as in Sec. 3.1;
+    # "image_to_text" = −CE(p_image, q_text), one direction only
+    nclip_score: NclipScore = "symmetric"
     test_samples: int = Field(1000, ge=10, description="synthetic test scenes")
     train_samples: int = Field(2000, ge=10, description="synthetic scenes for the probes' training split")
     sts_pairs: int = Field(1000, ge=0, description="built-in STS pairs (with the synthetic dataset); 0 or >= 2")

@@ -9,6 +9,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+# the detached nCLIP-head statistics every objective with such a head logs under its
+# head_stats_prefix (functional.distribution_diagnostics): Tab. B2's Acc_nC, Fig. B1's row/column
+# std of P and of the logits, prototype usage
+HEAD_STAT_KEYS = ("acc_nC", "row_std", "col_std", "logit_row_std", "logit_col_std", "usage")
+
 
 @dataclass
 class EncoderOutput:
@@ -147,13 +152,14 @@ class Objective(nn.Module):
     # which projection heads the model must build: clip, nclip, proto, cmsf (online projection,
     # predictor and momentum branch), xent (a linear classifier on the image features)
     heads: ClassVar[frozenset[str]]
-    # the head used for zero-shot transfer and retrieval (paper's default); None: the objective
+    # the score used for zero-shot transfer and retrieval (paper's default): "clip" (cosine, CLIP
+    # head), "nclip" (−L_CE, nCLIP head), "yclip" (yCLIP's S, nCLIP head); None: the objective
     # trains no text-aligned head, so evaluation reports k-NN / linear probes instead
     zero_shot_head: ClassVar[str | None]
     # True: trained by nclip.train.episodic (per-episode prototypes; forward takes per-row targets)
     episodic: ClassVar[bool] = False
-    # namespace of the logged nCLIP-head statistics (L_CE, L_EH, L_HE, L_KL, row_std, col_std,
-    # usage) that the collapse monitor and the sweep's Fig. B1 curves read; None: no such head
+    # namespace of the logged nCLIP-head statistics (L_CE, L_EH, L_HE, L_KL and HEAD_STAT_KEYS)
+    # that the collapse monitor and the sweep's Fig. B1 curves read; None: no such head
     head_stats_prefix: ClassVar[str | None] = None
     # the image features the probes (linear, k-NN, clustering, realms) read by default, as the
     # objective's paper evaluates: backbone (the tower's own feature; xCLIP Sec. 4.2.1 and CMSF probe

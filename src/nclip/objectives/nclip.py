@@ -21,7 +21,8 @@ class XclipConfig(BranchWeights, NclipConfig):
 def nclip_head_terms(out: EncoderOutput, cfg: EntropyWeights) -> dict[str, torch.Tensor]:
     """nCLIP's loss on the nCLIP head (Algorithm 1) with its terms as the paper names them (Fig. B1):
     ``loss``, ``L_CE``, ``L_EH``, ``L_HE``, ``L_KL`` (each the mean over both modalities) and the
-    detached diagnostics (Tab. B2's ``acc_nC``, Fig. B1's ``row_std``/``col_std`` of P, ``usage``).
+    detached diagnostics (Tab. B2's ``acc_nC``, Fig. B1's ``row_std``/``col_std`` of P and
+    ``logit_row_std``/``logit_col_std`` of the image logits, ``usage``).
     Shared by every objective that has an nCLIP head beside another loss (xCLIP, xSigLIP)."""
     terms = nclip_terms(out.image_logits, out.text_logits, cfg.lambda1, cfg.lambda2, global_batch=cfg.global_batch)
     named = {"L_CE": terms["ce"], "L_EH": terms["eh"], "L_HE": terms["he"], "L_KL": terms["kl"]}

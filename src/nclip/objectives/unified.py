@@ -9,7 +9,8 @@ for *smoothness* (an explicit ``uniform(·)`` of the target, λ2·L_HE):
     L = (L_CE + λ1·L_EH − λ2·L_HE) / 2   (terms summed over the two modalities)
 
 The formulas live in :func:`nclip.objectives.functional.unified_terms`; this module holds the DINO
-centering state (running mean and running variance of each modality's logits) and logs the terms.
+centering state (running mean and running variance of each modality's logits, and the learnable
+scale parameters of App. A) and logs the terms.
 
 Tab. A1 rows as config overrides (:data:`TABLE_A1_SETTINGS`; ZS/LN: the paper's top-1 zero-shot
 and linear-probing accuracy, ViT-B/16 on CC12M, 25 epochs):
@@ -29,7 +30,9 @@ and linear-probing accuracy, ViT-B/16 on CC12M, 25 epochs):
 
     * SwAV's original λ2 is 0; the paper needs λ2 = 1 to avoid collapse (so L_HE must carry a
       gradient: see ``stop_grad_target`` below). † centering is applied to the logits before the
-      softmax, with a running variance in addition to DINO's running mean.
+      softmax, with a running variance and scale parameters in addition to DINO's running mean
+      (App. A: "For Centering, we use additional running variance and scale parameters to uniform
+      the target probability"): p = softmax(γ ⊙ (f − μ) / sqrt(v + ε) / τ_s).
 
 The appendix's table prints the sixth row without a name (the main text's copy labels it MSN) and
 the last two under "nCLIP"; we name them MSN_0.7 and nCLIP_0.8 after their target temperature.
@@ -47,6 +50,14 @@ Choices where the paper is silent or ambiguous (each documented at the function 
   computes them over the global batch, normalises with the statistics from *before* this batch
   (as DINO updates its center after the loss), starts at mean 0 / variance 1 (identity), and updates
   only in training mode with C ← m·C + (1 − m)·batch statistic.
+- Centering's "scale parameters" (App. A; the paper gives no formula) are read as a BatchNorm
+  affine weight without the shift (the centering removes the shift): one learnable γ_k per
+  prototype and modality, initialised to 1 (BatchNorm's default), trained by the optimizer with
+  the rest of the model (not weight-decayed: 1-D) through the target, which Algorithm 1 does not
+  detach. The nCLIP head ends in BatchNorm without affine (Sec. 3.2), so its logits have batch mean
+  0 and variance 1 and the running statistics alone would leave the target unchanged: at γ = 1 the
+  row is plain sharpening by τ_s, and γ is what makes it DINO's row. With ``stop_grad_target`` no
+  gradient reaches γ and it is frozen at 1.
 """
 
 from __future__ import annotations
@@ -55,9 +66,10 @@ from typing import Any, Literal
 
 import torch
 from pydantic import Field
+from torch import nn
 
 from nclip.objectives import functional
-from nclip.objectives.base import EncoderOutput, EntropyWeights, Objective
+from nclip.objectives.base import HEAD_STAT_KEYS, EncoderOutput, EntropyWeights, Objective
 
 # Tab. A1, one entry per row: overrides of UnifiedConfig's fields.
 TABLE_A1_SETTINGS: dict[str, dict[str, Any]] = {
@@ -93,25 +105,47 @@ class UnifiedConfig(EntropyWeights):
 
 
 _CENTER_BUFFERS = ("center_mean_image", "center_var_image", "center_mean_text", "center_var_text")
+_CENTER_SCALES = ("center_scale_image", "center_scale_text")
 
 
 class UnifiedObjective(Objective):
-    """Algorithm 1 on the nCLIP head; holds the centering statistics when uniform='centering'.
+    """Algorithm 1 on the nCLIP head; holds the centering state when uniform='centering'.
 
-    The centering buffers are [K], created on the first batch (the config does not know K) with
-    mean 0 and variance 1, and restored from checkpoints whatever their size.
+    The centering buffers (running mean 0 and variance 1 at the start) and scale parameters
+    (γ = 1 at the start) are [K]. With ``num_prototypes`` (the trainer builds the objective with
+    ``model.nclip_dim``) they exist from construction, so γ is in the optimizer; without it they are
+    created on the first batch (a module used alone, as in the tests), and restored from checkpoints
+    whatever their size.
     """
 
     heads = frozenset({"nclip"})
     zero_shot_head = "nclip"
     head_stats_prefix = "unified"
 
-    def __init__(self, cfg: UnifiedConfig):
+    def __init__(self, cfg: UnifiedConfig, num_prototypes: int | None = None):
         super().__init__()
         self.cfg = cfg
         if cfg.uniform == "centering":
             for name in _CENTER_BUFFERS:
                 self.register_buffer(name, torch.zeros(0))
+            for name in _CENTER_SCALES:
+                self.register_parameter(name, nn.Parameter(torch.zeros(0), requires_grad=not cfg.stop_grad_target))
+            if num_prototypes is not None:
+                self._make_centers(num_prototypes, torch.float32, None)
+
+    @classmethod
+    def build(cls, cfg: UnifiedConfig, run_cfg=None) -> "UnifiedObjective":
+        """Sized from ``model.nclip_dim`` when the whole run config is given (the trainer), so that
+        the centering scales exist before the optimizer is built."""
+        return cls(cfg, None if run_cfg is None else run_cfg.model.nclip_dim)
+
+    def _make_centers(self, k: int, dtype: torch.dtype, device) -> None:
+        for name in _CENTER_BUFFERS:
+            init = torch.zeros if name.startswith("center_mean") else torch.ones
+            setattr(self, name, init(k, dtype=dtype, device=device))
+        for name in _CENTER_SCALES:
+            old = getattr(self, name)
+            old.data = torch.ones(k, dtype=dtype, device=device)  # γ = 1; the same Parameter object
 
     def _ensure_centers(self, logits: torch.Tensor) -> None:
         k = logits.shape[1]
@@ -119,17 +153,18 @@ class UnifiedObjective(Objective):
             return
         if self.center_mean_image.numel() != 0:
             raise ValueError(f"centering statistics are for K={self.center_mean_image.numel()}, got logits with K={k}")
-        dtype = torch.promote_types(logits.dtype, torch.float32)
-        for name in _CENTER_BUFFERS:
-            init = torch.zeros if name.startswith("center_mean") else torch.ones
-            setattr(self, name, init(k, dtype=dtype, device=logits.device))
+        self._make_centers(k, torch.promote_types(logits.dtype, torch.float32), logits.device)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        # lazily sized buffers: take the checkpoint's shape before the strict shape check
+        # lazily sized buffers and scales: take the checkpoint's shape before the strict shape check
         for name in _CENTER_BUFFERS:
             key = prefix + name
             if key in state_dict and name in self._buffers and self._buffers[name].shape != state_dict[key].shape:
                 self._buffers[name] = torch.empty_like(state_dict[key], device=self._buffers[name].device)
+        for name in _CENTER_SCALES:
+            key, param = prefix + name, self._parameters.get(name)
+            if key in state_dict and param is not None and param.shape != state_dict[key].shape:
+                param.data = torch.empty_like(state_dict[key], device=param.device)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @torch.no_grad()
@@ -149,8 +184,10 @@ class UnifiedObjective(Objective):
             self._ensure_centers(out.image_logits)
             # clones: the loss uses this batch's pre-update statistics (DINO updates after the loss)
             centers = {
-                "image_center": (self.center_mean_image.clone(), self.center_var_image.clone()),
-                "text_center": (self.center_mean_text.clone(), self.center_var_text.clone()),
+                f"{side}_center": (getattr(self, f"center_mean_{side}").clone(),
+                                   getattr(self, f"center_var_{side}").clone(),
+                                   getattr(self, f"center_scale_{side}"))
+                for side in ("image", "text")
             }
         terms = functional.unified_terms(
             out.image_logits,
@@ -169,5 +206,5 @@ class UnifiedObjective(Objective):
         if cfg.uniform == "centering" and self.training:
             self._update_centers(out.image_logits, out.text_logits)
         named = {"L_CE": terms["ce"], "L_EH": terms["eh"], "L_HE": terms["he"], "L_KL": terms["kl"]}
-        named.update({k: terms[k] for k in ("acc_nC", "row_std", "col_std", "usage")})
+        named.update({k: terms[k] for k in HEAD_STAT_KEYS})
         return {"loss": terms["loss"], **{f"unified/{k}": v for k, v in named.items()}}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from nclip.objectives.base import EncoderOutput, EntropyWeights, Objective
+from nclip.objectives.base import HEAD_STAT_KEYS, EncoderOutput, EntropyWeights, Objective
 from nclip.objectives.functional import yclip_terms
 
 
@@ -23,7 +23,9 @@ class YclipConfig(EntropyWeights):
 
 class YclipObjective(Objective):
     heads = frozenset({"nclip"})
-    zero_shot_head = "nclip"
+    # scored with its own S (App. B.2 Eq. 2; Eq. 8 of the main text trains on it), not nCLIP's −L_CE:
+    # the "yclip" score reads the nCLIP head (nclip.eval.settings.MODEL_HEAD)
+    zero_shot_head = "yclip"
     head_stats_prefix = "yclip"
 
     def __init__(self, cfg: YclipConfig):
@@ -47,6 +49,6 @@ class YclipObjective(Objective):
             "L_KL": t["kl"],
             "acc_i2t": t["acc_i2t"],  # Acc_C of Tab. B2
             "acc_t2i": t["acc_t2i"],
-            **{k: t[k] for k in ("acc_nC", "row_std", "col_std", "usage")},
+            **{k: t[k] for k in HEAD_STAT_KEYS},
         }
         return {"loss": t["loss"], **{f"yclip/{k}": v for k, v in named.items()}}

@@ -8,19 +8,23 @@ from pathlib import Path
 from nclip.sweep.grid import format_value
 from nclip.sweep.verdicts import finite
 
-FIG_B1_PANELS = (("col_std", "(a) Column std"), ("row_std", "(b) Row std"), ("L_KL", "(c) L_KL"),
-                 ("L_EH", "(d) L_EH"), ("L_HE", "(e) L_HE"))
+# (a) and (b) of Fig. B1 for both the probabilities P (B.1 defines the stds on P) and the logits (its
+# caption's "Std converges to 1 ... due to Batch Normalization" holds for the logits, issue 15)
+FIG_B1_PANELS = (("col_std", "(a) Column std of P"), ("logit_col_std", "(a) Column std of logits (BN: 1)"),
+                 ("row_std", "(b) Row std of P"), ("logit_row_std", "(b) Row std of logits"),
+                 ("L_KL", "(c) L_KL"), ("L_EH", "(d) L_EH"), ("L_HE", "(e) L_HE"))
 
 
 def plot_curves(path: Path, rows: list[dict]) -> None:
-    """Fig. B1 of the xCLIP appendix for every run: column std, row std, L_KL, L_EH, L_HE vs step
+    """Fig. B1 of the xCLIP appendix for every run: column and row std (of P and of the logits),
+    L_KL, L_EH, L_HE vs step
     (``rows`` from :func:`nclip.sweep.tables.collect`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8), constrained_layout=True)
+    fig, axes = plt.subplots(2, 4, figsize=(19, 8), constrained_layout=True)
     flat = axes.ravel()
     handles = []
     for row in rows:
@@ -45,11 +49,12 @@ def plot_curves(path: Path, rows: list[dict]) -> None:
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    flat[5].axis("off")
+    legend = flat[len(FIG_B1_PANELS)]
+    legend.axis("off")
     if handles:
-        flat[5].legend([h for h, _ in handles], [lab for _, lab in handles], loc="center", fontsize=9, frameon=False)
+        legend.legend([h for h, _ in handles], [lab for _, lab in handles], loc="center", fontsize=9, frameon=False)
     else:
-        flat[5].text(0.5, 0.5, "no nCLIP-head terms logged", ha="center", va="center")
+        legend.text(0.5, 0.5, "no nCLIP-head terms logged", ha="center", va="center")
     fig.suptitle("nCLIP-head statistics over training (xCLIP Appendix Fig. B1)")
     fig.savefig(path, dpi=110)
     plt.close(fig)

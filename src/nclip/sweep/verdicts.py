@@ -8,7 +8,7 @@ from pathlib import Path
 
 from nclip.jsonio import read_jsonl
 
-TERM_KEYS = ("L_KL", "L_EH", "L_HE", "row_std", "col_std", "usage")
+TERM_KEYS = ("L_KL", "L_EH", "L_HE", "row_std", "col_std", "logit_row_std", "logit_col_std", "usage")
 # a verdict of judge() as the table writes it
 STATUS_TEXT = {"ok": "ok", "dimensional": "dimensional collapse", "uniform": "collapsed (uniform)",
                "one_hot": "collapsed (one-hot)", "diverged": "diverged"}

@@ -31,6 +31,7 @@ from nclip.objectives.functional.cmsf import (
     topk_constraint,
 )
 from nclip.objectives.functional.nclip import (
+    NCLIP_SCORES,
     batch_mean_log_prob,
     distribution_diagnostics,
     nclip_loss,
@@ -63,14 +64,15 @@ from nclip.objectives.functional.unified import (
     unified_target_log_prob,
     unified_terms,
 )
-from nclip.objectives.functional.yclip import yclip_loss, yclip_terms
+from nclip.objectives.functional.yclip import yclip_loss, yclip_similarity, yclip_terms
 
 __all__ = [
     "clip_loss", "clip_terms",
-    "nclip_loss", "nclip_terms", "xclip_loss", "nclip_similarity", "batch_mean_log_prob", "distribution_diagnostics",
+    "nclip_loss", "nclip_terms", "xclip_loss", "nclip_similarity", "NCLIP_SCORES", "batch_mean_log_prob",
+    "distribution_diagnostics",
     "sinkhorn", "batch_moments", "ema_moments", "unified_target_log_prob", "unified_terms", "unified_loss",
     "UNIFORM_CHOICES",
-    "yclip_terms", "yclip_loss",
+    "yclip_terms", "yclip_loss", "yclip_similarity",
     "siglip_terms", "siglip_loss",
     "pbt", "proto_loss", "proto_terms",
     "cmsf_terms", "cmsf_loss", "cmsf_candidates", "topk_constraint", "semi_supervised_constraint", "UNLABELLED",

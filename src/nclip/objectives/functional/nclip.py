@@ -108,30 +108,58 @@ def xclip_loss(
     return w_clip * clip + w_nclip * nclip
 
 
-def nclip_similarity(image_logits: torch.Tensor, text_logits: torch.Tensor) -> torch.Tensor:
-    """nCLIP's zero-shot score −L_CE (Sec. 3.1): S[i, j] = Σ_k p_i,k · log q_j,k.
+NCLIP_SCORES = ("symmetric", "image_to_text")
 
-    image_logits: [N_img, K], text_logits: [N_txt, K] → [N_img, N_txt]. Higher is more similar.
-    """
+
+def _check_score_logits(image_logits: torch.Tensor, text_logits: torch.Tensor, name: str) -> None:
     if image_logits.ndim != 2 or text_logits.ndim != 2:
-        raise ValueError("nclip_similarity expects 2-D logits [N, K]")
+        raise ValueError(f"{name} expects 2-D logits [N, K]")
     if image_logits.shape[1] != text_logits.shape[1]:
-        raise ValueError(
-            f"nclip_similarity: head widths differ ({image_logits.shape[1]} vs {text_logits.shape[1]})"
-        )
-    p_img = F.softmax(image_logits, dim=1)  # [N_img, K]
-    log_q = F.log_softmax(text_logits, dim=1)  # [N_txt, K]
-    return p_img @ log_q.T
+        raise ValueError(f"{name}: head widths differ ({image_logits.shape[1]} vs {text_logits.shape[1]})")
 
+
+def nclip_similarity(
+    image_logits: torch.Tensor, text_logits: torch.Tensor, score: str = "symmetric"
+) -> torch.Tensor:
+    """nCLIP's zero-shot score −L_CE (Sec. 3.1: "we utilize negative cross-entropy −L_CE as the
+    similarity metric"), image_logits [N_img, K], text_logits [N_txt, K] → [N_img, N_txt], in float32
+    (float64 inputs stay float64). Higher is more similar. With p_i = softmax(image_logits[i]) and
+    q_j = softmax(text_logits[j]):
+
+    ``symmetric`` (default): L_CE of Eq. (2) is "symmetrized as L_CLIP" (Sec. 3.1), i.e. the average of
+        the two directions, so S[i, j] = −(CE(p_i, q_j) + CE(q_j, p_i)) / 2
+        = ½ (Σ_k p_i,k log q_j,k + Σ_k q_j,k log p_i,k);
+    ``image_to_text``: the one direction of Eq. (2) with the image as target,
+        S[i, j] = −CE(p_i, q_j) = Σ_k p_i,k log q_j,k (nclip's score before issue 15).
+    """
+    _check_score_logits(image_logits, text_logits, "nclip_similarity")
+    if score not in NCLIP_SCORES:
+        raise ValueError(f"nclip_similarity: score must be one of {NCLIP_SCORES}, got {score!r}")
+    image_logits, text_logits = _at_least_float32(image_logits), _at_least_float32(text_logits)
+    log_p = F.log_softmax(image_logits, dim=1)  # [N_img, K]
+    log_q = F.log_softmax(text_logits, dim=1)  # [N_txt, K]
+    i2t = log_p.exp() @ log_q.T  # [N_img, N_txt]: Σ_k p_i,k log q_j,k
+    if score == "image_to_text":
+        return i2t
+    return (i2t + log_p @ log_q.exp().T) / 2  # + Σ_k q_j,k log p_i,k
+
+
+def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
 # ============================================================================================
-# Diagnostics of the distribution head: Acc_nC (Tab. B2), row/column std of P (Fig. B1), usage
+# Diagnostics of the distribution head: Acc_nC (Tab. B2), row/column std of P and of the logits
+# (Fig. B1), usage
 # ============================================================================================
 
 @torch.no_grad()
 def distribution_diagnostics(
-    image_logits: torch.Tensor, text_logits: torch.Tensor, *, global_batch: bool = True
+    image_logits: torch.Tensor,
+    text_logits: torch.Tensor,
+    *,
+    global_batch: bool = True,
+    raw_logits: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Cheap, detached statistics of the nCLIP head (Appendix B.1, Fig. B1 and Tab. B2).
 
@@ -147,7 +175,13 @@ def distribution_diagnostics(
             prototypes (0 for a uniform p_i; sqrt(K-1)/K for a one-hot p_i);
         ``col_std``: mean over prototypes k of std_i(P[i, k]), the population std over the batch
             (0 when every sample has the same distribution);
-        ``usage``: fraction of the K prototypes that are the argmax of at least one image.
+        ``usage``: fraction of the K prototypes that are the argmax of at least one image;
+        ``logit_row_std``, ``logit_col_std``: the same two stds of the image logits themselves
+            (``raw_logits`` when given, e.g. the logits behind targets passed as log-probabilities,
+            else ``image_logits``). Fig. B1 (a)'s "Std converges to 1 if training is stable due to
+            Batch Normalization" holds for these: the head's last BatchNorm(affine=False) makes
+            every logit column of a training batch mean 0, variance 1, whereas a column of P
+            (values in [0, 1], rows summing to 1) has std at most 1/2 (issue 15).
     P is the image side, as B.1's P = [p_1, ..., p_B]. Population (biased) stds keep every value
     defined for a batch of one.
     """
@@ -161,12 +195,22 @@ def distribution_diagnostics(
     arg_i = image_logits.detach().argmax(dim=1)  # [B]
     arg_t = text_logits.detach().argmax(dim=1)  # [B]
     acc = mean((arg_i == arg_t).float().mean())
-    row_std = mean(p.std(dim=1, unbiased=False).mean())
-    col_mean = mean(p.mean(dim=0))  # [K], global batch mean of each prototype's probability
-    col_var = mean((p - col_mean).square().mean(dim=0))  # [K], global population variance
-    col_std = col_var.sqrt().mean()
+    p_std = _row_col_std(p, mean, prefix="")  # global batch: col mean, then population variance
+    row_std, col_std = p_std["row_std"], p_std["col_std"]
     counts = torch.bincount(arg_i, minlength=p.shape[1]).float()  # [K]
     if dist_on:
         counts = collectives.all_reduce_sum_no_grad(counts)
     usage = (counts > 0).float().mean()
-    return {"acc_nC": acc, "row_std": row_std, "col_std": col_std, "usage": usage}
+    stats = {"acc_nC": acc, "row_std": row_std, "col_std": col_std, "usage": usage}
+    raw = logits if raw_logits is None else _at_least_float32(raw_logits.detach())
+    stats.update(_row_col_std(raw, mean, prefix="logit_"))
+    return stats
+
+
+def _row_col_std(x: torch.Tensor, mean, prefix: str) -> dict[str, torch.Tensor]:
+    """Mean over rows of the std over columns and mean over columns of the std over the (global)
+    batch, population stds of [B, K] ``x``; ``mean`` averages over ranks (identity on one)."""
+    row_std = mean(x.std(dim=1, unbiased=False).mean())
+    col_mean = mean(x.mean(dim=0))  # [K]
+    col_std = mean((x - col_mean).square().mean(dim=0)).sqrt().mean()
+    return {f"{prefix}row_std": row_std, f"{prefix}col_std": col_std}

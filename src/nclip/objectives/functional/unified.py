@@ -117,7 +117,7 @@ def unified_target_log_prob(
     uniform: str = "none",
     *,
     sinkhorn_iters: int = 3,
-    center: tuple[torch.Tensor, torch.Tensor] | None = None,
+    center: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     center_eps: float = 1e-5,
     stop_grad: bool = False,
     global_batch: bool = True,
@@ -138,10 +138,15 @@ def unified_target_log_prob(
             Bronstein 2022), renormalised over prototypes with a uniform prior:
             p_ik ∝ P_ik / Σ_j P_jk. Differentiable; the column sums are global-batch sums
             (:func:`batch_mean_log_prob`, exact gradients under DDP).
-        ``centering`` (DINO, Tab. A1 footnote †: "performed before (instead of after) softmax";
-            Appendix A: "additional running variance and scale parameters"):
-            p = softmax(((f − μ) / sqrt(v + eps)) / τ_s) with the running mean μ and variance v
-            given in ``center`` (constants: the statistics carry no gradient).
+        ``centering`` (DINO, Tab. A1 footnote †: "Centering is performed in practice before
+            (instead of after) softmax"; Appendix A: "For Centering, we use additional running
+            variance and scale parameters to uniform the target probability, which yields more
+            stable training compared to the original [DINO] with a running mean only"):
+            p = softmax(γ ⊙ (f − μ) / sqrt(v + eps) / τ_s), ``center`` = (μ, v, γ), each [K]: the
+            running mean μ and running variance v (constants: no gradient) and the scale
+            parameters γ (learnable, with gradient). The nCLIP head ends in BatchNorm without
+            affine (Sec. 3.2), so on its outputs μ ≈ 0 and v ≈ 1 and γ is what makes this row
+            differ from plain sharpening by τ_s (issue 15).
     ``stop_grad``: detach the target. Algorithm 1 has no stop-gradient (none of its lines
     29-40 detaches p) and Sec. 3.1 says "the target and prediction branch are backpropagated at
     the same time", so the default is False; True recovers the SSL originals' teacher detach.
@@ -152,14 +157,15 @@ def unified_target_log_prob(
         raise ValueError(f"uniform must be one of {UNIFORM_CHOICES}, got {uniform!r}")
     z = logits
     if uniform == "centering":
-        if center is None:
-            raise ValueError("uniform='centering' needs center=(running_mean, running_var)")
-        mean, var = center
-        if mean.shape != logits.shape[1:] or var.shape != logits.shape[1:]:
+        if center is None or len(center) != 3:
+            raise ValueError("uniform='centering' needs center=(running_mean, running_var, scale)")
+        mean, var, scale = center
+        if any(t.shape != logits.shape[1:] for t in center):
             raise ValueError(
-                f"center statistics {tuple(mean.shape)}/{tuple(var.shape)} do not match K={logits.shape[1]}"
+                f"center statistics {tuple(mean.shape)}/{tuple(var.shape)}/{tuple(scale.shape)} "
+                f"do not match K={logits.shape[1]}"
             )
-        z = (z - mean.detach()) * torch.rsqrt(var.detach() + center_eps)
+        z = scale * (z - mean.detach()) * torch.rsqrt(var.detach() + center_eps)  # [B, K]
     log_p = F.log_softmax(z / tau_s, dim=1)  # [B, K]
     if uniform == "sinkhorn":
         if sinkhorn_iters < 1:
@@ -182,8 +188,8 @@ def unified_terms(
     *,
     uniform: str = "none",
     sinkhorn_iters: int = 3,
-    image_center: tuple[torch.Tensor, torch.Tensor] | None = None,
-    text_center: tuple[torch.Tensor, torch.Tensor] | None = None,
+    image_center: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    text_center: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     center_eps: float = 1e-5,
     stop_grad_target: bool = False,
     global_batch: bool = True,
@@ -195,8 +201,9 @@ def unified_terms(
         tau_s: target temperature τ_s; tau: prediction temperature τ (Tab. A1 lists τ/τ_s).
         lambda1, lambda2: weights of L_EH and L_HE.
         uniform, sinkhorn_iters, center_eps, stop_grad_target: see
-            :func:`unified_target_log_prob`; image_center / text_center: (mean [K], var [K])
-            running statistics of each modality's logits for ``uniform='centering'``.
+            :func:`unified_target_log_prob`; image_center / text_center: (mean [K], var [K],
+            scale [K]) of each modality for ``uniform='centering'``: the running statistics of its
+            logits and its scale parameters (App. A).
         global_batch: batch statistics (p̄, Sinkhorn and batch-softmax sums) over all ranks.
 
     With p = uniform(softmax(f/τ_s)) (targets) and q = softmax(f/τ) (predictions):
@@ -204,9 +211,9 @@ def unified_terms(
         L_HE = −(p̄_I·log p̄_I + p̄_T·log p̄_T), loss = (L_CE + λ1·L_EH − λ2·L_HE) / 2,
     returned as the modality means ``ce``, ``eh``, ``he`` (so ``loss`` = ce + λ1·eh − λ2·he, as in
     :func:`nclip_terms`), ``kl`` = ce − eh (detached), and the detached diagnostics of
-    :func:`distribution_diagnostics` computed on the targets p. The CE is cross-modal, as in the
-    main text's transcription of the algorithm (p_I·log q_T + p_T·log q_I); the appendix copy
-    prints p_I·log q_I, which would not couple the modalities at all. With τ_s = τ and
+    :func:`distribution_diagnostics` computed on the targets p (the ``logit_*`` stds on f_I). The
+    CE is cross-modal, as in the main text's transcription of the algorithm (p_I·log q_T +
+    p_T·log q_I); the appendix copy prints p_I·log q_I, which would not couple the modalities at all. With τ_s = τ and
     uniform='none' this is exactly :func:`nclip_terms`.
     """
     check_pair(image_logits, text_logits, "image_logits", "text_logits")
@@ -231,7 +238,8 @@ def unified_terms(
     log_pbar_t = batch_mean_log_prob(log_p_t, global_batch=global_batch)  # [K]
     he = -((log_pbar_i.exp() * log_pbar_i).sum() + (log_pbar_t.exp() * log_pbar_t).sum()) / 2
     loss = ce + lambda1 * eh - lambda2 * he
-    diag = distribution_diagnostics(log_p_i, log_p_t, global_batch=global_batch)
+    diag = distribution_diagnostics(log_p_i, log_p_t, global_batch=global_batch,
+                                    raw_logits=image_logits)  # P of the targets, logit stds of f_I
     return {"loss": loss, "ce": ce, "eh": eh, "he": he, "kl": (ce - eh).detach(), **diag}
 
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from nclip.objectives.functional._common import check_pair, global_rows
-from nclip.objectives.functional.nclip import batch_mean_log_prob, distribution_diagnostics
+from nclip.objectives.functional.nclip import batch_mean_log_prob, distribution_diagnostics, nclip_similarity
 
 # ============================================================================================
 # yCLIP: InfoNCE over a cross-entropy score matrix in one shared latent space, App. B.2 Eq. 2-3
@@ -80,3 +80,12 @@ def yclip_loss(
     return yclip_terms(image_logits, text_logits, logit_scale, lambda1, lambda2, global_batch=global_batch)[
         "loss"
     ]
+
+
+def yclip_similarity(image_logits: torch.Tensor, text_logits: torch.Tensor) -> torch.Tensor:
+    """yCLIP's own score matrix S of App. B.2 Eq. 2 (the main text's Eq. 8 objective), used for its
+    zero-shot classification and retrieval: S_ij = p_i·log q_j + log p_i·q_j, image_logits
+    [N_img, K], text_logits [N_txt, K] → [N_img, N_txt] (without the 1/σ, which does not change a
+    ranking). It is exactly twice nCLIP's symmetric −L_CE (:func:`nclip_similarity`), so both rank
+    alike; the values are S's, as in training."""
+    return 2 * nclip_similarity(image_logits, text_logits, "symmetric")
