@@ -47,17 +47,29 @@ def train(out: Path, method: str, noise: float, seed: int) -> Path:
     run = out / "runs" / run_name(method, noise, seed)
     if (run / "eval.json").is_file():
         return run
+    if (run / "model").is_dir():  # trained, but the end-of-run eval did not finish: run it
+        return evaluate(run)
     overrides = [*METHODS[method], f"objective.label_noise={noise}", f"seed={seed}", "train.threads=1"]
     if method != "xent":
         overrides.append(f"objective.constraint={'noisy_labels' if noise > 0 else 'labels'}")
     cmd = [sys.executable, "-m", "nclip", "train", "--preset", "cmsf-noisy-tiny", "--out", str(run), "--no-progress"]
-    cmd += ["--resume"] if (run / "checkpoints").is_dir() else []
+    cmd += ["--resume", "auto"] if (run / "checkpoints").is_dir() else []
     for o in overrides:
         cmd += ["--set", o]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{run.name} failed: {done.stderr.strip().splitlines()[-1:]}")
+    return run
+
+
+def evaluate(run: Path) -> Path:
+    """The trainer's end-of-run eval of a run's final model, written to RUN/eval.json."""
+    from nclip.eval.quick import evaluate_run
+    from nclip.models.io import load_model
+
+    model, cfg = load_model(run / "model")
+    (run / "eval.json").write_text(json.dumps(evaluate_run(model, cfg, "cpu"), indent=2, sort_keys=True))
     return run
 
 
