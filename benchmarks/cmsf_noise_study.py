@@ -109,6 +109,8 @@ def collect(run: Path, method: str) -> dict:
 
 
 def spread(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.3f}"
     v = np.asarray(values, dtype=float)
     return f"{v.mean():.3f} ± {(v.max() - v.min()) / 2:.3f}"
 
