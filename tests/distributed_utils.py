@@ -116,15 +116,17 @@ def run_ranks(fn: Callable, world_size: int = 2, args: tuple = (), timeout: floa
 # --------------------------------------------------------------------------------------------
 
 
-def split_rows(inputs: dict[str, torch.Tensor], row_keys, rank: int, world_size: int) -> dict[str, torch.Tensor]:
+def split_rows(inputs: dict[str, torch.Tensor], row_keys, rank: int, world_size: int,
+               leaves=None) -> dict[str, torch.Tensor]:
     """This rank's contiguous slice of the row tensors; shared tensors (scales, biases) whole.
-    Every returned tensor is a fresh leaf that requires grad."""
+    Every returned tensor is a fresh leaf; those in ``leaves`` (None: all) require grad (labels,
+    being integers, cannot)."""
     out = {}
     for k, v in inputs.items():
         if k in row_keys:
             n = v.shape[0] // world_size
             v = v[rank * n : (rank + 1) * n]
-        out[k] = v.detach().clone().requires_grad_(True)
+        out[k] = v.detach().clone().requires_grad_(leaves is None or k in leaves)
     return out
 
 

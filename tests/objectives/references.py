@@ -246,6 +246,19 @@ def assert_value_and_grads(ours, ref, leaves, rtol=1e-9, atol=1e-11):
         torch.testing.assert_close(a, r, rtol=rtol, atol=atol)
 
 
+def assert_loss_and_grads_close(ours, theirs, a: dict, b: dict, keys, msg: str = "", rtol=1e-9, atol=1e-11):
+    """Loss values equal, and gradients w.r.t. ``a[k]`` / ``b[k]`` equal for every k in ``keys`` (an
+    input a loss does not use has gradient 0). Returns our gradients (None where unused)."""
+    torch.testing.assert_close(ours, theirs, rtol=rtol, atol=atol)
+    ga = torch.autograd.grad(ours, [a[k] for k in keys], allow_unused=True)
+    gb = torch.autograd.grad(theirs, [b[k] for k in keys], allow_unused=True)
+    for k, p, q in zip(keys, ga, gb):
+        zero = torch.zeros_like(a[k])
+        torch.testing.assert_close(zero if p is None else p, zero if q is None else q, rtol=rtol, atol=atol,
+                                   msg=f"{msg}: d/d{k}")
+    return ga
+
+
 def encoder_output(h_i=None, h_t=None, g_i=None, g_t=None, scale=14.0):
     some = next(x for x in (h_i, g_i) if x is not None)
     return EncoderOutput(

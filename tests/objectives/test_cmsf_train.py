@@ -25,8 +25,8 @@ from nclip.objectives.cmsf import (
 )
 
 from conftest import train_and_kill
-from distributed_utils import combine_ranks, loss_and_grads, run_ranks
-from references import ref_clip, ref_cmsf
+from distributed_utils import combine_ranks, loss_and_grads, run_ranks, split_rows
+from references import assert_loss_and_grads_close, ref_clip, ref_cmsf
 
 B, D, N, CLASSES = 8, 6, 12, 3
 
@@ -107,27 +107,14 @@ ROWS = ("v", "u", "img", "txt", "logits", "labels", "true", "index")
 
 def _split(x: dict, rank: int, world: int) -> dict:
     """This rank's rows (floats as fresh leaves that require grad, labels as they are)."""
-    out = {}
-    for k, v in x.items():
-        if k in ROWS:
-            n = v.shape[0] // world
-            v = v[rank * n : (rank + 1) * n]
-        out[k] = v.detach().clone().requires_grad_(k in LEAVES)
-    return out
+    return split_rows(x, ROWS, rank, world, leaves=LEAVES)
 
 
 @pytest.mark.parametrize("case", list(REFERENCES))
 def test_objective_matches_float64_reference(case):
     cfg, ref = REFERENCES[case]
     a, b = _split(_inputs(), 0, 1), _split(_inputs(), 0, 1)
-    ours, theirs = _module_loss(case.split("-")[0], **cfg)(a), ref(b)
-    torch.testing.assert_close(ours, theirs, rtol=1e-9, atol=1e-11)
-    ga = torch.autograd.grad(ours, [a[k] for k in LEAVES], allow_unused=True)
-    gb = torch.autograd.grad(theirs, [b[k] for k in LEAVES], allow_unused=True)
-    for k, x, y in zip(LEAVES, ga, gb):
-        zero = torch.zeros_like(a[k])
-        torch.testing.assert_close(zero if x is None else x, zero if y is None else y, rtol=1e-9, atol=1e-11,
-                                   msg=f"{case}: d/d{k}")
+    ga = assert_loss_and_grads_close(_module_loss(case.split("-")[0], **cfg)(a), ref(b), a, b, LEAVES, case)
     assert ga[0] is not None or case == "xent"
 
 
