@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from nclip.errors import NclipError
+from nclip.jsonio import read_text
 
 
 def _names(items: Iterable[str], limit: int = 5) -> str:
@@ -216,13 +217,7 @@ class Hierarchy:
     @classmethod
     def load(cls, path: str | Path, require_single_root: bool = False) -> Hierarchy:
         """From a ``.json`` file ({child: parent or null}) or a two-column TSV (any other suffix)."""
-        path = Path(path).expanduser()
-        if not path.is_file():
-            raise NclipError(f"hierarchy file not found: {path}")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            raise NclipError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        path, text = read_text(path, "hierarchy file")
         if path.suffix.lower() == ".json":
             parents, where = _parse_json(text, path), {}
         else:

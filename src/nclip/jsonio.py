@@ -1,6 +1,7 @@
-"""JSON in and out with nclip's conventions: a bad file is a one-line NclipError, non-finite
-floats (which JSON cannot hold) are replaced on the way out, and JSONL logs have one reader and one
-truncation, which skip damaged lines (:func:`read_jsonl`)."""
+"""JSON and the user's text files in and out with nclip's conventions: a missing or bad file is a
+one-line NclipError (:func:`read_text`, :func:`read_json`), non-finite floats (which JSON cannot
+hold) are replaced on the way out, and JSONL logs have one reader and one truncation, which skip
+damaged lines (:func:`read_jsonl`)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,18 @@ def jsonable(x: Any, nonfinite: Callable[[float], Any]) -> Any:
     if isinstance(x, float) and not math.isfinite(x):
         return nonfinite(x)
     return x
+
+
+def read_text(path: str | Path, what: str) -> tuple[Path, str]:
+    """(the expanded path, its UTF-8 text) of a user's file; ``what`` names it in the one-line
+    error for a missing file ("hierarchy file", ...); text that is not UTF-8 is an error too."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise NclipError(f"{what} not found: {path}")
+    try:
+        return path, path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise NclipError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
 def read_json(path: Path) -> Any:

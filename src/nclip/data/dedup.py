@@ -36,6 +36,7 @@ import numpy as np
 from PIL import Image
 
 from nclip.errors import NclipError
+from nclip.jsonio import read_text
 
 HASH_SIZE = 8  # 8 rows of 8 comparisons: 64 bits
 BITS = HASH_SIZE * HASH_SIZE
@@ -170,13 +171,7 @@ def load_exclusions(path: str | Path) -> set[str]:
     writes: image paths for folders and CSV files, sample keys for shards, ``source:split:index``
     for built-in data.
     """
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise NclipError(f"exclusion list not found: {path}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise NclipError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    path, text = read_text(path, "exclusion list")
     if path.suffix.lower() != ".json":
         return {s for line in text.splitlines() if (s := line.strip()) and not s.startswith("#")}
     try:

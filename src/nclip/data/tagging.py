@@ -24,6 +24,7 @@ import numpy as np
 
 from nclip.data.types import LabelSpace
 from nclip.errors import NclipError
+from nclip.jsonio import read_text
 
 _TAG_STREAM = 0x7A66  # separates the template draws from the other users of the run seed
 
@@ -31,13 +32,8 @@ _TAG_STREAM = 0x7A66  # separates the template draws from the other users of the
 def read_templates(path: str | Path) -> tuple[str, ...]:
     """The templates of a file: one per line, each with exactly one ``{}``; ``#`` comments and
     blank lines skipped. A bad line is a one-line error naming ``file:line``."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise NclipError(f"data.tagging.templates: file not found: {path}")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        raise NclipError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    path, text = read_text(path, "data.tagging.templates: file")
+    lines = text.splitlines()
     out = []
     for n, line in enumerate(lines, start=1):
         text = line.strip()
