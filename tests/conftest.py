@@ -61,3 +61,13 @@ def train_and_kill(args: list[str], metrics: Path, after_lines: int, timeout: fl
         time.sleep(0.005)
     proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL, f"the run ended before it was killed: {proc.stderr.read()[-500:]!r}"
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Micro models are all small ops: on a shared 2-core machine one thread is several times faster.
+    Use with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

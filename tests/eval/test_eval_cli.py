@@ -25,15 +25,7 @@ MICRO = [
 SMALL = ["--samples", "40", "--train-samples", "60", "--sts-pairs", "30", "--mask-samples", "12", "--quiet"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Micro models are all small ops: on a shared 2-core machine one thread is several times faster."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -24,13 +24,7 @@ from sklearn.metrics import confusion_matrix as sk_confusion_matrix
 
 from nclip.eval import metrics as M
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)  # shared 2-core machine
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 # ------------------------------------------------------------------------------ retrieval

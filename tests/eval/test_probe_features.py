@@ -27,12 +27,7 @@ SMALL = ["--dataset", "synthetic", "--samples", "40", "--train-samples", "60", "
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _untrained(root: Path, objective: str, *extra) -> Path:
