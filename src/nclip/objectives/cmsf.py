@@ -178,7 +178,7 @@ class CmsfObjective(Objective):
     def attach_frozen_embedding(self, table: torch.Tensor) -> None:
         if self.cfg.constraint != "cross_modal":
             raise ValueError(f"only the cross_modal constraint uses a frozen embedding, not {self.cfg.constraint}")
-        self.frozen = table.float()
+        self.frozen = table.to(self.bank.bank.device, torch.float32)  # once, not per step: the objective's device
 
     def forward(self, out: EncoderOutput, labels: torch.Tensor | None = None,
                 true_labels: torch.Tensor | None = None, index: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
@@ -190,9 +190,8 @@ class CmsfObjective(Objective):
         if self.frozen is None or index is None:
             raise ValueError("constraint cross_modal needs the frozen embedding (attach_frozen_embedding) and the "
                              "batch's dataset indices")
-        frozen = self.frozen.to(index.device)
         cand = functional.cmsf_candidates(index, self.index_bank.view().labels, global_batch=g)  # [C]
-        return functional.topk_constraint(frozen[index], frozen[cand], self.cfg.k_prime)
+        return functional.topk_constraint(self.frozen[index], self.frozen[cand], self.cfg.k_prime)
 
     def cmsf_terms(self, out: EncoderOutput, labels: torch.Tensor | None, true_labels: torch.Tensor | None,
                    index: torch.Tensor | None = None) -> dict[str, torch.Tensor]:

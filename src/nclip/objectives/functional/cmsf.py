@@ -58,8 +58,9 @@ def topk_constraint(query_aux: torch.Tensor, candidate_aux: torch.Tensor, k_prim
     neighbours of u_c in M_c, whose indices select M̂ from M).
 
     query_aux: [B, Da] c(x_c) of the batch; candidate_aux: [C, Da] the same embedding of every
-    candidate, laid out as :func:`cmsf_candidates` (the batch's, gathered over ranks, then the bank's
-    aux rows): ``topk_constraint(a, cmsf_candidates(a, bank.view().aux), n)``. The query's own row
+    candidate, laid out as :func:`cmsf_candidates` (the batch's, gathered over ranks, then the bank's):
+    e.g. ``topk_constraint(a, cmsf_candidates(a, bank.view().aux), n)``, or, as the trainer does,
+    rows of a table of the frozen embedding indexed by the candidates' dataset indices. The query's own row
     has cosine 1 and is among its neighbours, as in the paper, where u_c is in M_c. Ties are broken by
     :func:`torch.topk`.
     """
