@@ -59,10 +59,10 @@ def frozen_table(cfg: RunConfig, spec: FrozenEmbedding, device: torch.device | s
 
 
 def _nclip_table(cfg: RunConfig, directory: Path, modality: str, device) -> torch.Tensor:
+    from nclip.eval.checkpoint import resolve_checkpoint
     from nclip.eval.features import encode_images, encode_texts
-    from nclip.models.io import load_model
 
-    model, _ = load_model(directory / "model" if (directory / "model").is_dir() else directory, device=str(device))
+    model = resolve_checkpoint(directory).load(device)  # a run directory (its model/) or a model directory
     if modality == "text":
         from nclip.train.teacher import train_captions
 
