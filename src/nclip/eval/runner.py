@@ -27,6 +27,7 @@ import torch
 from nclip.defaults import PROBE_FEATURES_DETAIL
 from nclip.errors import NclipError
 from nclip.eval import datasets as eval_data
+from nclip.eval import realms
 from nclip.eval.cache import FeatureCache
 from nclip.eval.checkpoint import resolve_checkpoint
 from nclip.eval.dispatch import EvalState, eval_dataset, explain_missing
@@ -80,6 +81,8 @@ def run_eval(checkpoint: str | Path, out: str | Path | None = None, *, tasks=Non
                    log or (lambda msg: None))
     st.skipped.update(text_skipped)
     all_data = _build_datasets(ck.cfg, settings)
+    if "realms" in settings.tasks:
+        realms.attach_hierarchies(all_data, settings.hierarchy)
     st.extract_threads = torch.get_num_threads()
     with _threads(1):
         for data in all_data:
