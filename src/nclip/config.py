@@ -288,7 +288,7 @@ class RunConfig(_Section):
             raise ValueError(f"train.batch_size {self.train.batch_size} is not divisible by "
                              f"data.hard_negative_group {self.data.hard_negative_group}")
         REGISTRY[self.objective.name][1].check_run(self)  # e.g. a label constraint needs labelled data
-        heads = REGISTRY[self.objective.name][1].heads
+        heads = REGISTRY[self.objective.name][1].heads_for(self.objective)
         if self.eval.probe_features not in (None, "backbone") and self.eval.probe_features not in heads:
             raise ValueError(f"eval.probe_features {self.eval.probe_features}: objective {self.objective.name!r} "
                              f"trains no {self.eval.probe_features!r} head (it has {', '.join(sorted(heads))})")
@@ -368,10 +368,12 @@ def describe_validation_error(e: ValidationError, subject: str = "config",
     where it gives "" (a check across fields) the line names no location.
     """
     err = e.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
+    parts = [str(p) for p in err["loc"] if not str(p).startswith("function-after")]
     # the discriminated union adds the objective name to the location; keep the user's key path
-    for name in REGISTRY:
-        loc = loc.replace(f"objective.{name}.", "objective.").replace(f"objective.{name}", "objective")
+    # (a whole segment: "clip" must not eat the start of "clip_supcon")
+    if len(parts) >= 2 and parts[0] == "objective" and parts[1] in REGISTRY:
+        del parts[1]
+    loc = ".".join(parts)
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         msg = "unknown key"
