@@ -96,7 +96,7 @@ class DataConfig(_Section):
     sources: list[ShardSource] | None = None  # several weighted sources instead of `shards`
     csv: str | None = None  # CSV (or .tsv) file; image paths are relative to its directory
     # identifiers to leave out of training: the duplicates.json of `nclip data dedup` or a text file
-    # (map-style sources: csv, folder, built-in)
+    # (every source: image paths, shard sample keys, source:train:i for built-in data)
     exclude: str | None = None
     csv_image_key: str = "filepath"
     csv_caption_key: str = "title"
@@ -121,8 +121,8 @@ class DataConfig(_Section):
             raise ValueError("data.sources is empty")
         if self.hard_negative_group > 1 and self.source != "synthetic":
             raise ValueError("data.hard_negative_group > 1 needs data.source synthetic")
-        if self.exclude is not None and (self.source == "webdataset" or self.hard_negative_group > 1):
-            raise ValueError("data.exclude needs a csv, folder or built-in source without hard-negative groups")
+        if self.exclude is not None and self.hard_negative_group > 1:
+            raise ValueError("data.exclude needs a source without hard-negative groups")
         if self.source == "csv" and not self.csv:
             raise ValueError("data.source csv needs data.csv (the path of a CSV/TSV file)")
         if self.csv_label_key is not None and self.source != "csv":
