@@ -96,7 +96,7 @@ class DataConfig(_Section):
     sources: list[ShardSource] | None = None  # several weighted sources instead of `shards`
     csv: str | None = None  # CSV (or .tsv) file; image paths are relative to its directory
     # identifiers to leave out of training: the duplicates.json of `nclip data dedup` or a text file
-    # (map-style sources: csv, folder, built-in)
+    # (every source: image paths, shard sample keys, source:train:i for built-in data)
     exclude: str | None = None
     csv_image_key: str = "filepath"
     csv_caption_key: str = "title"
@@ -121,8 +121,8 @@ class DataConfig(_Section):
             raise ValueError("data.sources is empty")
         if self.hard_negative_group > 1 and self.source != "synthetic":
             raise ValueError("data.hard_negative_group > 1 needs data.source synthetic")
-        if self.exclude is not None and (self.source == "webdataset" or self.hard_negative_group > 1):
-            raise ValueError("data.exclude needs a csv, folder or built-in source without hard-negative groups")
+        if self.exclude is not None and self.hard_negative_group > 1:
+            raise ValueError("data.exclude needs a source without hard-negative groups")
         if self.source == "csv" and not self.csv:
             raise ValueError("data.source csv needs data.csv (the path of a CSV/TSV file)")
         if self.csv_label_key is not None and self.source != "csv":
@@ -288,7 +288,7 @@ class RunConfig(_Section):
             raise ValueError(f"train.batch_size {self.train.batch_size} is not divisible by "
                              f"data.hard_negative_group {self.data.hard_negative_group}")
         REGISTRY[self.objective.name][1].check_run(self)  # e.g. a label constraint needs labelled data
-        heads = REGISTRY[self.objective.name][1].heads
+        heads = REGISTRY[self.objective.name][1].heads_for(self.objective)
         if self.eval.probe_features not in (None, "backbone") and self.eval.probe_features not in heads:
             raise ValueError(f"eval.probe_features {self.eval.probe_features}: objective {self.objective.name!r} "
                              f"trains no {self.eval.probe_features!r} head (it has {', '.join(sorted(heads))})")
@@ -368,10 +368,12 @@ def describe_validation_error(e: ValidationError, subject: str = "config",
     where it gives "" (a check across fields) the line names no location.
     """
     err = e.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
+    parts = [str(p) for p in err["loc"] if not str(p).startswith("function-after")]
     # the discriminated union adds the objective name to the location; keep the user's key path
-    for name in REGISTRY:
-        loc = loc.replace(f"objective.{name}.", "objective.").replace(f"objective.{name}", "objective")
+    # (a whole segment: "clip" must not eat the start of "clip_supcon")
+    if len(parts) >= 2 and parts[0] == "objective" and parts[1] in REGISTRY:
+        del parts[1]
+    loc = ".".join(parts)
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         msg = "unknown key"

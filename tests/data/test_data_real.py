@@ -284,3 +284,56 @@ def test_empty_shards_stop_with_a_clear_error(tmp_path, tokenizer):
     cfg = _cfg("data.source=webdataset", f"data.shards={tmp_path}/{{0..1}}.tar", "train.steps=2")
     with pytest.raises(NclipError, match=r"data.shards: no samples in \d+ shard reads in a row .*are the shards empty"):
         list(train_loader(cfg, tokenizer))
+
+
+# --------------------------------------------------------------------------------------------
+# data.exclude on shards: the sample keys `nclip data dedup --target SHARDS` writes
+# --------------------------------------------------------------------------------------------
+
+
+def test_dedup_of_shards_excluded_from_training_removes_exactly_those_samples(tmp_path, tokenizer, monkeypatch):
+    import nclip.data.webdataset as webdataset
+
+    urls = _write(tmp_path / "shards", 30, shard_size=10)  # 3 shards, keys SSSSSIIII
+    ref = tmp_path / "benchmark"
+    ref.mkdir()
+    leaked = set()
+    for url in urls[::2]:  # two images of shards 0 and 2 are also in the "benchmark"
+        for rec in iter_records(url):
+            if rec.key.endswith(("0002", "0007")):
+                (ref / f"{rec.key}.png").write_bytes(rec.parts["png"])
+                leaked.add(rec.key)
+    assert main(["data", "dedup", "--reference", str(ref), "--target", str(tmp_path / "shards"),
+                 "--out", str(tmp_path / "dedup")]) == 0
+    duplicates = tmp_path / "dedup" / "duplicates.json"
+    assert {d["target"] for d in json.loads(duplicates.read_text())} == leaked
+
+    decoded = []  # every record the training stream decodes, by key
+
+    def spy(rec):
+        decoded.append(rec.key)
+        return decode(rec)
+
+    monkeypatch.setattr(webdataset, "decode", spy)
+    cfg = _cfg("data.source=webdataset", f"data.shards={urls}", "data.resampled=false", "data.shuffle_buffer=4",
+               f"data.exclude={duplicates}", "train.steps=7")  # 56 draws: two passes over the 26 kept samples
+    data = train_loader(cfg, tokenizer)
+    batches, saved = [], None
+    for step, batch in enumerate(data):
+        batches.append(batch)
+        saved = data.state() if step == 2 else saved
+    assert len(batches) == 7 and data.state()["streams"][0][0] == 56  # excluded records are not consumed
+    everything = {rec.key for url in urls for rec in iter_records(url)}
+    assert set(decoded) == everything - leaked and len(decoded) == 56
+    # the decode-free replay of a resume skips the same records: the same batches follow
+    resumed = list(train_loader(cfg, tokenizer, start_step=3, state=saved))
+    assert len(resumed) == 4 and all(torch.equal(a[0], b[0]) for a, b in zip(batches[3:], resumed))
+
+
+def test_excluding_every_shard_sample_is_one_line(tmp_path, tokenizer):
+    urls = _write(tmp_path, 12, shard_size=6)
+    listed = tmp_path / "all.txt"
+    listed.write_text("\n".join(rec.key for url in urls for rec in iter_records(url)) + "\n")
+    cfg = _cfg("data.source=webdataset", f"data.shards={urls}", f"data.exclude={listed}", "train.steps=2")
+    with pytest.raises(NclipError, match=r"data.shards: data.exclude leaves no sample in the 2 shard\(s\)"):
+        list(train_loader(cfg, tokenizer))

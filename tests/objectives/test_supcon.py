@@ -14,9 +14,8 @@ import torch
 from nclip.config import resolve
 from nclip.errors import NclipError
 from nclip.objectives import REGISTRY, EncoderOutput, LabelSpace, build_objective, functional
+from nclip.objectives.clip_supcon import ClipSupconConfig, ClipSupconObjective
 from nclip.objectives.supcon import (
-    ClipSupconConfig,
-    ClipSupconObjective,
     PacoConfig,
     PacoObjective,
     RecoConfig,

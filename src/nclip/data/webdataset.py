@@ -17,6 +17,10 @@ randomness seeded by (seed, rank, stream, record number), and collated into batc
 ``data.max_bad_fraction`` of a window of ``data.bad_window`` records is bad, the stream stops with
 an :class:`NclipError` naming the shard most of them came from.
 
+Exclusion (``data.exclude``, e.g. the ``duplicates.json`` of ``nclip data dedup --target SHARDS``):
+records whose sample key is listed are dropped as they stream by, before stage 2, so they are
+neither decoded nor counted as consumed, and the replay below stays exact.
+
 Resume: every batch carries (stream id, records consumed, bad records so far). The trainer keeps
 the latest of each stream and checkpoints them. On resume each stream replays stages 1-3 for its
 consumed count *without decoding a single image* and continues exactly where it stopped, so a
@@ -76,25 +80,47 @@ def _shard_sequence(src: Source, slot: int, slots: int, resampled: bool, rng: np
             yield mine[int(i)]
 
 
-def _source_records(src: Source, shards: Iterator[str]) -> Iterator[Record | Bad]:
+def _source_records(src: Source, shards: Iterator[str], excluded: frozenset[str] = frozenset(),
+                    reachable: frozenset[str] | None = None) -> Iterator[Record | Bad]:
+    """The records of the shards in ``shards``, one after the other, without those whose key is in
+    ``excluded`` (``data.exclude``: dropped as they stream by, before the mix and the shuffle
+    buffer, so they never count as consumed). ``reachable``: the shards this stream can ever read
+    (default: all of the source's); when every one of them has been read without a record left
+    after the exclusion, it stops with an error instead of reading forever."""
+    reachable = frozenset(src.urls) if reachable is None else reachable
     empty_in_a_row, limit = 0, 2 * len(src.urls) + 10
+    exhausted: set[str] = set()  # shards read with nothing left after the exclusion
     for url in shards:
-        n = 0
+        n = kept = 0
         for rec in iter_records(url):
             n += 1
+            if rec.key in excluded:
+                continue
+            kept += 1
             yield rec
         empty_in_a_row = 0 if n else empty_in_a_row + 1
         if empty_in_a_row >= limit:
             raise NclipError(f"{src.name}: no samples in {empty_in_a_row} shard reads in a row (e.g. {url}); "
                              "are the shards empty?")
+        if excluded and exhausted is not None:
+            if kept:
+                exhausted = None  # a shard with kept samples: this stream always has data
+            else:
+                exhausted.add(url)
+                if exhausted >= reachable:
+                    raise NclipError(f"{src.name}: data.exclude leaves no sample in the {len(reachable)} shard(s) "
+                                     f"this stream reads (e.g. {url})")
 
 
 def raw_stream(sources: list[Source], seed: int, rank: int, stream: int, slot: int, slots: int,
-               resampled: bool, shuffle_buffer: int, reseed: int = 0) -> Iterator[Record | Bad]:
-    """Stages 1-3 of the module docstring: an endless, deterministic sequence of raw records."""
+               resampled: bool, shuffle_buffer: int, reseed: int = 0,
+               excluded: frozenset[str] = frozenset()) -> Iterator[Record | Bad]:
+    """Stages 1-3 of the module docstring: an endless, deterministic sequence of raw records,
+    without the samples whose key is in ``excluded``."""
     base = [seed, _STREAM_TAG, reseed, rank, stream]
     iters = [
-        _source_records(src, _shard_sequence(src, slot, slots, resampled, np.random.default_rng(base + [1, i])))
+        _source_records(src, _shard_sequence(src, slot, slots, resampled, np.random.default_rng(base + [1, i])),
+                        excluded, frozenset(src.urls if resampled else src.urls[slot::slots]))
         for i, src in enumerate(sources)
     ]
     if len(iters) == 1:
@@ -167,6 +193,11 @@ class ShardStreamDataset(IterableDataset):
         self.sources = sources_from_config(cfg)
         self.resume = resume  # {"streams": [[consumed, skipped], ...]} in stream order, or None
         self.reseed = 0
+        self.excluded: frozenset[str] = frozenset()
+        if cfg.data.exclude is not None:  # sample keys, as `nclip data dedup` names shard samples
+            from nclip.data.dedup import load_exclusions
+
+            self.excluded = frozenset(load_exclusions(cfg.data.exclude))
 
     def num_streams(self) -> int:
         return max(self.cfg.data.num_workers, 1)
@@ -201,7 +232,7 @@ class ShardStreamDataset(IterableDataset):
             consumed, skipped = self.resume["streams"][stream]
         d = self.cfg.data
         records = raw_stream(self.sources, self.cfg.seed, self.rank, stream, self.rank * workers + stream,
-                             self.world * workers, d.resampled, d.shuffle_buffer, self.reseed)
+                             self.world * workers, d.resampled, d.shuffle_buffer, self.reseed, self.excluded)
         if consumed:
             next(itertools.islice(records, consumed - 1, None))  # fast-forward, nothing decoded
         window = BadWindow(d.bad_window, d.max_bad_fraction)

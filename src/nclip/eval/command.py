@@ -2,7 +2,8 @@
 
     nclip eval --checkpoint RUN_DIR --out DIR [--tasks zeroshot,linear,...] [--dataset SPEC ...]
                [--head clip|nclip|yclip] [--nclip-score symmetric|image_to_text]
-               [--features backbone|clip|nclip|proto] [--baseline RUN_DIR] [--cache-dir DIR | --no-cache]
+               [--features backbone|clip|nclip|proto] [--baseline RUN_DIR] [--hierarchy FILE|builtin]
+               [--cache-dir DIR | --no-cache]
                [--no-report]
     nclip eval compare EVAL_A EVAL_B ... [--out FILE.md]
 """
@@ -39,6 +40,10 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
                                       "backbone | clip | nclip | proto (default: the objective's paper protocol, "
                                       "ProtoCLIP: clip = z, App. B; the others: backbone)")
     p.add_argument("--baseline", metavar="RUN_DIR", help="run or eval directory for relative realm accuracy")
+    p.add_argument("--hierarchy", metavar="FILE|builtin",
+                   help="realm labels for the realms task from each dataset's class labels and a class hierarchy: "
+                        "a JSON or TSV file (realm = the child of the root on a class's path), or builtin "
+                        "(synthetic shapes: polygon / curved shape / symbol; digits: round / straight / mixed)")
     p.add_argument("--cache-dir", type=Path, help="feature cache (default: OUT/../.nclip-cache)")
     p.add_argument("--no-cache", action="store_true", help="extract features afresh and store nothing")
     p.add_argument("--no-report", action="store_true", help="write results.json only")
@@ -80,7 +85,7 @@ def run_eval_command(args) -> int:
     settings = EvalSettings().updated(
         _option, tasks=tasks, datasets=tuple(args.datasets or EvalSettings().datasets), head=args.head,
         features=args.features,
-        baseline=args.baseline, test_samples=args.samples, train_samples=args.train_samples,
+        baseline=args.baseline, hierarchy=args.hierarchy, test_samples=args.samples, train_samples=args.train_samples,
         sts_pairs=args.sts_pairs, mask_samples=args.mask_samples, batch_size=args.batch_size, seed=args.seed,
         device=args.device, **({"nclip_score": args.nclip_score} if args.nclip_score else {}))
     cache = None if args.no_cache else (args.cache_dir if args.cache_dir else "default")

@@ -55,6 +55,8 @@ class EvalData:
     multilabel_kinds: kinds with a multi-hot target (zero-shot multi-label).
     masks: whether samples carry object masks (mask probing).
     realm: (realm kind, class kind) for realm-wise probing, or None.
+    realm_hierarchy: (class kind, Hierarchy) whose realms label the samples for realm-wise probing
+        instead of ``realm`` (``nclip eval --hierarchy``, :func:`nclip.eval.realms.attach_hierarchies`).
     sts: sentence pairs (a, b, score) for text STS, or None.
     """
 
@@ -66,6 +68,7 @@ class EvalData:
     multilabel_kinds: tuple[str, ...] = ()
     masks: bool = False
     realm: tuple[str, str] | None = None
+    realm_hierarchy: tuple[str, object] | None = None
     sts: list[tuple[str, str, float]] | None = None
 
 

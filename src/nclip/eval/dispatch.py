@@ -142,7 +142,7 @@ def eval_dataset(st: EvalState, data: EvalData) -> None:
             y = test[f"label.{kind}"]
             if torch.unique(y).numel() >= 2:
                 st.put("cluster", f"{data.name}-{kind}", probe.cluster(image[st.probe_key], y, seed=st.settings.seed))
-    if "realms" in tasks and data.realm and "train" in data.splits:
+    if "realms" in tasks and (data.realm or data.realm_hierarchy) and "train" in data.splits:
         _eval_realms(st, data, test)
     if "masks" in tasks and data.masks:
         _eval_masks(st, data)
@@ -159,7 +159,7 @@ def _eval_zero_shot(st: EvalState, data: EvalData, test: dict, image: dict, task
         prompts = _prompts(st, data, kind)
         classes = ensemble(prompts, len(data.label_spaces[kind]))
         class_scores[kind] = zeroshot.scores(image, classes, st.head, st.settings.nclip_score)
-        if kind == _primary_kind(data):
+        if kind == realms.class_kind(data.label_spaces):
             st.artifacts.setdefault("tsne", {"dataset": data.name, "kind": kind, "head": st.head,
                                              "image": image, "labels": test[f"label.{kind}"],
                                              "prompts": prompts, "classes": classes,
@@ -179,13 +179,6 @@ def _eval_zero_shot(st: EvalState, data: EvalData, test: dict, image: dict, task
             if kind in class_scores and f"multilabel.{kind}" in test:
                 st.put("multilabel", f"{data.name}-{kind}",
                        multilabel.evaluate(class_scores[kind], test[f"multilabel.{kind}"]))
-
-
-def _primary_kind(data: EvalData) -> str | None:
-    for kind in ("shape", "digit", "class"):
-        if kind in data.label_spaces:
-            return kind
-    return next(iter(data.label_spaces), None)
 
 
 def _eval_retrieval(st: EvalState, data: EvalData, test: dict, image: dict, text: dict) -> None:
@@ -217,12 +210,21 @@ def _eval_probes(st: EvalState, data: EvalData, test: dict, image: dict, tasks: 
 
 
 def _eval_realms(st: EvalState, data: EvalData, test: dict) -> None:
-    rk, ck = data.realm
+    """Realm-wise linear probing; the realm labels are the data's own, or those of the class
+    hierarchy named by ``--hierarchy`` (``data.realm_hierarchy``), derived from the class labels."""
     train = _features(st, data, "train", texts=False)
-    names = data.label_spaces[rk].names
+    if data.realm_hierarchy is not None:
+        ck, hierarchy = data.realm_hierarchy
+        classes = data.label_spaces[ck].names
+        realm_train, names = realms.from_hierarchy(hierarchy, classes, train[f"label.{ck}"])
+        realm_test, _ = realms.from_hierarchy(hierarchy, classes, test[f"label.{ck}"])
+    else:
+        rk, ck = data.realm
+        names = data.label_spaces[rk].names
+        realm_train, realm_test = train[f"label.{rk}"], test[f"label.{rk}"]
     key = st.probe_key
-    per = realms.evaluate(train[f"image.{key}"], train[f"label.{rk}"], train[f"label.{ck}"],
-                          test[f"image.{key}"], test[f"label.{rk}"], test[f"label.{ck}"], names,
+    per = realms.evaluate(train[f"image.{key}"], realm_train, train[f"label.{ck}"],
+                          test[f"image.{key}"], realm_test, test[f"label.{ck}"], names,
                           l2_grid=st.settings.l2_grid, seed=st.settings.seed)
     for name, m in per.items():
         st.put("realms", f"{data.name}-{realms.key(name)}", {"top1": m["top1"], "mean_per_class": m["mean_per_class"]})
@@ -281,7 +283,7 @@ _NEEDS = {
     "linear": "class labels and a train split",
     "knn": "class labels and a train split",
     "cluster": "test labels of at least two classes",
-    "realms": "realm labels and a train split (synthetic, realms:DIR)",
+    "realms": "realm labels and a train split (synthetic, realms:DIR, or class labels with --hierarchy)",
     "sts": "sentence pairs (synthetic with --sts-pairs > 0, sts:FILE.csv)",
     "masks": "object masks (synthetic)",
     "diagnostics": "captions (synthetic, digits, captions:FILE)",

@@ -57,7 +57,7 @@ def _probe_run(model, cfg: RunConfig, device, test_data, objective) -> dict:
     """k-NN and linear-probe top-1 on the probed features, for objectives without a zero-shot head."""
     from nclip.eval.runner import probe_features
 
-    features = probe_features(cfg.eval.probe_features, cfg.objective.name)
+    features = probe_features(cfg.eval.probe_features, cfg.objective)
     key = PROBE_FEATURES[features]
     kind = (objective.label_request(cfg) or LabelRequest()).key or MAIN_LABEL[cfg.data.source]
     # the probe's training images come from the training split (synthetic: its first eval.samples

@@ -9,7 +9,8 @@ On synthetic scenes a realm dataset is the set of samples whose main shape lies 
 (polygons, curved shapes, symbols), and the task is to tell its shapes apart. For user data, every
 top-level folder is a realm (:func:`nclip.eval.datasets.realm_folders`). A class hierarchy
 (:class:`nclip.hierarchy.Hierarchy`, realm = the child of the root on a class's path) gives the
-same inputs from class labels alone: :func:`from_hierarchy`.
+same inputs from class labels alone: :func:`from_hierarchy`; ``nclip eval --hierarchy FILE|builtin``
+gives every class-labelled dataset realm labels that way (:func:`attach_hierarchies`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,45 @@ def from_hierarchy(hierarchy, class_names, class_ids) -> tuple[torch.Tensor, lis
     names = list(dict.fromkeys(of_class[c] for c in class_names))
     lookup = torch.tensor([names.index(of_class[c]) for c in class_names], dtype=torch.long)  # [C]
     return lookup[torch.as_tensor(class_ids).long()], names
+
+
+PRIMARY_KINDS = ("shape", "digit", "class")  # the class label kind of a dataset, in this order
+
+
+def class_kind(label_kinds) -> str | None:
+    """The label kind whose classes a hierarchy's leaves name: shape (synthetic), digit (digits),
+    class (folder trees); otherwise the first kind, None without labels."""
+    kinds = list(label_kinds)
+    return next((k for k in PRIMARY_KINDS if k in kinds), kinds[0] if kinds else None)
+
+
+def attach_hierarchies(datasets, setting: str | None) -> None:
+    """Give every dataset with class labels and a train split the realm labels of a class hierarchy
+    (``EvalData.realm_hierarchy``): ``setting`` is "builtin" (the built-in data's own hierarchy,
+    :func:`nclip.data.hierarchies.builtin_hierarchy`) or a JSON/TSV file (:meth:`Hierarchy.load`).
+    Checked up front, before any feature is extracted: an unreadable file, a dataset without a
+    built-in hierarchy, a class without a node or a class that is a root are one-line errors."""
+    if setting is None:
+        return
+    from nclip.data.hierarchies import builtin_hierarchy
+    from nclip.errors import NclipError
+    from nclip.hierarchy import Hierarchy
+
+    shared = None if setting == "builtin" else Hierarchy.load(setting)
+    for data in datasets:
+        kind = class_kind(data.label_spaces)
+        if kind is None or "train" not in data.splits:
+            continue  # no classes to probe (captions, STS): the realm task does not apply
+        names = list(data.label_spaces[kind].names)
+        source = data.identity.get("kind")
+        try:
+            hierarchy = shared or builtin_hierarchy(source, kind)
+            hierarchy.check_covers(names)
+            hierarchy.realms(names)  # a class that is a root has no realm
+        except NclipError as e:
+            where = "builtin" if shared is None else setting
+            raise NclipError(f"--hierarchy {where}: dataset {data.name} ({source}, {kind} labels): {e}") from None
+        data.realm_hierarchy = (kind, hierarchy)
 
 
 def evaluate(train_x, train_realm, train_cls, test_x, test_realm, test_cls, realm_names,

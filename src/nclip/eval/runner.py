@@ -27,6 +27,7 @@ import torch
 from nclip.defaults import PROBE_FEATURES_DETAIL
 from nclip.errors import NclipError
 from nclip.eval import datasets as eval_data
+from nclip.eval import realms
 from nclip.eval.cache import FeatureCache
 from nclip.eval.checkpoint import resolve_checkpoint
 from nclip.eval.dispatch import EvalState, eval_dataset, explain_missing
@@ -72,14 +73,16 @@ def run_eval(checkpoint: str | Path, out: str | Path | None = None, *, tasks=Non
         why = f"objective {ck.cfg.objective.name!r} trains no text-aligned head (image-only: see linear, knn)"
         text_skipped = {t: why for t in settings.tasks if t in TEXT_TASKS}
         settings = settings.updated(tasks=tuple(t for t in settings.tasks if t not in TEXT_TASKS))
-    elif MODEL_HEAD[head_name] not in objective.heads:
+    elif MODEL_HEAD[head_name] not in objective.heads_for(ck.cfg.objective):
         raise NclipError(f"head {head_name!r} is not in this checkpoint: objective {ck.cfg.objective.name!r} "
-                         f"has {', '.join(sorted(objective.heads))}")
-    settings = settings.updated(features=probe_features(settings.features, ck.cfg.objective.name))
+                         f"has {', '.join(sorted(objective.heads_for(ck.cfg.objective)))}")
+    settings = settings.updated(features=probe_features(settings.features, ck.cfg.objective))
     st = EvalState(ck, settings, head_name, FeatureCache(settings.cache_dir, ck.sha256), _device(settings.device),
                    log or (lambda msg: None))
     st.skipped.update(text_skipped)
     all_data = _build_datasets(ck.cfg, settings)
+    if "realms" in settings.tasks:
+        realms.attach_hierarchies(all_data, settings.hierarchy)
     st.extract_threads = torch.get_num_threads()
     with _threads(1):
         for data in all_data:
@@ -97,17 +100,18 @@ def run_eval(checkpoint: str | Path, out: str | Path | None = None, *, tasks=Non
     return doc
 
 
-def probe_features(features: str | None, objective_name: str) -> str:
+def probe_features(features: str | None, objective_cfg) -> str:
     """The image features the probes read: ``features``, or (None) the objective's paper default
     (``Objective.probe_features``: ProtoCLIP's z per its App. B, the backbone for the others);
-    a one-line error when the objective trains no such head."""
+    a one-line error when the objective (config ``objective_cfg``) trains no such head."""
     from nclip.objectives import REGISTRY
 
-    objective = REGISTRY[objective_name][1]
+    objective = REGISTRY[objective_cfg.name][1]
     features = features or objective.probe_features
-    if features != "backbone" and features not in objective.heads:
-        raise NclipError(f"features {features!r}: objective {objective_name!r} trains no {features!r} head "
-                         f"(it has {', '.join(sorted(objective.heads))}; backbone features always exist)")
+    heads = objective.heads_for(objective_cfg)
+    if features != "backbone" and features not in heads:
+        raise NclipError(f"features {features!r}: objective {objective_cfg.name!r} trains no {features!r} head "
+                         f"(it has {', '.join(sorted(heads))}; backbone features always exist)")
     return features
 
 
@@ -182,7 +186,8 @@ def _document(st: EvalState, objective) -> dict:
     return {
         "version": RESULTS_VERSION,
         "checkpoint": {"path": str(ck.path), "weights": str(ck.weights), "weights_sha256": ck.sha256,
-                       "objective": cfg.objective.name, "heads": sorted(objective.heads), "head": st.head or "none",
+                       "objective": cfg.objective.name, "heads": sorted(objective.heads_for(cfg.objective)),
+                       "head": st.head or "none",
                        "zero_shot_head": objective.zero_shot_head, "image_size": cfg.data.image_size,
                        "vision_tower": cfg.model.vision.kind, "text_tower": cfg.model.text.kind,
                        "run_dir": str(ck.run_dir) if ck.run_dir else None},

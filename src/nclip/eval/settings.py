@@ -58,6 +58,9 @@ class EvalSettings(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     cache_dir: str | None = None  # None: no cache
     baseline: str | None = None  # run dir, eval dir or results.json for relative realm accuracy
+    # realm labels for the realms task from each dataset's class labels: "builtin" (the built-in
+    # data's own hierarchies, nclip.data.hierarchies) or a JSON/TSV hierarchy file (nclip.hierarchy)
+    hierarchy: str | None = None
 
     @field_validator("tasks")
     @classmethod
@@ -90,7 +93,14 @@ class EvalSettings(BaseModel):
             raise ValueError("a Spearman correlation needs 0 (no STS) or at least 2 sentence pairs, got 1")
         return n
 
-    @field_validator("cache_dir", "baseline", mode="before")
+    @field_validator("hierarchy")
+    @classmethod
+    def _hierarchy(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("give 'builtin' or a hierarchy file (JSON or TSV)")
+        return value
+
+    @field_validator("cache_dir", "baseline", "hierarchy", mode="before")
     @classmethod
     def _path_text(cls, value: Any) -> Any:
         return os.fspath(value) if isinstance(value, os.PathLike) else value

@@ -170,5 +170,5 @@ class DualEncoder(nn.Module):
 
 def build_model(cfg: RunConfig, pretrained_text: bool = True) -> DualEncoder:
     """The dual encoder with the heads that the configured objective needs."""
-    heads = REGISTRY[cfg.objective.name][1].heads
+    heads = REGISTRY[cfg.objective.name][1].heads_for(cfg.objective)
     return DualEncoder(cfg, heads, pretrained_text=pretrained_text)

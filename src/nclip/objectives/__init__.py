@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from nclip.objectives.base import EncoderOutput, LabelSpace, Objective, ObjectiveConfig
 from nclip.objectives.clip import ClipConfig, ClipObjective
+from nclip.objectives.clip_supcon import ClipSupconConfig, ClipSupconObjective
 from nclip.objectives.cmsf import (
     ClipCmsfConfig,
     ClipCmsfObjective,
@@ -19,8 +20,6 @@ from nclip.objectives.nclip import NclipConfig, NclipObjective, XclipConfig, Xcl
 from nclip.objectives.protoclip import ProtoclipConfig, ProtoclipObjective
 from nclip.objectives.siglip import SiglipConfig, SiglipObjective, XsiglipConfig, XsiglipObjective
 from nclip.objectives.supcon import (
-    ClipSupconConfig,
-    ClipSupconObjective,
     PacoConfig,
     PacoObjective,
     RecoConfig,

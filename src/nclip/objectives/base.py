@@ -182,6 +182,13 @@ class Objective(nn.Module):
         return cls(cfg)
 
     @classmethod
+    def heads_for(cls, cfg: ObjectiveConfig) -> frozenset[str]:
+        """The heads the model builds for ``cfg``: :attr:`heads` (every head the objective may use)
+        unless the config leaves some unused, which must then not exist (DDP needs every parameter to
+        get a gradient), e.g. ``clip_supcon`` on the text side builds no "supcon" head."""
+        return cls.heads
+
+    @classmethod
     def hierarchy_request(cls, cfg: ObjectiveConfig) -> str | None:
         """For an objective with ``needs_label_space``: ``"builtin"`` (the source's built-in class
         hierarchy), a path to a hierarchy file, or None (no class similarity wanted)."""

@@ -1,6 +1,7 @@
 """SupCon, PaCo and ReCo (OmniBenchmark paper, Sec. 4.1–4.3, Eq. 2–7) as trainer objectives:
-``supcon``, ``paco``, ``reco`` (image-only) and ``clip_supcon`` (w_clip·InfoNCE + w_supcon·SupCon on
-the image side, one view, beside CLIP).
+``supcon``, ``paco``, ``reco`` (image-only). Beside CLIP or xCLIP, on either side, they are the
+auxiliary term of ``clip_supcon`` (:mod:`nclip.objectives.clip_supcon`), which builds them and calls
+:meth:`SupconObjective.contrast` on the embeddings of its side.
 
 What the rest of nclip does for them (declared by the class attributes, see :class:`Objective`):
 
@@ -88,12 +89,6 @@ class RecoConfig(SupconFields):
     num_classes: int | None = Field(None, ge=1, title="K", description=_K_DOC + " (base paco)")
 
 
-class ClipSupconConfig(SupconFields):
-    name: Literal["clip_supcon"] = "clip_supcon"
-    w_clip: float = Field(1.0, ge=0, title="w_CLIP", description="weight of InfoNCE")
-    w_supcon: float = Field(1.0, ge=0, title="w_SupCon", description="weight of the image-side SupCon loss")
-
-
 def _check_labelled(run_cfg) -> None:
     name = run_cfg.objective.name
     if run_cfg.data.source not in BUILTIN_SOURCES:
@@ -161,7 +156,12 @@ class SupconObjective(Objective):
         return {f"{self.prefix}/queue_fill": self.queue.filled.float() / self.queue.size}
 
     def supcon_terms(self, out: EncoderOutput, labels: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        z = self._features(out, labels)
+        """The loss and its logged terms on the "supcon" head's projections of ``out``."""
+        return self.contrast(self._features(out, labels), labels)
+
+    def contrast(self, z: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The loss and its logged terms (``<prefix>/loss``, ...) on projections z [B, V, D] with labels
+        [B]: any side's embeddings (``clip_supcon`` also applies it to the text side's)."""
         t = functional.supcon_terms(z, labels, temperature=self.cfg.temperature, global_batch=self.cfg.global_batch,
                                     **self._queue())
         terms = {f"{self.prefix}/{k}": v for k, v in t.items()}
@@ -200,8 +200,8 @@ class PacoObjective(SupconObjective):
             return cls(cfg, num_classes=k)
         return cls(cfg, dim=run_cfg.model.supcon_dim, seed=run_cfg.seed, num_classes=k)
 
-    def supcon_terms(self, out: EncoderOutput, labels: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        cfg, z = self.cfg, self._features(out, labels)
+    def contrast(self, z: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        cfg = self.cfg
         t = functional.paco_terms(z, labels, self.centers, alpha=cfg.alpha, beta=cfg.beta, temperature=cfg.temperature,
                                   global_batch=cfg.global_batch, **self._queue())
         terms = {f"{self.prefix}/{k}": v for k, v in t.items()}
@@ -253,8 +253,8 @@ class RecoObjective(SupconObjective):
         seed = (self.seed * _DRAW_MIX + int(self.draws)) % (2**63 - 1)
         return torch.Generator(device=device).manual_seed(seed)
 
-    def supcon_terms(self, out: EncoderOutput, labels: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        cfg, z = self.cfg, self._features(out, labels)
+    def contrast(self, z: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        cfg = self.cfg
         queue = self._queue()
         rows = functional.multiview_labels(labels, z.shape[1], global_batch=cfg.global_batch)  # [N_g]
         cols = torch.cat([rows, queue["queue_labels"].to(rows)]) if queue else rows  # [N_g + Q]
@@ -269,22 +269,3 @@ class RecoObjective(SupconObjective):
                                   global_batch=cfg.global_batch, **paco, **queue)
         terms = {f"{self.prefix}/{k}": v for k, v in t.items()}
         return {**terms, **self._enqueue(z, labels)}
-
-
-class ClipSupconObjective(SupconObjective):
-    """w_clip·L_CLIP + w_supcon·L_SupCon: InfoNCE on the CLIP heads and SupCon (Eq. 2) on the image
-    side's "supcon" head, one view per image (a class's other images are the positives), so it runs
-    beside CLIP on labelled pairs."""
-
-    heads = frozenset({"clip", "supcon"})
-    zero_shot_head = "clip"
-    views = 1
-    prefix = "supcon"
-
-    def forward(self, out: EncoderOutput, labels: torch.Tensor | None = None,
-                true_labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        cfg = self.cfg
-        clip = functional.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch)
-        terms = self.supcon_terms(out, labels)
-        loss = cfg.w_clip * clip["loss"] + cfg.w_supcon * terms["supcon/loss"]
-        return {"loss": loss, **{f"clip/{k}": v for k, v in clip.items()}, **terms}

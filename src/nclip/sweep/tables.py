@@ -69,7 +69,7 @@ def collect(out: Path, runs: list[RunSpec], configs: dict, journal=None) -> list
             "final": v["final"], "collapse": v["collapse"], "nonfinite_steps": v["nonfinite_steps"],
             "wall_s": entry.get("wall_s"), "error": entry.get("error", ""), "metrics": metrics,
             "zs_key": f"zeroshot/{kind}/top1", "ln_data": f"{dataset}-{kind}", "k": cfg.model.nclip_dim,
-            "stats_prefix": REGISTRY[cfg.objective.name][1].head_stats_prefix,
+            "stats_prefix": getattr(REGISTRY[cfg.objective.name][1].collapse_watch(cfg.objective), "prefix", None),
         })
     return rows
 
