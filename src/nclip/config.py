@@ -94,6 +94,9 @@ class DataConfig(_Section):
     # --- real data (source: webdataset | csv); see nclip.data.webdataset / nclip.data.csv_source
     shards: str | list[str] | None = None  # e.g. "/data/cc3m/{00000..00331}.tar" (one source)
     sources: list[ShardSource] | None = None  # several weighted sources instead of `shards`
+    # how `sources` mix: per sample (mixed), or every global batch from one source drawn ∝ weight
+    # (per_source: xCLIP Tab. 9f "debiased sampling"); see nclip.data.webdataset
+    sampling: Literal["mixed", "per_source"] = "mixed"
     csv: str | None = None  # CSV (or .tsv) file; image paths are relative to its directory
     # identifiers to leave out of training: the duplicates.json of `nclip data dedup` or a text file
     # (map-style sources: csv, folder, built-in)
@@ -119,6 +122,9 @@ class DataConfig(_Section):
             raise ValueError("data.source webdataset needs exactly one of data.shards or data.sources")
         if self.source == "webdataset" and self.sources is not None and not self.sources:
             raise ValueError("data.sources is empty")
+        if self.sampling == "per_source" and (self.source != "webdataset" or self.sources is None):
+            raise ValueError("data.sampling per_source needs data.source webdataset with data.sources "
+                             "(several weighted sources)")
         if self.hard_negative_group > 1 and self.source != "synthetic":
             raise ValueError("data.hard_negative_group > 1 needs data.source synthetic")
         if self.exclude is not None and (self.source == "webdataset" or self.hard_negative_group > 1):
