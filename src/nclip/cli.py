@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grid", action="append", default=[], metavar="'KEY=[V1,V2] ...'",
                    help="cartesian grid, e.g. \"objective.lambda1=[0,0.3,0.5] objective.lambda2=[1,1.5]\" (repeatable)")
     p.add_argument("--grid-file", type=Path, help="YAML file with 'grid:' and/or named 'settings:'")
-    p.add_argument("--table", help="named settings of a paper table: a1 (Tab. A1), 9a, 9e")
+    p.add_argument("--table", help="named settings of a paper table: a1 (Tab. A1), 9a, 9c, 9d, 9e, 9f "
+                   "(9c: --preset nclip-tiny; 9d, 9e, 9f: an xclip preset, 9f with data.sources)")
     p.add_argument("--out", required=True, type=Path, help="sweep directory (runs in OUT/runs/<slug>)")
     p.add_argument("--parallel", type=int, help="runs at once (default: cores // threads per run)")
     p.add_argument("--threads", type=int, help="train.threads of each run (default 1, or cores // --parallel)")

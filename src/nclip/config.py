@@ -94,6 +94,9 @@ class DataConfig(_Section):
     # --- real data (source: webdataset | csv); see nclip.data.webdataset / nclip.data.csv_source
     shards: str | list[str] | None = None  # e.g. "/data/cc3m/{00000..00331}.tar" (one source)
     sources: list[ShardSource] | None = None  # several weighted sources instead of `shards`
+    # how `sources` mix: per sample (mixed), or every global batch from one source drawn ∝ weight
+    # (per_source: xCLIP Tab. 9f "debiased sampling"); see nclip.data.webdataset
+    sampling: Literal["mixed", "per_source"] = "mixed"
     csv: str | None = None  # CSV (or .tsv) file; image paths are relative to its directory
     # identifiers to leave out of training: the duplicates.json of `nclip data dedup` or a text file
     # (every source: image paths, shard sample keys, source:train:i for built-in data)
@@ -119,6 +122,9 @@ class DataConfig(_Section):
             raise ValueError("data.source webdataset needs exactly one of data.shards or data.sources")
         if self.source == "webdataset" and self.sources is not None and not self.sources:
             raise ValueError("data.sources is empty")
+        if self.sampling == "per_source" and (self.source != "webdataset" or self.sources is None):
+            raise ValueError("data.sampling per_source needs data.source webdataset with data.sources "
+                             "(several weighted sources)")
         if self.hard_negative_group > 1 and self.source != "synthetic":
             raise ValueError("data.hard_negative_group > 1 needs data.source synthetic")
         if self.exclude is not None and self.hard_negative_group > 1:
@@ -193,6 +199,14 @@ class ModelConfig(_Section):
     embed_dim: int = Field(512, ge=1, description="CLIP head output (Sec. 3.2: 512)")
     nclip_hidden: int = Field(4096, ge=1, description="nCLIP head hidden width (Sec. 3.2: 4096)")
     nclip_dim: int = Field(32768, ge=2, title="dim", description="nCLIP head output K (Sec. 3.2: 32768)")
+    # Tab. 9c/9d ablations of the nCLIP head (nclip.models.heads.NclipHead); the defaults are Sec. 3.2's
+    nclip_layers: int = Field(1, ge=1, title="#TL", description="nCLIP head hidden layers (Sec. 3.2: 1)")
+    nclip_shared_layers: int = Field(0, ge=0, title="#SL",
+                                     description="of those, shared with the CLIP head (Tab. 9d; xCLIP only)")
+    nclip_bottleneck: int | None = Field(None, ge=1, title="bottleneck",
+                                         description="a bottleneck Linear(hidden, b) before the last layer")
+    nclip_l2norm: bool = Field(False, title="ℓ2-norm", description="ℓ2-normalise the last layer's input")
+    nclip_last_bn: bool = Field(True, title="last BN", description="the final BatchNorm(affine=False)")
     proto_hidden: int = Field(2048, ge=1, description="ProtoCLIP head hidden width (App. A.1: 2048)")
     proto_dim: int = Field(128, ge=2, description="ProtoCLIP head output d_h (App. A.1: 128)")
     # CMSF's projection and predictor MLPs, linear(d, 4096) → BN → ReLU → linear(4096, 512) (Sec. 3)
@@ -203,6 +217,12 @@ class ModelConfig(_Section):
     supcon_hidden: int = Field(2048, ge=1, description="SupCon projection hidden width (Khosla et al.: 2048)")
     supcon_dim: int = Field(128, ge=1, description="SupCon projection output (Khosla et al.: 128)")
     sync_batchnorm: bool = True  # under DDP, BatchNorm statistics over the global batch
+
+    @model_validator(mode="after")
+    def _shared(self):
+        if self.nclip_shared_layers > self.nclip_layers:
+            raise ValueError(f"nclip_shared_layers {self.nclip_shared_layers} exceeds nclip_layers {self.nclip_layers}")
+        return self
 
 
 class TrainConfig(_Section):
@@ -289,6 +309,9 @@ class RunConfig(_Section):
                              f"data.hard_negative_group {self.data.hard_negative_group}")
         REGISTRY[self.objective.name][1].check_run(self)  # e.g. a label constraint needs labelled data
         heads = REGISTRY[self.objective.name][1].heads_for(self.objective)
+        if self.model.nclip_shared_layers and not {"clip", "nclip"} <= heads:
+            raise ValueError(f"model.nclip_shared_layers {self.model.nclip_shared_layers}: objective "
+                             f"{self.objective.name!r} has no CLIP and nCLIP heads to share layers (xclip has)")
         if self.eval.probe_features not in (None, "backbone") and self.eval.probe_features not in heads:
             raise ValueError(f"eval.probe_features {self.eval.probe_features}: objective {self.objective.name!r} "
                              f"trains no {self.eval.probe_features!r} head (it has {', '.join(sorted(heads))})")

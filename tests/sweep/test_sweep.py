@@ -5,6 +5,7 @@ import csv
 import json
 import math
 
+import numpy as np
 import pytest
 
 from nclip.cli import main
@@ -75,7 +76,7 @@ def test_bad_grid_is_one_line_exit_2(grid, needle, tmp_path, capsys):
 
 def test_other_user_errors(tmp_path, capsys):
     for argv, needle in [
-        (["--table", "b7"], "unknown table 'b7'"),
+        (["--table", "b7"], "unknown table 'b7'; available: a1, 9a, 9c, 9d, 9e, 9f"),
         ([], "nothing to sweep"),
         (["--grid-file", str(tmp_path / "nope.yaml")], "grid file not found"),
         (["--grid", "objective.lambda1=[0.3]", "--parallel", "0"],
@@ -127,6 +128,52 @@ def test_grid_file_and_tables(tmp_path):
     assert cfg.objective.name == "unified" and cfg.objective.uniform == "sinkhorn"
     assert [r.slug for r in expand({}, table_settings("9a"))][0] == "l1-0_l2-1"
     assert len(table_settings("tab.9e")) == 4
+
+
+def test_tab9c_9d_9f_recipes_expand_to_the_paper_rows(tmp_path):
+    from nclip.config import resolve
+    from nclip.data.shards import ShardWriter
+
+    runs = expand({}, table_settings("9c"))
+    assert [r.slug for r in runs] == ["vanilla", "bottleneck", "l2-norm", "no-last-bn"]
+    assert list(runs[0].values) == ["model.nclip_bottleneck", "model.nclip_l2norm", "model.nclip_last_bn"]
+    heads = [resolve("nclip-tiny", r.set_args()).model for r in runs]
+    assert [(m.nclip_bottleneck, m.nclip_l2norm, m.nclip_last_bn) for m in heads] == [
+        (None, False, True), (256, False, True), (None, True, True), (None, False, False)]
+
+    runs = expand({}, table_settings("tab9d"))
+    assert [r.slug for r in runs] == ["sl0-tl1", "sl0-tl2", "sl1-tl2", "sl2-tl3"]
+    models = [resolve("tiny", r.set_args()).model for r in runs]
+    assert [(m.nclip_shared_layers, m.nclip_layers) for m in models] == [(0, 1), (0, 2), (1, 2), (2, 3)]
+    with pytest.raises(NclipError, match="no CLIP and nCLIP heads"):  # 9d is an xCLIP table
+        resolve("nclip-tiny", runs[2].set_args())
+
+    runs = expand({}, table_settings("9f"))
+    assert [r.slug for r in runs] == ["vanilla", "shared-space", "debiased-sampling", "nclip-warmup"]
+    vanilla, shared, warm = (resolve("tiny", runs[i].set_args()) for i in (0, 1, 3))
+    assert vanilla.objective.name == "xclip" and vanilla.data.sampling == "mixed"
+    assert (shared.objective.name, shared.objective.lambda1, shared.objective.lambda2) == ("yclip", 3.0, 4.0)
+    assert (warm.objective.nclip_warmup_start, warm.objective.nclip_warmup_steps) == (50, 50)
+    assert warm.train.warmup_steps == 50  # λ_nCLIP starts after the lr warm-up of the preset
+    # debiased sampling needs weighted shard sources (docs/ablations.md writes two)
+    with pytest.raises(NclipError, match="data.sampling per_source needs"):
+        resolve("tiny", runs[2].set_args())
+    paths = []
+    for name in ("tight", "loose"):
+        with ShardWriter(tmp_path / name, 4, "png") as w:
+            w.write(np.zeros((16, 16, 3), np.uint8), f"a {name} caption", {})
+        paths.append(str(w.paths[0]))
+    data = [f"data.sources=[{{shards: {paths[0]}, weight: 1}}, {{shards: {paths[1]}, weight: 1}}]",
+            "data.source=webdataset", "data.hard_negative_group=1"]
+    assert resolve("tiny", data + runs[2].set_args()).data.sampling == "per_source"
+
+
+def test_tab9f_without_sources_is_refused_before_any_run(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    assert main(["sweep", "--preset", "micro", "--table", "9f", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "data.sampling per_source needs data.source webdataset" in err and len(err.splitlines()) == 1, err
+    assert not (out / "runs").exists()
 
 
 def test_parallelism_and_train_command(tmp_path):

@@ -370,7 +370,8 @@ class TrainData:
                  what: str, skipped: int = 0, streams: list[list[int]] | None = None):
         self.loader, self.kind, self.steps, self.world, self.what = loader, kind, steps, world_size, what
         self._skipped = skipped  # map-style sources
-        self.streams = streams or []  # streamed sources: [records consumed, bad skipped] per stream
+        # streamed sources: [records consumed, bad skipped, *per-source consumed (data.sampling per_source)]
+        self.streams = streams or []
         from nclip.data.webdataset import BadWindow
 
         self._window = BadWindow(cfg.data.bad_window, cfg.data.max_bad_fraction)
@@ -401,7 +402,8 @@ class TrainData:
             if self.kind == "map":
                 self._account_map(pixels.shape[0], info["bad"])
             else:
-                self.streams[info["stream"]] = [int(info["consumed"]), int(info["skipped"])]
+                self.streams[info["stream"]] = [int(info["consumed"]), int(info["skipped"]),
+                                                *(int(n) for n in info.get("sources", ()))]
             yield pixels, ids, mask, *rows
 
     def _account_map(self, good: int, bad: list) -> None:

@@ -11,6 +11,13 @@ function of (seed, rank, stream id) and is built in three stages, all on raw (un
    shard sizes);
 3. a shuffle buffer of ``data.shuffle_buffer`` records.
 
+``data.sampling: per_source`` (xCLIP Tab. 9f, "debiased sampling, where each batch is sampled from a
+single data source") replaces stage 2: the global batch of step ``s`` comes whole from source
+:func:`batch_source` (seed, s), drawn with probabilities ∝ ``weight`` from the seed and the step
+alone, so every rank and worker picks the same source and a resumed run the same sequence; each
+stream keeps one shuffled record sequence per source (stages 1 and 3 per source) and fills its
+share of the batch from the chosen one, and counts its position in every source for resume.
+
 Records are then decoded (Pillow), checked (image decodes, caption non-empty) and augmented with
 randomness seeded by (seed, rank, stream, record number), and collated into batches of
 ``batch_size / world_size`` good pairs. Bad records are skipped and counted; if more than
@@ -48,6 +55,7 @@ from nclip.errors import NclipError
 
 _STREAM_TAG = 0x5EED5  # separates the shard/mix/shuffle draws from other users of the seed
 _AUG_TAG = 0xA06
+_BATCH_SOURCE_TAG = 0xB5C  # the per-step source draw of data.sampling per_source
 
 
 @dataclass(frozen=True)
@@ -136,16 +144,42 @@ def raw_stream(sources: list[Source], seed: int, rank: int, stream: int, slot: i
                 yield next(iters[i])
 
         mixed = _mix()
-    if shuffle_buffer <= 1:
-        yield from mixed
+    yield from _shuffled(mixed, shuffle_buffer, np.random.default_rng(base + [3]))
+
+
+def source_streams(sources: list[Source], seed: int, rank: int, stream: int, slot: int, slots: int,
+                   resampled: bool, shuffle_buffer: int, reseed: int = 0,
+                   excluded: frozenset[str] = frozenset()) -> list[Iterator[Record | Bad]]:
+    """``data.sampling: per_source``: stages 1 and 3 of the module docstring for every source apart,
+    one endless, deterministic sequence of raw records per source, without the keys in ``excluded``."""
+    base = [seed, _STREAM_TAG, reseed, rank, stream]
+    return [_shuffled(_source_records(src, _shard_sequence(src, slot, slots, resampled,
+                                                           np.random.default_rng(base + [4, i])),
+                                      excluded, frozenset(src.urls if resampled else src.urls[slot::slots])),
+                      shuffle_buffer, np.random.default_rng(base + [5, i]))
+            for i, src in enumerate(sources)]
+
+
+def batch_source(seed: int, step: int, weights: list[float]) -> int:
+    """The source of the global batch of optimizer ``step`` under ``data.sampling: per_source``: drawn
+    with probabilities ∝ ``weights`` by a generator seeded with (seed, step) alone, the same on every
+    rank and worker and on resume."""
+    cdf = np.cumsum(np.asarray(weights, dtype=np.float64) / sum(weights))
+    u = np.random.default_rng([seed, _BATCH_SOURCE_TAG, step]).random()
+    return min(int(np.searchsorted(cdf, u, side="right")), len(weights) - 1)
+
+
+def _shuffled(records: Iterator[Record | Bad], size: int, rng: np.random.Generator) -> Iterator[Record | Bad]:
+    """A shuffle buffer of ``size`` records (none for size <= 1)."""
+    if size <= 1:
+        yield from records
         return
-    rng = np.random.default_rng(base + [3])
     buf: list = []
-    for rec in mixed:
-        if len(buf) < shuffle_buffer:
+    for rec in records:
+        if len(buf) < size:
             buf.append(rec)
             continue
-        j = int(rng.integers(shuffle_buffer))
+        j = int(rng.integers(size))
         buf[j], rec = rec, buf[j]
         yield rec
 
@@ -182,7 +216,8 @@ class ShardStreamDataset(IterableDataset):
     """This rank's endless sequence of local batches (see the module docstring).
 
     Yields (pixels [b, 3, S, S], ids [b, L], mask [b, L], info) with info = {"stream": id,
-    "consumed": raw records consumed by that stream, "skipped": bad records skipped by it}.
+    "consumed": raw records consumed by that stream, "skipped": bad records skipped by it} and, under
+    ``data.sampling: per_source``, "sources": the records consumed from each source.
     """
 
     def __init__(self, cfg: RunConfig, collate: Callable, local_batch: int, rank: int = 0, world_size: int = 1,
@@ -191,13 +226,18 @@ class ShardStreamDataset(IterableDataset):
         self.rank, self.world = rank, world_size
         self.start_step = start_step
         self.sources = sources_from_config(cfg)
-        self.resume = resume  # {"streams": [[consumed, skipped], ...]} in stream order, or None
+        # {"streams": [[consumed, skipped, *per-source consumed], ...]} in stream order, or None
+        self.resume = resume
         self.reseed = 0
         self.excluded: frozenset[str] = frozenset()
         if cfg.data.exclude is not None:  # sample keys, as `nclip data dedup` names shard samples
             from nclip.data.dedup import load_exclusions
 
             self.excluded = frozenset(load_exclusions(cfg.data.exclude))
+        self.per_source = cfg.data.sampling == "per_source"
+
+    def _position_length(self) -> int:
+        return 2 + (len(self.sources) if self.per_source else 0)
 
     def num_streams(self) -> int:
         return max(self.cfg.data.num_workers, 1)
@@ -208,17 +248,19 @@ class ShardStreamDataset(IterableDataset):
         keeping only the count of bad samples."""
         n = self.num_streams()
         streams = saved.get("streams", []) if saved and saved.get("kind") == "stream" else []
-        if exact and len(streams) == n and saved.get("world_size") == self.world:
-            self.resume, self.reseed = {"streams": [[int(c), int(k)] for c, k in streams]}, 0
+        width = self._position_length()
+        if (exact and len(streams) == n and saved.get("world_size") == self.world
+                and all(len(s) == width for s in streams)):
+            self.resume, self.reseed = {"streams": [[int(x) for x in s] for s in streams]}, 0
         elif self.start_step > 0:
-            skipped = sum(int(k) for _, k in streams)
-            self.resume = {"streams": [[0, skipped if i == 0 else 0] for i in range(n)]}
+            skipped = sum(int(s[1]) for s in streams)
+            self.resume = {"streams": [[0, skipped if i == 0 else 0] + [0] * (width - 2) for i in range(n)]}
             self.reseed = self.start_step
 
     def initial_streams(self) -> list[list[int]]:
-        """[records consumed, bad skipped] of every stream before its first batch."""
+        """[records consumed, bad skipped, *per-source consumed] of every stream before its first batch."""
         if self.resume is None:
-            return [[0, 0] for _ in range(self.num_streams())]
+            return [[0] * self._position_length() for _ in range(self.num_streams())]
         return [list(s) for s in self.resume["streams"]]
 
     def __iter__(self):
@@ -227,30 +269,66 @@ class ShardStreamDataset(IterableDataset):
         if workers != self.num_streams():
             raise NclipError(f"internal: {workers} loader workers for {self.num_streams()} streams")
         stream = (worker + self.start_step) % workers
-        consumed, skipped = 0, 0
-        if self.resume is not None:
-            consumed, skipped = self.resume["streams"][stream]
+        position = self.initial_streams()[stream]
+        consumed, skipped = position[:2]
         d = self.cfg.data
-        records = raw_stream(self.sources, self.cfg.seed, self.rank, stream, self.rank * workers + stream,
-                             self.world * workers, d.resampled, d.shuffle_buffer, self.reseed, self.excluded)
+        window = BadWindow(d.bad_window, d.max_bad_fraction)
+        slot, slots = self.rank * workers + stream, self.world * workers
+        if self.per_source:
+            yield from self._per_source_batches(worker, workers, stream, slot, slots, position, window)
+            return
+        records = raw_stream(self.sources, self.cfg.seed, self.rank, stream, slot, slots, d.resampled,
+                             d.shuffle_buffer, self.reseed, self.excluded)
         if consumed:
             next(itertools.islice(records, consumed - 1, None))  # fast-forward, nothing decoded
-        window = BadWindow(d.bad_window, d.max_bad_fraction)
-        aug = d.augment
         items: list[tuple[torch.Tensor, str]] = []
         for rec in records:
-            index = consumed
+            item = self._decode(rec, stream, consumed, window)
             consumed += 1
-            out = decode(rec)
-            window.add(out if isinstance(out, Bad) else None, rec.url)
-            if isinstance(out, Bad):
+            if item is None:
                 skipped += 1
                 continue
-            image, caption, _ = out
-            rng = np.random.default_rng([self.cfg.seed, _AUG_TAG, self.reseed, self.rank, stream, index])
-            crop = augment(image, d.image_size, aug, rng)
-            items.append((to_tensor(crop), caption, []))
+            items.append(item)
             if len(items) == self.local_batch:
                 pixels, ids, mask, _ = self.collate(items)
                 items = []
                 yield pixels, ids, mask, {"stream": stream, "consumed": consumed, "skipped": skipped}
+
+    def _decode(self, rec: Record | Bad, stream: int, index: int, window: BadWindow):
+        """(pixels [3, S, S], caption, []) of the stream's ``index``-th raw record, augmented with
+        randomness seeded by (seed, rank, stream, index); None for a bad record (counted in ``window``)."""
+        out = decode(rec)
+        window.add(out if isinstance(out, Bad) else None, rec.url)
+        if isinstance(out, Bad):
+            return None
+        image, caption, _ = out
+        d = self.cfg.data
+        rng = np.random.default_rng([self.cfg.seed, _AUG_TAG, self.reseed, self.rank, stream, index])
+        return to_tensor(augment(image, d.image_size, d.augment, rng)), caption, []
+
+    def _per_source_batches(self, worker: int, workers: int, stream: int, slot: int, slots: int,
+                            position: list[int], window: BadWindow):
+        """``data.sampling: per_source``: this stream's batches, each from the source of its step."""
+        d = self.cfg.data
+        consumed, skipped, per_source = position[0], position[1], list(position[2:])
+        iters = source_streams(self.sources, self.cfg.seed, self.rank, stream, slot, slots, d.resampled,
+                               d.shuffle_buffer, self.reseed, self.excluded)
+        for records, n in zip(iters, per_source):
+            if n:
+                next(itertools.islice(records, n - 1, None))  # fast-forward, nothing decoded
+        weights = [src.weight for src in self.sources]
+        # batch b of the DataLoader is worker b mod W's; batch b serves optimizer step start + b
+        for step in itertools.count(self.start_step + worker, workers):
+            i = batch_source(self.cfg.seed, step, weights)
+            items: list = []
+            while len(items) < self.local_batch:
+                item = self._decode(next(iters[i]), stream, consumed, window)
+                consumed += 1
+                per_source[i] += 1
+                if item is None:
+                    skipped += 1
+                else:
+                    items.append(item)
+            pixels, ids, mask, _ = self.collate(items)
+            yield pixels, ids, mask, {"stream": stream, "consumed": consumed, "skipped": skipped,
+                                      "sources": list(per_source)}

@@ -13,7 +13,7 @@ from torch import nn
 
 from nclip.config import RunConfig
 from nclip.data.tokenization import CaptionTokenizer
-from nclip.models.heads import CmsfMLP, NclipHead, ProtoHead, SupconMLP, clip_head
+from nclip.models.heads import CmsfMLP, NclipHead, ProtoHead, SharedLayers, SupconMLP, clip_head
 from nclip.models.towers import build_text_tower, build_vision_tower
 from nclip.objectives import REGISTRY
 from nclip.objectives.base import EncoderOutput
@@ -27,6 +27,10 @@ TEXT_HEADS = frozenset({"clip", "nclip", "proto"})  # heads with a text side
 
 class DualEncoder(nn.Module):
     """f = enc(x); g = proj_CLIP(f); h = proj_nCLIP(f) for each modality (Algorithm 1).
+
+    With ``model.nclip_shared_layers`` = #SL > 0 (xCLIP Tab. 9d; objectives with both heads) the two
+    heads of a modality read s = ``{modality}_shared_head``(f), #SL hidden layers of the nCLIP head's
+    kind held once: g = proj_CLIP(s), h = proj_nCLIP(s), the latter with #TL − #SL hidden layers left.
 
     "cmsf" head (CMSF Sec. 2, Fig. 1): the online branch is the image tower g, the projection
     ``image_cmsf_head`` and the predictor ``image_cmsf_predictor`` (:class:`CmsfMLP`, sizes
@@ -62,12 +66,21 @@ class DualEncoder(nn.Module):
         self.tokenizer = CaptionTokenizer(cfg.data.text_length)
         self.vision = build_vision_tower(m.vision, cfg.data.image_size)
         self.text = build_text_tower(m, self.tokenizer, cfg.data.text_length, pretrained_text)
+        # Tab. 9d: the first #SL hidden layers are shared by the CLIP and nCLIP heads of a modality
+        self.shared_layers = m.nclip_shared_layers if {"clip", "nclip"} <= self.heads else 0
+        widths = (self.vision.width, self.text.width)  # what the heads read: f, or the shared layers' output
+        if self.shared_layers:
+            self.image_shared_head = SharedLayers(self.vision.width, m.nclip_hidden, self.shared_layers)
+            self.text_shared_head = SharedLayers(self.text.width, m.nclip_hidden, self.shared_layers)
+            widths = (m.nclip_hidden, m.nclip_hidden)
         if "clip" in self.heads:
-            self.image_clip_head = clip_head(self.vision.width, m.embed_dim)
-            self.text_clip_head = clip_head(self.text.width, m.embed_dim)
+            self.image_clip_head = clip_head(widths[0], m.embed_dim)
+            self.text_clip_head = clip_head(widths[1], m.embed_dim)
         if "nclip" in self.heads:
-            self.image_nclip_head = NclipHead(self.vision.width, m.nclip_hidden, m.nclip_dim)
-            self.text_nclip_head = NclipHead(self.text.width, m.nclip_hidden, m.nclip_dim)
+            kw = dict(layers=m.nclip_layers - self.shared_layers, bottleneck=m.nclip_bottleneck,
+                      l2norm=m.nclip_l2norm, last_bn=m.nclip_last_bn)
+            self.image_nclip_head = NclipHead(widths[0], m.nclip_hidden, m.nclip_dim, **kw)
+            self.text_nclip_head = NclipHead(widths[1], m.nclip_hidden, m.nclip_dim, **kw)
         if "proto" in self.heads:  # ProtoCLIP: h = g(z) on the CLIP embedding z (its Fig. 2)
             if "clip" not in self.heads:
                 raise ValueError("the proto head sits on the CLIP head: heads must include 'clip'")
@@ -117,10 +130,11 @@ class DualEncoder(nn.Module):
 
     def _project(self, f: torch.Tensor, modality: str) -> dict[str, torch.Tensor]:
         out = {"features": f}
+        shared = getattr(self, f"{modality}_shared_head")(f) if self.shared_layers else f  # Tab. 9d
         if "clip" in self.heads:
-            out["emb"] = getattr(self, f"{modality}_clip_head")(f)
+            out["emb"] = getattr(self, f"{modality}_clip_head")(shared)
         if "nclip" in self.heads:
-            out["logits"] = getattr(self, f"{modality}_nclip_head")(f)
+            out["logits"] = getattr(self, f"{modality}_nclip_head")(shared)
         if "proto" in self.heads:
             out["proto"] = getattr(self, f"{modality}_proto_head")(out["emb"])
         if modality == "image" and "cmsf" in self.heads:

@@ -31,6 +31,9 @@ def to_hf(model) -> CLIPModel:
         raise NclipError("export --hf needs a ViT image tower, a CLIP text transformer and a CLIP head "
                          f"(this model: image tower {model.vision.kind!r}, text tower {model.cfg_text_kind!r}, "
                          f"heads {sorted(model.heads)})")
+    if model.shared_layers:  # the CLIP projection is then an MLP, which HF's CLIPModel has no place for
+        raise NclipError(f"export --hf needs a linear CLIP head; this model shares {model.shared_layers} hidden "
+                         "layer(s) between its CLIP and nCLIP heads (model.nclip_shared_layers)")
     text_cfg = model.text.model.config
     vision_cfg = model.vision.model.config
     config = CLIPConfig(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from torch import nn
+from torch.nn import functional as F
 
 
 def clip_head(in_dim: int, embed_dim: int) -> nn.Module:
@@ -10,21 +11,60 @@ def clip_head(in_dim: int, embed_dim: int) -> nn.Module:
     return nn.Linear(in_dim, embed_dim, bias=False)
 
 
+def hidden_layers(in_dim: int, hidden: int, count: int) -> list[nn.Module]:
+    """``count`` × (Linear → BN → GELU), the hidden layers of the nCLIP head (Sec. 3.2)."""
+    layers: list[nn.Module] = []
+    for i in range(count):
+        layers += [nn.Linear(in_dim if i == 0 else hidden, hidden), nn.BatchNorm1d(hidden), nn.GELU()]
+    return layers
+
+
+class SharedLayers(nn.Sequential):
+    """The hidden layers that xCLIP's CLIP and nCLIP heads share (Tab. 9d, "#SL"): ``count`` ×
+    (Linear → BN → GELU) on the tower's feature; both heads then read its output [B, hidden]."""
+
+    def __init__(self, in_dim: int, hidden: int, count: int):
+        if count < 1:
+            raise ValueError(f"shared layers need count >= 1, got {count}")
+        super().__init__(*hidden_layers(in_dim, hidden, count))
+
+
+class L2Norm(nn.Module):
+    """x / ||x||₂ over the last dimension: the ℓ2-norm layer of the prototype heads the xCLIP paper
+    draws on (Tab. 9c, after DINO/SwAV: the last linear layer then scores a unit vector)."""
+
+    def forward(self, x):  # [B, D] → [B, D]
+        return F.normalize(x, dim=-1)
+
+
 class NclipHead(nn.Sequential):
     """nCLIP head: Linear(d, 4096) → BN → GELU → Linear(4096, K) → BN(affine=False) (Sec. 3.2).
 
     The final affine-free BatchNorm standardises every prototype logit over the batch, so no
     prototype can dominate the softmax by a bias alone.
+
+    The Tab. 9c/9d ablations (all off by default; the default layout, and so its state-dict keys,
+    is the one above): ``layers`` hidden layers (Linear → BN → GELU; Tab. 9d's #TL − #SL, 0 when all
+    are shared), a ``bottleneck`` Linear(hidden, b) without activation before the last layer, an
+    ``l2norm`` layer normalising the last layer's input, and ``last_bn=False`` dropping the final
+    BatchNorm.
     """
 
-    def __init__(self, in_dim: int, hidden: int, out_dim: int):
-        super().__init__(
-            nn.Linear(in_dim, hidden),
-            nn.BatchNorm1d(hidden),
-            nn.GELU(),
-            nn.Linear(hidden, out_dim),
-            nn.BatchNorm1d(out_dim, affine=False),
-        )
+    def __init__(self, in_dim: int, hidden: int, out_dim: int, *, layers: int = 1, bottleneck: int | None = None,
+                 l2norm: bool = False, last_bn: bool = True):
+        if layers < 0 or (bottleneck is not None and bottleneck < 1):
+            raise ValueError(f"nCLIP head: layers {layers} must be >= 0 and bottleneck {bottleneck} >= 1")
+        modules = hidden_layers(in_dim, hidden, layers)
+        width = hidden if layers else in_dim
+        if bottleneck is not None:
+            modules.append(nn.Linear(width, bottleneck))
+            width = bottleneck
+        if l2norm:
+            modules.append(L2Norm())
+        modules.append(nn.Linear(width, out_dim))
+        if last_bn:
+            modules.append(nn.BatchNorm1d(out_dim, affine=False))
+        super().__init__(*modules)
 
 
 class ProjectionMLP(nn.Sequential):

@@ -209,6 +209,11 @@ class Objective(nn.Module):
         constraint on data without labels. Called by the config's validation; ``run_cfg`` is the
         whole :class:`nclip.config.RunConfig` (duck-typed here: objectives sit below the config)."""
 
+    def before_step(self, step: int, total_steps: int) -> None:
+        """Called by the trainer before every optimizer step (taken or later skipped), with the
+        0-based step and ``train.steps``, on every rank and on resume: e.g. a loss weight scheduled
+        as a pure function of the step (xCLIP's λ_nCLIP warm-up). Default: nothing."""
+
     def after_step(self, model: nn.Module, step: int, total_steps: int) -> None:
         """Called by the trainer after every optimizer step that was taken (not after a skipped
         one), with the bare model (no DDP wrapper), the 0-based step and ``train.steps``: e.g. the

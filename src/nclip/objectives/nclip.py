@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+from pydantic import Field
 
 from nclip.objectives.base import BranchWeights, EncoderOutput, EntropyWeights, Objective
 from nclip.objectives.functional import clip_terms, distribution_diagnostics, nclip_terms
@@ -16,6 +17,28 @@ class NclipConfig(EntropyWeights):
 
 class XclipConfig(BranchWeights, NclipConfig):
     name: Literal["xclip"] = "xclip"  # type: ignore[assignment]
+    # Tab. 9f "warm-up on L_nCLIP": λ_nCLIP is 0 for the first nclip_warmup_start optimizer steps,
+    # then ramps linearly to w_nclip over nclip_warmup_steps (nclip_weight_at); 0, 0: off (Eq. 5)
+    nclip_warmup_start: int = Field(0, ge=0, title="nCLIP start",
+                                    description="optimizer steps with λ_nCLIP = 0 before its ramp")
+    nclip_warmup_steps: int = Field(0, ge=0, title="nCLIP ramp",
+                                    description="optimizer steps of the linear ramp of λ_nCLIP from 0 to w_nclip")
+
+
+def nclip_weight_at(step: int | None, base: float, start: int, ramp: int) -> float:
+    """λ_nCLIP at the 0-based optimizer ``step``: the xCLIP paper's Tab. 9f warm-up ("we also add
+    L_nCLIP after warm-up epochs with the linear scheduler to its base scale", Sec. 4.4) as
+
+        λ(s) = base · clip((s − start) / ramp, 0, 1)        (ramp > 0)
+        λ(s) = base · [s ≥ start]                            (ramp = 0)
+
+    A pure function of the step, so a resumed run weighs every step as an uninterrupted one.
+    ``step`` None (no trainer told the objective a step: evaluation, benchmarks): ``base``."""
+    if step is None:
+        return base
+    if ramp == 0:
+        return base if step >= start else 0.0
+    return base * min(1.0, max(0.0, (step - start) / ramp))
 
 
 def nclip_head_terms(out: EncoderOutput, cfg: EntropyWeights) -> dict[str, torch.Tensor]:
@@ -45,7 +68,12 @@ class NclipObjective(Objective):
 
 
 class XclipObjective(Objective):
-    """λ_CLIP·L_CLIP on the CLIP head + λ_nCLIP·L_nCLIP on the separate nCLIP head (Eq. 5)."""
+    """λ_CLIP·L_CLIP on the CLIP head + λ_nCLIP·L_nCLIP on the separate nCLIP head (Eq. 5).
+
+    With the Tab. 9f warm-up (``nclip_warmup_start`` / ``nclip_warmup_steps``) λ_nCLIP is
+    :func:`nclip_weight_at` of the step the trainer announced (:meth:`before_step`), logged as
+    ``nclip/lambda``; a zero weight still back-propagates (zero gradients), so the nCLIP head takes
+    part in every step, as distributed training needs."""
 
     heads = frozenset({"clip", "nclip"})
     zero_shot_head = "clip"  # Sec. 3.1: the cosine of CLIP's head transfers better zero-shot
@@ -54,11 +82,19 @@ class XclipObjective(Objective):
     def __init__(self, cfg: XclipConfig):
         super().__init__()
         self.cfg = cfg
+        self.step: int | None = None
+
+    def before_step(self, step: int, total_steps: int) -> None:
+        self.step = step
 
     def forward(self, out: EncoderOutput):
-        clip = clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=self.cfg.global_batch)
-        nclip = nclip_head_terms(out, self.cfg)
-        loss = self.cfg.w_clip * clip["loss"] + self.cfg.w_nclip * nclip["loss"]
+        cfg = self.cfg
+        clip = clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch)
+        nclip = nclip_head_terms(out, cfg)
+        w_nclip = nclip_weight_at(self.step, cfg.w_nclip, cfg.nclip_warmup_start, cfg.nclip_warmup_steps)
+        loss = cfg.w_clip * clip["loss"] + w_nclip * nclip["loss"]
         logged = {f"clip/{k}": v for k, v in clip.items()}
         logged.update({f"nclip/{k}": v for k, v in nclip.items()})
+        if cfg.nclip_warmup_start or cfg.nclip_warmup_steps:
+            logged["nclip/lambda"] = torch.tensor(w_nclip)
         return {"loss": loss, **logged}

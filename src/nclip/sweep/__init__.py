@@ -1,4 +1,4 @@
-"""``nclip sweep``: ablation grids (xCLIP Sec. 4.4, Tab. 9 a/b/e; Appendix Tab. A1 and Fig. B1).
+"""``nclip sweep``: ablation grids (xCLIP Sec. 4.4, Tab. 9 a-f; Appendix Tab. A1 and Fig. B1).
 
     grid / named settings → one ``nclip train`` subprocess per setting → linear probe → judge
     → DIR/table.md + DIR/table.csv (Tab. 9 layout) + DIR/curves.png (Fig. B1) + DIR/sweep.json
@@ -8,8 +8,9 @@ A sweep is a list of runs. Each run is a set of config overrides, the cartesian 
 - a *grid*: ``--grid "objective.lambda1=[0,0.3,0.5] objective.lambda2=[1,1.5]"`` (every key
   takes a YAML list of values; the option may be repeated), and
 - optional *named settings*: whole configs by name, from ``--table a1`` (the rows of Tab. A1,
-  :data:`nclip.objectives.unified.TABLE_A1_SETTINGS`), ``--table 9a`` / ``--table 9e`` (the rows
-  of Tab. 9a / 9e, which are not cartesian products) or a ``--grid-file`` (see :func:`load_grid_file`).
+  :data:`nclip.objectives.unified.TABLE_A1_SETTINGS`), ``--table 9a|9c|9d|9e|9f`` (the rows
+  of Tab. 9a/c/d/e/f, which are not cartesian products; :func:`table_settings`) or a
+  ``--grid-file`` (see :func:`load_grid_file`).
 
 Every run trains in ``DIR/runs/<slug>`` as its own ``nclip train`` process (``N`` at once, each with
 ``train.threads`` threads), so a crash, a divergence or a bad setting stops one run, not the sweep.

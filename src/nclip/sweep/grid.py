@@ -19,9 +19,23 @@ from nclip.errors import NclipError
 # ---------------------------------------------------------------------------------------------
 
 
+TABLES = ("a1", "9a", "9c", "9d", "9e", "9f")
+
+# Tab. 9c's bottleneck width: DINO's (its head: MLP → 256-d bottleneck → ℓ2-norm → prototypes); the
+# paper gives none
+BOTTLENECK = 256
+# Tab. 9f's warm-up on L_nCLIP at the CPU presets (tiny, nclip-tiny: 50 lr warm-up steps): λ_nCLIP
+# is 0 through the lr warm-up, then ramps to its base scale over as many steps (the paper: "after
+# warm-up epochs with the linear scheduler to its base scale"; it gives no ramp length)
+NCLIP_WARMUP = (50, 50)
+
+
 def table_settings(name: str) -> dict[str, dict[str, Any]]:
     """Named settings of a paper table: ``a1`` (Appendix Tab. A1, objective ``unified``), ``9a``
-    (Tab. 9a: the five (λ1, λ2) rows) or ``9e`` (Tab. 9e: λ_CLIP with λ_nCLIP = 1, objective xclip)."""
+    (Tab. 9a: the five (λ1, λ2) rows), ``9c`` (Tab. 9c: nCLIP head with a bottleneck, an ℓ2-norm
+    layer, without the last BN), ``9d`` (Tab. 9d: #SL shared of #TL hidden layers, xCLIP), ``9e``
+    (Tab. 9e: λ_CLIP with λ_nCLIP = 1, objective xclip) or ``9f`` (Tab. 9f: shared space = yCLIP,
+    debiased per-source sampling, warm-up on L_nCLIP; xCLIP)."""
     key = name.lower().removeprefix("tab").removeprefix(".").strip()
     if key == "a1":
         from nclip.objectives.unified import TABLE_A1_SETTINGS
@@ -30,9 +44,22 @@ def table_settings(name: str) -> dict[str, dict[str, Any]]:
     if key == "9a":
         rows = [(0, 1), (0.3, 1), (0.5, 1), (0.2, 1.2), (0.5, 1.5)]
         return {f"l1-{a:g}_l2-{b:g}": {"objective.lambda1": a, "objective.lambda2": b} for a, b in rows}
+    if key == "9c":
+        return {"vanilla": {}, "bottleneck": {"model.nclip_bottleneck": BOTTLENECK},
+                "l2-norm": {"model.nclip_l2norm": True}, "no-last-bn": {"model.nclip_last_bn": False}}
+    if key == "9d":
+        return {f"sl{sl}-tl{tl}": {"model.nclip_shared_layers": sl, "model.nclip_layers": tl}
+                for sl, tl in [(0, 1), (0, 2), (1, 2), (2, 3)]}
     if key == "9e":
         return {f"wclip-{w:g}": {"objective.w_clip": w, "objective.w_nclip": 1.0} for w in (1.0, 0.5, 0.2, 0.1)}
-    raise NclipError(f"unknown table {name!r}; available: a1, 9a, 9e")
+    if key == "9f":
+        start, ramp = NCLIP_WARMUP
+        return {"vanilla": {},
+                # Eq. 8 / App. B.2 at Tab. B2's λ1 = 3, λ2 = 4, the paper's shared-space row
+                "shared-space": {"objective": {"name": "yclip", "lambda1": 3.0, "lambda2": 4.0}},
+                "debiased-sampling": {"data.sampling": "per_source"},
+                "nclip-warmup": {"objective.nclip_warmup_start": start, "objective.nclip_warmup_steps": ramp}}
+    raise NclipError(f"unknown table {name!r}; available: {', '.join(TABLES)}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -209,6 +209,7 @@ def _step(run: _Run, step: int, batch: tuple) -> _StepResult:
     for group in optimizer.param_groups:
         group["lr"] = lr * group.get("lr_scale", 1.0)  # lr_scale: e.g. 0 for a locked tower
     snapshot = _buffers(run.step_module)  # restored if the step is skipped
+    run.step_module.objective.before_step(step, t.steps)  # e.g. a loss weight scheduled by the step
     sums: dict[str, torch.Tensor] = {}
     nonfinite_loss = torch.zeros((), device=device)
     chunks = list(zip(*(x.chunk(t.accumulation) for x in batch)))
