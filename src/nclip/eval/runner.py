@@ -181,7 +181,8 @@ def _document(st: EvalState, objective) -> dict:
     ck, cfg, tower = st.ck, st.ck.cfg, st.ck.vision_tower
     return {
         "version": RESULTS_VERSION,
-        "checkpoint": {"path": str(ck.path), "weights": str(ck.weights), "weights_sha256": ck.sha256,
+        "checkpoint": {"path": str(ck.path), "format": ck.format, "weights": str(ck.weights),
+                       "weights_sha256": ck.sha256,
                        "objective": cfg.objective.name, "heads": sorted(objective.heads), "head": st.head or "none",
                        "zero_shot_head": objective.zero_shot_head, "image_size": cfg.data.image_size,
                        "vision_tower": cfg.model.vision.kind, "text_tower": cfg.model.text.kind,
