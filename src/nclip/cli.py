@@ -7,6 +7,7 @@ Errors the user can fix (bad config, missing files, malformed input) print one l
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -46,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="start over in an --out that holds a run: its checkpoints, logs, model, eval and "
                    "config.yaml are removed first (other files are kept)")
+    p.add_argument("--init", metavar="DIR", help="start from a pretrained model: a local transformers CLIPModel "
+                   "directory or an nclip run/model directory (sets model.init; docs/transfer.md)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--no-eval", action="store_true", help="skip the end-of-run evaluation")
 
@@ -123,7 +126,8 @@ def _cmd_train(args) -> int:
     from nclip.train.loop import train
 
     resume = args.resume == "auto" or args.extend_to is not None
-    cfg = resolve(_train_preset(args.preset, args.out, resume), args.overrides)
+    init = [f"model.init={json.dumps(args.init)}"] if args.init else []  # a JSON string is a YAML string
+    cfg = resolve(_train_preset(args.preset, args.out, resume), [*args.overrides, *init])
     result = train(cfg, args.out, resume=resume, progress=not args.no_progress, evaluate=not args.no_eval,
                    force=args.force, extend_to=args.extend_to)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 reports

@@ -161,6 +161,11 @@ class VisionConfig(_Section):
     depths: tuple[int, ...] = (3, 4, 6, 3)  # resnet: bottleneck blocks per stage
     hidden_sizes: tuple[int, ...] = (256, 512, 1024, 2048)  # resnet: output channels per stage
     embedding_size: int = Field(64, ge=8, description="resnet: stem channels")
+    hidden_act: Literal["gelu", "quick_gelu"] = "gelu"  # vit: OpenAI CLIP's towers use quick_gelu
+    # vit: the mean/std the tower expects its pixels normalised with; None: CLIP's, the data layer's
+    # own (a tower started from a model trained with other statistics re-normalises its input)
+    pixel_mean: tuple[float, float, float] | None = None
+    pixel_std: tuple[float, float, float] | None = None
 
     @model_validator(mode="after")
     def _divisible(self):
@@ -170,6 +175,8 @@ class VisionConfig(_Section):
                              "non-empty, positive and of the same length")
         if self.kind == "vit" and self.width % self.heads:
             raise ValueError(f"vision width {self.width} is not divisible by heads {self.heads}")
+        if (self.pixel_mean is None) != (self.pixel_std is None) or min(self.pixel_std or (1,)) <= 0:
+            raise ValueError("pixel_mean and pixel_std go together, with every std > 0")
         if self.kind == "convnet" and self.hidden_sizes and self.hidden_sizes[-1] % self.heads:
             raise ValueError(f"convnet last width {self.hidden_sizes[-1]} is not divisible by heads {self.heads}")
         return self
@@ -185,6 +192,15 @@ class TextConfig(_Section):
     mlp_ratio: float = Field(4.0, gt=0)
     path: str | None = None  # for kind=pretrained; None = the bundled MiniLM
     pooling: Literal["pooler", "mean", "cls"] = "pooler"  # for kind=pretrained
+    # kind=transformer: where the feature is read, the final-norm state of the first end-of-text
+    # token ("token") or of the largest token id ("argmax", OpenAI CLIP's, whose end-of-text id is
+    # the largest of its vocabulary; transformers' CLIPTextModel does so for eos_token_id 2)
+    eos_pooling: Literal["token", "argmax"] = "token"
+    hidden_act: Literal["gelu", "quick_gelu"] = "gelu"  # kind=transformer; OpenAI CLIP: quick_gelu
+    # kind=transformer: a directory with a tokenizer.json (special tokens from its
+    # tokenizer_config.json / special_tokens_map.json); None: the bundled WordPiece tokenizer
+    tokenizer: str | None = None
+    vocab_size: int | None = Field(None, ge=2, description="kind=transformer; None: the tokenizer's")
 
     @model_validator(mode="after")
     def _divisible(self):
@@ -194,6 +210,9 @@ class TextConfig(_Section):
 
 
 class ModelConfig(_Section):
+    # start from a pretrained model: a local transformers CLIPModel directory or an nclip run/model
+    # directory; its architecture replaces vision/text/embed_dim (nclip.models.hf_import, docs/transfer.md)
+    init: str | None = None
     vision: VisionConfig = VisionConfig()
     text: TextConfig = TextConfig()
     embed_dim: int = Field(512, ge=1, description="CLIP head output (Sec. 3.2: 512)")

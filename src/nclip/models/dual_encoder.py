@@ -63,7 +63,7 @@ class DualEncoder(nn.Module):
         self.heads = frozenset(heads)
         m = cfg.model
         self.cfg_text_kind = m.text.kind
-        self.tokenizer = CaptionTokenizer(cfg.data.text_length)
+        self.tokenizer = CaptionTokenizer(cfg.data.text_length, m.text.tokenizer)
         self.vision = build_vision_tower(m.vision, cfg.data.image_size)
         self.text = build_text_tower(m, self.tokenizer, cfg.data.text_length, pretrained_text)
         # Tab. 9d: the first #SL hidden layers are shared by the CLIP and nCLIP heads of a modality

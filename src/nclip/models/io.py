@@ -16,6 +16,8 @@ from nclip.jsonio import read_json
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
+TOKENIZER_DIR = "tokenizer"  # a copy of model.text.tokenizer (model.init), so the directory stands alone
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def atomic_dir(final: Path):
@@ -37,9 +39,10 @@ class _AtomicDir:
         if exc_type is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             return False
-        for f in self.tmp.iterdir():  # make the contents durable before the rename
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
+        for f in self.tmp.rglob("*"):  # make the contents durable before the rename
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
         old = None
         if self.final.exists():
             old = self.final.with_name(f".{self.final.name}.old")
@@ -58,14 +61,27 @@ def save_model(model, cfg: RunConfig, directory: str | Path) -> Path:
         state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
         save_file(state, str(tmp / WEIGHTS), metadata={"format": "nclip"})
         (tmp / CONFIG).write_text(json.dumps(cfg.model_dump(mode="json"), indent=2))
+        if cfg.model.text.tokenizer is not None:
+            source = Path(cfg.model.text.tokenizer).expanduser()
+            (tmp / TOKENIZER_DIR).mkdir()
+            files = {TOKENIZER_FILES[0]: source} if source.is_file() else {n: source / n for n in TOKENIZER_FILES}
+            for name, file in files.items():
+                if file.is_file():
+                    shutil.copyfile(file, tmp / TOKENIZER_DIR / name)
     return directory
 
 
 def read_config(directory: str | Path) -> RunConfig:
+    """The config of a model directory; its tokenizer is the copy saved beside the weights, if any."""
     path = Path(directory) / CONFIG
     if not path.is_file():
         raise NclipError(f"not an nclip model directory (no {CONFIG}): {directory}")
-    return validate(read_json(path))
+    cfg = validate(read_json(path))
+    copy = Path(directory) / TOKENIZER_DIR
+    if cfg.model.text.tokenizer is not None and (copy / TOKENIZER_FILES[0]).is_file():
+        text = cfg.model.text.model_copy(update={"tokenizer": str(copy.resolve())})
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"text": text})})
+    return cfg
 
 
 def load_model(directory: str | Path, device: str = "cpu"):

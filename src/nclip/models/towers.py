@@ -29,6 +29,7 @@ from transformers import (
 
 from nclip.config import ModelConfig, TextConfig, VisionConfig
 from nclip.data.tokenization import bundled_model_dir
+from nclip.data.transforms import CLIP_MEAN, CLIP_STD
 from nclip.errors import NclipError
 
 
@@ -40,9 +41,12 @@ def vision_config(cfg: VisionConfig, image_size: int) -> CLIPVisionConfig:
         num_attention_heads=cfg.heads,
         image_size=image_size,
         patch_size=cfg.patch_size,
-        hidden_act="gelu",
+        hidden_act=cfg.hidden_act,
         attn_implementation="sdpa",
     )
+
+
+ARGMAX_EOS_ID = 2  # transformers' CLIPTextModel switch to argmax pooling (see text_config)
 
 
 def text_config(cfg: TextConfig, vocab_size: int, length: int, pad_id: int, cls_id: int, eos_id: int) -> CLIPTextConfig:
@@ -53,10 +57,12 @@ def text_config(cfg: TextConfig, vocab_size: int, length: int, pad_id: int, cls_
         num_hidden_layers=cfg.layers,
         num_attention_heads=cfg.heads,
         max_position_embeddings=length,
-        hidden_act="gelu",
+        hidden_act=cfg.hidden_act,
         pad_token_id=pad_id,
         bos_token_id=cls_id,
-        eos_token_id=eos_id,  # CLIPTextModel pools the first position holding this id
+        # CLIPTextModel pools the first position holding this id -- or, for the id 2 of configs
+        # older than transformers PR #24773, the position of the largest id (OpenAI CLIP's pooling)
+        eos_token_id=ARGMAX_EOS_ID if cfg.eos_pooling == "argmax" else eos_id,
         attn_implementation="sdpa",
     )
 
@@ -104,18 +110,31 @@ class VisionTower(nn.Module):
     feature = "the final-norm [CLS] token"
     saliency = "[CLS] attention"
 
-    def __init__(self, config: CLIPVisionConfig):
+    def __init__(self, config: CLIPVisionConfig, mean=None, std=None):
         super().__init__()
         self.model = CLIPVisionModel(config)
         self.width = config.hidden_size
+        self.renormalise = mean is not None
+        if self.renormalise:  # x_CLIP·σ_CLIP + μ_CLIP = raw pixel → (raw − μ) / σ, as one affine map
+            mean, std = torch.tensor(mean).view(1, 3, 1, 1), torch.tensor(std).view(1, 3, 1, 1)
+            clip_mean = torch.from_numpy(CLIP_MEAN).view(1, 3, 1, 1)
+            clip_std = torch.from_numpy(CLIP_STD).view(1, 3, 1, 1)
+            self.register_buffer("pixel_scale", clip_std / std, persistent=False)
+            self.register_buffer("pixel_shift", (clip_mean - mean) / std, persistent=False)
+
+    def _pixels(self, pixels: torch.Tensor) -> torch.Tensor:
+        """The data layer normalises with CLIP's mean/std; a tower trained with others sees its own."""
+        if not self.renormalise:
+            return pixels
+        return pixels * self.pixel_scale.to(pixels.dtype) + self.pixel_shift.to(pixels.dtype)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         """pixels [B, 3, H, W] normalised → final-norm [CLS] feature [B, width]."""
-        return self.model(pixel_values=pixels).pooler_output
+        return self.model(pixel_values=self._pixels(pixels)).pooler_output
 
     def attention_maps(self, pixels: torch.Tensor) -> torch.Tensor:
         """[B, heads, h, w]: the last layer's [CLS] attention over the patch grid."""
-        return cls_attention(self.model, pixels)
+        return cls_attention(self.model, self._pixels(pixels))
 
 
 def resnet_config(cfg: VisionConfig) -> ResNetConfig:
@@ -224,7 +243,7 @@ def build_vision_tower(cfg: VisionConfig, image_size: int) -> nn.Module:
         return ResNetTower(resnet_config(cfg))
     if cfg.kind == "convnet":
         return ConvNetTower(cfg, image_size)
-    return VisionTower(vision_config(cfg, image_size))
+    return VisionTower(vision_config(cfg, image_size), cfg.pixel_mean, cfg.pixel_std)
 
 
 class ClipTextTower(nn.Module):
@@ -268,6 +287,10 @@ class PretrainedTextTower(nn.Module):
 def build_text_tower(cfg: ModelConfig, tokenizer, length: int, pretrained: bool = True) -> nn.Module:
     if cfg.text.kind == "pretrained":
         return PretrainedTextTower(cfg.text.path or str(bundled_model_dir()), cfg.text.pooling, pretrained)
+    vocab = cfg.text.vocab_size or tokenizer.vocab_size
+    if vocab < tokenizer.vocab_size:
+        raise NclipError(f"model.text.vocab_size {vocab} is smaller than the tokenizer's vocabulary "
+                         f"({tokenizer.vocab_size} tokens)")
     return ClipTextTower(
-        text_config(cfg.text, tokenizer.vocab_size, length, tokenizer.pad_id, tokenizer.cls_id, tokenizer.eos_id)
+        text_config(cfg.text, vocab, length, tokenizer.pad_id, tokenizer.cls_id, tokenizer.eos_id)
     )

@@ -42,6 +42,7 @@ from nclip.defaults import BUILTIN_SOURCES
 from nclip.errors import NclipError
 from nclip.jsonio import truncate_jsonl
 from nclip.models import build_model
+from nclip.models.hf_import import init_config, load_init_weights
 from nclip.models.io import save_model
 from nclip.objectives import REGISTRY, build_objective
 from nclip.precision import autocast_dtype
@@ -113,6 +114,8 @@ def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progre
     if t.batch_size % (ctx.world_size * t.accumulation):
         raise NclipError(f"train.batch_size {t.batch_size} is not divisible by world size {ctx.world_size} "
                          f"× train.accumulation {t.accumulation}")
+    # model.init: the pretrained model's architecture replaces the config's (recorded in config.yaml)
+    cfg = init_config(cfg, required=not resume, note=_note if ctx.is_main else lambda line: None)
     # every rank takes rank 0's decision about the run directory before anything is written
     plan = agree(ctx, lambda: plan_run(cfg, run_dir, resume, force, extend_to))
     run, data_state = _restore(plan.cfg, run_dir, ctx, resume)
@@ -159,6 +162,10 @@ def _restore(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool) -> t
         if state is not None:
             model.load_state_dict(weights)
             objective.load_state_dict(state["objective"])
+    if state is None and cfg.model.init is not None:  # a new run from a pretrained model's weights
+        line = load_init_weights(model, cfg.model.init)
+        if ctx.is_main:
+            _note(line)
     model.to(ctx.device)
     objective.to(ctx.device)
     step_module = TrainStep(model, objective, autocast_dtype(t.precision, ctx.device))
@@ -420,3 +427,7 @@ def _restore_buffers(module, snapshot: dict[str, torch.Tensor]) -> None:
 
 def _strip(state: dict, prefix: str) -> dict:
     return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+def _note(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

@@ -1,0 +1,235 @@
+"""Start from a pretrained model (``model.init``): a local transformers ``CLIPModel`` directory (what
+``CLIPModel.save_pretrained`` and ``nclip export --hf`` write) or an nclip run/model directory.
+
+Two steps. :func:`init_config` gives the run config the pretrained model's architecture (towers,
+image size, text length, vocabulary, tokenizer, pixel statistics, CLIP head width), replacing the
+preset's; :func:`load_init_weights` copies the towers and, where the shapes match, the CLIP head
+and logit scale into a freshly built model, whose other heads (nCLIP, ProtoCLIP, ...) keep their
+usual initialisation. The inverse of :mod:`nclip.models.export`: nclip's ViT and text tower *are*
+transformers' CLIPVisionModel / CLIPTextModel, so the weights are a renaming.
+
+Nothing downloads: anything but an existing local directory (a hub name such as
+``openai/clip-vit-base-patch32``) is a one-line error. Weights are read from safetensors only.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+from nclip.config import RunConfig, validate
+from nclip.data.tokenization import TOKENIZER_FILE, CaptionTokenizer
+from nclip.data.transforms import CLIP_MEAN, CLIP_STD
+from nclip.errors import NclipError
+from nclip.jsonio import read_json
+from nclip.models.io import CONFIG, WEIGHTS, read_config
+
+PREPROCESSOR = "preprocessor_config.json"
+SHARD_INDEX = "model.safetensors.index.json"
+ACTIVATIONS = ("gelu", "quick_gelu")  # the ones nclip's config offers
+# nclip tower prefix in the model's state dict → CLIPModel's prefix
+HF_TOWERS = {"vision.model.": "vision_model.", "text.model.": "text_model."}
+# the CLIP head: nclip key → CLIPModel key (loaded where the model has it and the shapes match)
+HF_HEAD = {"image_clip_head.weight": "visual_projection.weight", "text_clip_head.weight": "text_projection.weight",
+           "logit_scale": "logit_scale"}
+NCLIP_TOWERS = ("vision.", "text.")
+
+
+def init_dir(value: str | Path) -> Path:
+    """``value`` as an existing local directory; anything else is an error (nothing downloads)."""
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise NclipError(f"model.init: {value} is not a local directory (nclip downloads nothing: give the "
+                         "directory CLIPModel.save_pretrained or nclip export --hf wrote, or an nclip run)")
+    return path
+
+
+def is_hf_clip_dir(path: Path) -> bool:
+    """A transformers CLIPModel directory: a config.json with model_type "clip"."""
+    config = Path(path) / CONFIG
+    if not config.is_file():
+        return False
+    data = read_json(config)
+    return isinstance(data, dict) and data.get("model_type") == "clip"
+
+
+def _nclip_model_dir(path: Path) -> Path:
+    for candidate in (path, path / "model"):
+        if (candidate / CONFIG).is_file() and (candidate / WEIGHTS).is_file():
+            return candidate
+    raise NclipError(f"model.init: {path} holds neither a transformers CLIPModel (config.json with model_type "
+                     f"clip) nor an nclip model ({CONFIG} and {WEIGHTS}, or model/ with them)")
+
+
+# ---------------------------------------------------------------------------------------------
+# the architecture
+# ---------------------------------------------------------------------------------------------
+
+
+def init_config(cfg: RunConfig, required: bool = True, note=None) -> RunConfig:
+    """``cfg`` with the architecture of ``cfg.model.init`` (unchanged without one). ``required``
+    False (resuming a run, whose config already holds the architecture) tolerates a vanished
+    directory. ``note(line)`` gets one line saying what was taken (default: stderr)."""
+    if cfg.model.init is None or (not required and not Path(cfg.model.init).expanduser().is_dir()):
+        return cfg
+    path = init_dir(cfg.model.init)
+    if is_hf_clip_dir(path):
+        vision, text, data, embed_dim, source = _hf_architecture(path)
+    else:
+        vision, text, data, embed_dim, source = _nclip_architecture(path)
+    raw = cfg.model_dump(mode="json")
+    raw["model"].update(vision=vision, text=text, embed_dim=embed_dim)
+    raw["data"].update(data)
+    out = validate(raw)
+    v, t = out.model.vision, out.model.text
+    line = (f"nclip: model.init {path} ({source}): its architecture replaces the config's towers -- image "
+            f"{v.kind} width {v.width}, {v.layers} layers, {v.heads} heads, patch {v.patch_size}, "
+            f"{out.data.image_size} px; text width {t.width}, {t.layers} layers, {out.data.text_length} tokens; "
+            f"CLIP head {out.model.embed_dim}")
+    (note or (lambda msg: print(msg, file=sys.stderr)))(line)
+    return out
+
+
+def _hf_architecture(path: Path):
+    from transformers import CLIPConfig
+
+    try:
+        hf = CLIPConfig.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise NclipError(f"model.init: cannot read {path / CONFIG}: {str(e).splitlines()[0]}") from None
+    vc, tc = hf.vision_config, hf.text_config
+    vision = {"kind": "vit", "patch_size": vc.patch_size, **_transformer(vc, "vision"), **_pixel_stats(path)}
+    length = tc.max_position_embeddings
+    # transformers' CLIPTextModel pools the largest id for the eos_token_id 2 of old configs (OpenAI's)
+    pooling = "argmax" if tc.eos_token_id == 2 else "token"
+    text = {"kind": "transformer", **_transformer(tc, "text"), "vocab_size": tc.vocab_size,
+            "eos_pooling": pooling, "tokenizer": _hf_tokenizer(path, length, tc, pooling)}
+    data = {"image_size": vc.image_size, "text_length": length}
+    return vision, text, data, hf.projection_dim, "a transformers CLIPModel"
+
+
+def _transformer(c, which: str) -> dict:
+    """width, layers, heads, mlp_ratio, activation of a CLIP tower config; an error for what
+    nclip's towers cannot reproduce."""
+    ratio = c.intermediate_size / c.hidden_size
+    if int(c.hidden_size * ratio) != c.intermediate_size:
+        raise NclipError(f"model.init: {which} intermediate_size {c.intermediate_size} is not a ratio of width "
+                         f"{c.hidden_size} nclip can express")
+    if c.hidden_act not in ACTIVATIONS:
+        raise NclipError(f"model.init: {which} activation {c.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}")
+    if abs(c.layer_norm_eps - 1e-5) > 1e-12:
+        raise NclipError(f"model.init: {which} layer_norm_eps {c.layer_norm_eps} is not 1e-5, nclip's")
+    return {"width": c.hidden_size, "layers": c.num_hidden_layers, "heads": c.num_attention_heads,
+            "mlp_ratio": ratio, "hidden_act": c.hidden_act}
+
+
+def _pixel_stats(path: Path) -> dict:
+    """pixel_mean/std from a preprocessor_config.json where it has statistics other than CLIP's."""
+    if not (path / PREPROCESSOR).is_file():
+        return {}
+    data = read_json(path / PREPROCESSOR)
+    mean, std = data.get("image_mean"), data.get("image_std")
+    if mean is None or std is None or (np.allclose(mean, CLIP_MEAN, atol=1e-6)
+                                       and np.allclose(std, CLIP_STD, atol=1e-6)):
+        return {}
+    return {"pixel_mean": list(mean), "pixel_std": list(std)}
+
+
+def _hf_tokenizer(path: Path, length: int, tc, pooling: str) -> str | None:
+    """The directory's tokenizer (its path), or None for the bundled WordPiece one where the
+    directory has none and the text tower was trained with it (an nclip export)."""
+    if (path / TOKENIZER_FILE).is_file():
+        tok, chosen = CaptionTokenizer(length, path), str(path.resolve())
+    else:
+        tok, chosen = CaptionTokenizer(length), None
+        if tok.vocab_size != tc.vocab_size:
+            raise NclipError(f"model.init: {path} has no {TOKENIZER_FILE} and its vocabulary ({tc.vocab_size}) is "
+                             f"not the bundled tokenizer's ({tok.vocab_size}): save the tokenizer beside the model")
+    if tok.vocab_size > tc.vocab_size:
+        raise NclipError(f"model.init: the tokenizer of {path} has {tok.vocab_size} tokens, the text tower "
+                         f"{tc.vocab_size}")
+    if pooling == "token" and tok.eos_id != tc.eos_token_id:
+        raise NclipError(f"model.init: the tokenizer's end-of-text id {tok.eos_id} is not the text tower's "
+                         f"eos_token_id {tc.eos_token_id} ({path})")
+    return chosen
+
+
+def _nclip_architecture(path: Path):
+    src = read_config(_nclip_model_dir(path))
+    data = {"image_size": src.data.image_size, "text_length": src.data.text_length}
+    m = src.model.model_dump(mode="json")
+    return m["vision"], m["text"], data, m["embed_dim"], "an nclip model"
+
+
+# ---------------------------------------------------------------------------------------------
+# the weights
+# ---------------------------------------------------------------------------------------------
+
+
+def load_init_weights(model, init: str | Path) -> str:
+    """Copy the towers and, where the shapes match, the CLIP head and logit scale of ``init`` into
+    ``model`` (built from :func:`init_config`'s config); returns one line saying what was loaded."""
+    path = init_dir(init)
+    hf = is_hf_clip_dir(path)
+    source = _read_safetensors(path) if hf else _read_safetensors(_nclip_model_dir(path))
+    own = model.state_dict()
+    towers, heads = {}, {}
+    for key in own:
+        src = _tower_key(key, hf)
+        if src is not None:
+            towers[key] = src
+        elif key in HF_HEAD:
+            heads[key] = HF_HEAD[key] if hf else key
+    state, missing = {}, []
+    for key, src in towers.items():
+        if src not in source:
+            if not key.endswith("position_ids"):  # a buffer some transformers versions do not save
+                missing.append(src)
+            continue
+        if source[src].shape != own[key].shape:
+            raise NclipError(f"model.init: {src} of {path} has shape {tuple(source[src].shape)}, the model "
+                             f"{tuple(own[key].shape)}")
+        state[key] = source[src]
+    if missing:
+        raise NclipError(f"model.init: {path} lacks tower weights {missing[:3]} ({len(missing)} in all)")
+    loaded_heads = [k for k, src in heads.items() if src in source and source[src].shape == own[k].shape]
+    state.update({k: source[heads[k]] for k in loaded_heads})
+    model.load_state_dict(state, strict=False)
+    if hasattr(model, "target_vision"):  # CMSF's target branch starts as a copy of the online tower
+        model.target_vision.load_state_dict(model.vision.state_dict())
+    head = "the CLIP head and logit scale" if len(loaded_heads) == len(HF_HEAD) else (
+        f"{', '.join(loaded_heads)} of the CLIP head" if loaded_heads else "no CLIP head")
+    return f"nclip: started from {path}: both towers and {head}; other heads freshly initialised"
+
+
+def _tower_key(key: str, hf: bool) -> str | None:
+    """The source's name for a tower tensor of the model (None: not a tower tensor)."""
+    if not hf:
+        return key if key.startswith(NCLIP_TOWERS) else None
+    for ours, theirs in HF_TOWERS.items():
+        if key.startswith(ours):
+            sub = key[len(ours):]  # CLIPVisionModel names it with or without vision_model., by version
+            return sub if sub.startswith(theirs) else theirs + sub
+    return None
+
+
+def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
+    """The tensors of ``directory``/model.safetensors, or of the shards its index names."""
+    if (directory / SHARD_INDEX).is_file():
+        files = sorted(set(read_json(directory / SHARD_INDEX).get("weight_map", {}).values()))
+    elif (directory / WEIGHTS).is_file():
+        files = [WEIGHTS]
+    else:
+        raise NclipError(f"model.init: no {WEIGHTS} in {directory} (nclip reads safetensors only: save with "
+                         "save_pretrained(..., safe_serialization=True))")
+    state = {}
+    for name in files:
+        try:
+            state.update(load_file(str(directory / name), device="cpu"))
+        except Exception as e:  # safetensors raises its own error types for corrupt files
+            raise NclipError(f"cannot read {directory / name}: {str(e).splitlines()[0]}") from None
+    return state
