@@ -20,7 +20,7 @@ demo: install
 	$(BIN)/nclip train --preset tiny --out runs/tiny
 
 test: install
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/python -m pytest
 
 bench: install

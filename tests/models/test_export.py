@@ -50,3 +50,50 @@ def test_export_refuses_models_without_clip_head(tmp_path, micro_overrides, caps
     save_model(build_model(cfg), cfg, tmp_path / "m")
     assert main(["export", "--checkpoint", str(tmp_path / "m"), "--hf", str(tmp_path / "hf")]) == 2
     assert "CLIP head" in capsys.readouterr().err
+
+
+def test_hf_export_with_auto_classes_matches_nclip_load(tmp_path, micro_overrides):
+    """AutoTokenizer + AutoImageProcessor + CLIPModel alone, from the exported directory, give
+    nclip.load's CLIP-head embeddings for the same images and captions."""
+    import numpy as np
+    import torch.nn.functional as F
+    from PIL import Image
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    import nclip
+
+    cfg = resolve("micro", micro_overrides)
+    torch.manual_seed(0)
+    model = build_model(cfg, pretrained_text=False).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    save_model(model, cfg, tmp_path / "run" / "model")
+    assert main(["export", "--checkpoint", str(tmp_path / "run"), "--hf", str(tmp_path / "hf")]) == 0
+    ours = nclip.load(tmp_path / "run", device="cpu")
+
+    hf_dir = str(tmp_path / "hf")
+    tok = AutoTokenizer.from_pretrained(hf_dir)
+    proc = AutoImageProcessor.from_pretrained(hf_dir)
+    hf = CLIPModel.from_pretrained(hf_dir).eval()
+
+    captions = ["a red star", "Two BLUE circles, left of a green square " * 4, "x"]  # one truncated
+    enc = tok(captions, padding="max_length", truncation=True, return_tensors="pt")
+    ids, mask = ours.tokenizer(captions)
+    assert torch.equal(enc["input_ids"], ids) and torch.equal(enc["attention_mask"], mask)
+
+    rng = np.random.default_rng(0)
+    # square, larger, and non-square ones whose long side S * long / short has a fraction >= 0.5
+    # (16 * 37 / 20 = 29.6: truncated to 29, as transformers and torchvision size it)
+    images = [Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8))
+              for shape in ((16, 16, 3), (40, 40, 3), (20, 37, 3), (37, 20, 3), (48, 64, 3))]
+    pixels = proc(images=images, return_tensors="pt")["pixel_values"]
+    torch.testing.assert_close(pixels, torch.stack([ours.transform(im) for im in images]), rtol=0, atol=1e-5)
+
+    with torch.no_grad():
+        hf_i = hf.get_image_features(pixel_values=pixels)
+        hf_t = hf.get_text_features(**enc)
+    hf_i = F.normalize(getattr(hf_i, "pooler_output", hf_i), dim=-1)
+    hf_t = F.normalize(getattr(hf_t, "pooler_output", hf_t), dim=-1)
+    assert (hf_i * ours.encode_image(images)).sum(-1).min() >= 0.9999
+    assert (hf_t * ours.encode_text(captions)).sum(-1).min() >= 0.9999

@@ -131,11 +131,15 @@ def augment(image: np.ndarray, size: int, aug, rng: np.random.Generator) -> np.n
 
 
 def resize_center_crop(image: np.ndarray, size: int) -> np.ndarray:
-    """Evaluation pre-processing: shorter side to ``size`` (bicubic), then a centre crop."""
+    """Evaluation pre-processing: shorter side to ``size`` (bicubic), then a centre crop.
+
+    The longer side becomes ``int(size * long / short)``, truncated as torchvision's ``Resize``,
+    OpenCLIP and transformers' ``CLIPImageProcessor`` size it, so the image processor that
+    ``nclip export --hf`` writes reproduces these pixels exactly."""
     h, w = image.shape[:2]
     if (h, w) != (size, size):
-        s = size / min(h, w)
-        img = Image.fromarray(image).resize((max(size, round(w * s)), max(size, round(h * s))), Image.BICUBIC)
+        long = int(size * max(h, w) / min(h, w))
+        img = Image.fromarray(image).resize((size, long) if w <= h else (long, size), Image.BICUBIC)
         left, top = (img.width - size) // 2, (img.height - size) // 2
         image = np.asarray(img.crop((left, top, left + size, top + size)))
     return image

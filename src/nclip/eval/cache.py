@@ -20,7 +20,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-FORMAT = "nclip-eval-features/1"  # bump when the content of an entry changes meaning
+# bump when the content of an entry changes meaning (2: the eval resize truncates the long side,
+# nclip.data.transforms.resize_center_crop)
+FORMAT = "nclip-eval-features/2"
 
 
 def file_sha256(path: str | Path, chunk: int = 1 << 22) -> str:

@@ -2,7 +2,15 @@
 
 The nclip towers *are* transformers' CLIPVisionModel / CLIPTextModel and the CLIP heads are
 bias-free linear maps, so the export is a renaming of tensors: CLIPModel.get_image_features and
-get_text_features then give exactly nclip's CLIP-head embeddings.
+get_text_features then give exactly nclip's CLIP-head embeddings. The text tower pools the first
+position holding ``eos_token_id`` (nclip's [SEP], set in :func:`nclip.models.towers.text_config`),
+which is CLIPModel's end-of-text pooling too.
+
+Beside the weights the directory gets the run's tokenizer (the bundled WordPiece tokenizer with
+``model_max_length`` = the run's text length) and a ``preprocessor_config.json`` for
+``CLIPImageProcessor`` (PIL backend) that repeats the eval transform, so that ``AutoTokenizer``,
+``AutoImageProcessor`` and ``CLIPModel.from_pretrained`` alone reproduce :func:`nclip.load`'s
+features (the pixels agree to float rounding, ~1e-7, at every image size and aspect ratio).
 """
 
 from __future__ import annotations
@@ -58,12 +66,42 @@ def to_hf(model) -> CLIPModel:
     return hf
 
 
+def save_tokenizer(cfg, out: Path) -> None:
+    """The run's caption tokenizer (:class:`nclip.data.tokenization.CaptionTokenizer`: the bundled
+    WordPiece tokenizer) as transformers tokenizer files, ``model_max_length`` = the run's text
+    length: ``tok(texts, padding="max_length", truncation=True)`` gives nclip's ids and mask."""
+    from transformers import AutoTokenizer
+
+    from nclip.data.tokenization import bundled_model_dir
+
+    tok = AutoTokenizer.from_pretrained(str(bundled_model_dir()), local_files_only=True,
+                                        model_max_length=cfg.data.text_length)
+    tok.save_pretrained(str(out))
+
+
+def image_processor(cfg):
+    """A CLIPImageProcessor repeating :func:`nclip.data.loader.eval_tensor`: shorter side to the
+    run's image size S (PIL bicubic), S×S centre crop, /255, CLIP's mean and std. transformers 5
+    defaults to a torchvision backend whose bicubic is not PIL's: the PIL one is named explicitly."""
+    import transformers
+
+    from nclip.data.transforms import CLIP_MEAN, CLIP_STD
+
+    cls = getattr(transformers, "CLIPImageProcessorPil", None) or transformers.CLIPImageProcessor
+    s = cfg.data.image_size
+    return cls(do_resize=True, size={"shortest_edge": s}, resample=3,  # 3 = PIL.Image.BICUBIC
+               do_center_crop=True, crop_size={"height": s, "width": s}, do_rescale=True, rescale_factor=1 / 255,
+               do_normalize=True, image_mean=CLIP_MEAN.tolist(), image_std=CLIP_STD.tolist(), do_convert_rgb=True)
+
+
 def export_hf(checkpoint: Path, out: Path) -> str:
-    """Write the model of ``checkpoint`` (a run or model directory) to ``out`` as a CLIPModel
-    (``nclip export`` first refuses targets that would overwrite a run:
-    :func:`nclip.train.rundir.check_export_target`)."""
-    model, _ = load_model(model_dir(checkpoint))
+    """Write the model of ``checkpoint`` (a run or model directory) to ``out`` as a CLIPModel with
+    its tokenizer and image processor (``nclip export`` first refuses targets that would overwrite
+    a run: :func:`nclip.train.rundir.check_export_target`)."""
+    model, cfg = load_model(model_dir(checkpoint))
     with torch.no_grad():
         hf = to_hf(model)
     hf.save_pretrained(str(out), safe_serialization=True)
-    return f"wrote a transformers CLIPModel to {out}"
+    save_tokenizer(cfg, Path(out))
+    image_processor(cfg).save_pretrained(str(out))
+    return f"wrote a transformers CLIPModel with its tokenizer and image processor to {out}"

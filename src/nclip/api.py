@@ -1,0 +1,192 @@
+"""The Python API in the style of OpenCLIP: ``model = nclip.load(path)``, then ``model.encode_image``,
+``model.encode_text`` and ``model.zero_shot``.
+
+Everything here is the evaluation suite's own code behind a small object: the checkpoint is found
+by :func:`nclip.eval.checkpoint.resolve_checkpoint`, images are pre-processed by the eval transform
+(:func:`nclip.data.loader.eval_tensor`: shorter side to the run's image size, bicubic, centre crop,
+CLIP's mean and std), features come from :func:`nclip.eval.features.encode_images` /
+:func:`~nclip.eval.features.encode_texts`, and zero-shot scores from
+:func:`nclip.eval.zeroshot.scores` on prompt ensembles (:func:`nclip.eval.features.ensemble`), so a
+prediction made here is the one ``nclip eval`` makes for the same image, class names and templates.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nclip.data.folders import FOLDER_TEMPLATES
+from nclip.data.loader import eval_tensor
+from nclip.data.types import LabelSpace
+from nclip.defaults import EVAL_BATCH_SIZE, PROBE_FEATURES
+from nclip.errors import NclipError
+from nclip.eval import zeroshot
+from nclip.eval.checkpoint import resolve_checkpoint
+from nclip.eval.features import _cat, encode_texts, ensemble, similarity
+from nclip.eval.settings import MODEL_HEAD
+
+# the output of DualEncoder.encode_image / encode_text that each zero-shot score reads
+HEAD_KEY = {"clip": "emb", "nclip": "logits"}
+
+
+class LoadedModel(nn.Module):
+    """A trained nclip model for inference (see :func:`load`), in eval mode.
+
+    Attributes: ``model`` (the :class:`~nclip.models.dual_encoder.DualEncoder`), ``cfg`` (its run
+    config), ``tokenizer`` (list of captions → (ids, mask) [N, L]), ``head`` (the objective's
+    zero-shot score: ``clip``, ``nclip``, ``yclip``, or None for an image-only objective),
+    ``nclip_score`` (the direction of nCLIP's −L_CE, the run's ``eval.nclip_score``), ``device``.
+    """
+
+    def __init__(self, model, cfg, device: torch.device, path: Path | None = None):
+        super().__init__()
+        from nclip.objectives import REGISTRY
+
+        self.model = model.eval()
+        self.cfg = cfg
+        self.path = path
+        self.device = torch.device(device)
+        self.tokenizer = model.tokenizer
+        self.image_size = cfg.data.image_size
+        objective = REGISTRY[cfg.objective.name][1]
+        self.head = objective.zero_shot_head
+        self.probe_features = objective.probe_features
+        self.nclip_score = cfg.eval.nclip_score
+
+    @property
+    def logit_scale(self) -> float:
+        """CLIP's learned multiplier 1/σ (clamped to 100): ``(logit_scale * scores).softmax(-1)``
+        turns CLIP-head cosines into CLIP's class probabilities."""
+        return float(self.model.scale())
+
+    def transform(self, image) -> torch.Tensor:
+        """The run's eval pre-processing of one image (a PIL image or uint8 [H, W, 3] array) →
+        float32 [3, S, S]: shorter side to S (bicubic), centre crop, CLIP normalisation."""
+        if hasattr(image, "convert"):  # PIL
+            image = np.asarray(image.convert("RGB"))
+        image = np.asarray(image)
+        if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+            raise NclipError(f"transform takes a PIL image or a uint8 [H, W, 3] array, got {image.dtype} "
+                             f"{list(image.shape)}")
+        return eval_tensor(image, self.image_size)
+
+    # ------------------------------------------------------------------------------------------
+    # every head's outputs (float32, on the CPU), as the evaluation extracts them
+    # ------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def image_outputs(self, images, batch_size: int = EVAL_BATCH_SIZE) -> dict[str, torch.Tensor]:
+        """Every head's output for ``images``: PIL images / uint8 arrays, or pixels [N, 3, S, S]
+        already pre-processed by :meth:`transform`. {"features", "emb", "logits", ...} [N, ...]."""
+        if isinstance(images, torch.Tensor):
+            pixels = images[None] if images.ndim == 3 else images
+            if pixels.ndim != 4:
+                raise NclipError(f"pixels must be [N, 3, H, W], got {list(images.shape)}")
+        else:
+            pixels = torch.stack([self.transform(im) for im in _as_list(images, "images")])
+        parts = [self.model.encode_image(pixels[i : i + batch_size].to(self.device))
+                 for i in range(0, len(pixels), batch_size)]
+        return _cat(parts)
+
+    @torch.no_grad()
+    def text_outputs(self, texts, batch_size: int = EVAL_BATCH_SIZE) -> dict[str, torch.Tensor]:
+        """Every head's output for ``texts``: captions, the ``(ids, mask)`` pair :attr:`tokenizer`
+        returns, or ids [M, L] alone (mask: the non-[PAD] positions)."""
+        self._need_text("encode_text")
+        if isinstance(texts, str):
+            texts = [texts]
+        if isinstance(texts, torch.Tensor):
+            texts = (texts, (texts != self.tokenizer.pad_id).long())
+        if isinstance(texts, tuple) and len(texts) == 2 and all(isinstance(t, torch.Tensor) for t in texts):
+            ids, mask = texts
+            parts = [self.model.encode_text(ids[i : i + batch_size].to(self.device),
+                                            mask[i : i + batch_size].to(self.device))
+                     for i in range(0, len(ids), batch_size)]
+            return _cat(parts)
+        return encode_texts(self.model, _as_list(texts, "texts"), self.device, batch_size)
+
+    # ------------------------------------------------------------------------------------------
+    # OpenCLIP-style calls
+    # ------------------------------------------------------------------------------------------
+
+    def encode_image(self, images, batch_size: int = EVAL_BATCH_SIZE) -> torch.Tensor:
+        """[N, D] image embeddings of the zero-shot head (see :meth:`_embedding`)."""
+        return self._embedding(self.image_outputs(images, batch_size))
+
+    def encode_text(self, texts, batch_size: int = EVAL_BATCH_SIZE) -> torch.Tensor:
+        """[M, D] caption embeddings of the zero-shot head (see :meth:`_embedding`)."""
+        return self._embedding(self.text_outputs(texts, batch_size))
+
+    def similarity(self, image_emb: torch.Tensor, text_emb: torch.Tensor) -> torch.Tensor:
+        """[N, M] zero-shot scores of :meth:`encode_image` against :meth:`encode_text` outputs
+        (:func:`nclip.eval.features.similarity`): the cosine for the CLIP head, −L_CE (xCLIP Eq. 2)
+        for nCLIP, yCLIP's S (App. B.2 Eq. 2)."""
+        self._need_text("similarity")
+        key = HEAD_KEY[MODEL_HEAD[self.head]]
+        return similarity({key: image_emb}, {key: text_emb}, self.head, self.nclip_score)
+
+    @torch.no_grad()
+    def zero_shot(self, images, classnames: Sequence[str], templates: Sequence[str] | None = None,
+                  batch_size: int = EVAL_BATCH_SIZE) -> torch.Tensor:
+        """[N, C] zero-shot class scores of ``images`` for ``classnames``, higher is better (argmax:
+        the prediction), as ``nclip eval``'s zero-shot classification: each class is the ensemble
+        of its prompts (``templates``, each with one ``{}``; default: the generic ones ``nclip eval``
+        uses for a user's class folders), scored with the objective's zero-shot head — CLIP's cosine
+        (CLIP, xCLIP, SigLIP, ProtoCLIP), nCLIP's −L_CE symmetrised (xCLIP Sec. 3.1, Eq. 2; the
+        run's ``eval.nclip_score``) or yCLIP's S."""
+        self._need_text("zero_shot")
+        names = _as_list(classnames, "classnames")
+        templates = tuple(templates) if templates is not None else FOLDER_TEMPLATES
+        if not names or not templates or any(t.count("{}") != 1 for t in templates):
+            raise NclipError("zero_shot needs at least one class name and templates with one '{}' each")
+        space = LabelSpace(tuple(names), templates)
+        prompts = encode_texts(self.model, [p for c in range(len(space)) for p in space.prompts(c)],
+                               self.device, batch_size)
+        classes = ensemble(prompts, len(space))
+        return zeroshot.scores(self.image_outputs(images, batch_size), classes, self.head, self.nclip_score)
+
+    def _embedding(self, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The zero-shot head's output: the CLIP head's embedding ℓ2-normalised (cosine = dot
+        product); the nCLIP head's logits h as they are (nCLIP's −L_CE reads their softmax, which
+        normalising would change: compare them with :meth:`similarity`). An image-only objective
+        gives its probe features (``Objective.probe_features``), ℓ2-normalised."""
+        if self.head is None:
+            return F.normalize(outputs[PROBE_FEATURES[self.probe_features]], dim=-1)
+        key = HEAD_KEY[MODEL_HEAD[self.head]]
+        return F.normalize(outputs[key], dim=-1) if key == "emb" else outputs[key]
+
+    def _need_text(self, what: str) -> None:
+        if self.head is None:
+            raise NclipError(f"{what}: objective {self.cfg.objective.name!r} trains no text-aligned head "
+                             "(image-only: use encode_image features with a k-NN or linear probe)")
+
+
+def _as_list(items, what: str) -> list:
+    one_image = hasattr(items, "convert") or (isinstance(items, np.ndarray) and items.ndim == 3)
+    if isinstance(items, (str, bytes)) or one_image:
+        return [items]
+    try:
+        return list(items)
+    except TypeError:
+        raise NclipError(f"{what}: expected a list, got {type(items).__name__}") from None
+
+
+def load(path: str | Path, device: str | torch.device | None = None) -> LoadedModel:
+    """The model of a run directory, a model directory (RUN/model: model.safetensors +
+    config.json), a training checkpoint (RUN/checkpoints/step_N) or a ``model.safetensors`` file
+    in one of those, ready for inference on ``device`` (None: CUDA when available, else the CPU)."""
+    p = Path(path).expanduser()
+    if p.is_file():
+        p = p.parent
+    ck = resolve_checkpoint(p)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise NclipError(f"device {str(device)!r} requested but no CUDA device is available")
+    return LoadedModel(ck.load(device), ck.cfg, device, ck.path).eval()
