@@ -60,23 +60,28 @@ def read_mask(path: Path) -> np.ndarray:
     """The class-index array [H, W] of a single-channel mask PNG (NclipError naming the file)."""
     from PIL import Image, UnidentifiedImageError
 
+    _check_mode(path, _header(path)[1])
     try:
         with Image.open(path) as im:
-            if im.mode not in _SINGLE_CHANNEL:
-                raise NclipError(f"{path}: a mask must be a single-channel PNG of class indices, got mode {im.mode}")
             return np.asarray(im)
     except (UnidentifiedImageError, OSError, ValueError) as e:
         raise NclipError(f"cannot read mask {path}: {str(e).splitlines()[0]}") from None
 
 
-def _size(path: Path) -> tuple[int, int]:
+def _header(path: Path) -> tuple[tuple[int, int], str]:
+    """((width, height), mode) of an image file, from its header."""
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(path) as im:  # the header only
-            return im.size
+        with Image.open(path) as im:
+            return im.size, im.mode
     except (UnidentifiedImageError, OSError, ValueError) as e:
         raise NclipError(f"cannot read {path}: {str(e).splitlines()[0]}") from None
+
+
+def _check_mode(path: Path, mode: str) -> None:
+    if mode not in _SINGLE_CHANNEL:
+        raise NclipError(f"{path}: a mask must be a single-channel PNG of class indices, got mode {mode}")
 
 
 def _layout(root: Path) -> tuple[Path, Path]:
@@ -115,7 +120,8 @@ def mask_folder(root: str | Path) -> EvalData:
         mask = masks / (image.stem + ".png")
         if not mask.is_file():
             raise NclipError(f"{image}: no mask {mask}")
-        (w, h), (iw, ih) = _size(mask), _size(image)
+        ((w, h), mode), ((iw, ih), _) = _header(mask), _header(image)
+        _check_mode(mask, mode)
         if (w, h) != (iw, ih):
             raise NclipError(f"{mask}: mask is {w}x{h} pixels but its image {image.name} is {iw}x{ih}")
         pairs.append((image, mask))
