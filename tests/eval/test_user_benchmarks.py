@@ -237,3 +237,68 @@ def test_mask_folder_errors_name_the_file(tmp_path):
         mask_folder(root)
     with pytest.raises(NclipError, match=r"val.txt:2: no image 2007_000009"):
         mask_folder(_voc(tmp_path / "voc4", val=[0, 9]))
+
+
+# ---------------------------------------------------------------- nclip eval on all three
+
+MICRO = [
+    "data.image_size=16", "data.text_length=16",
+    "model.vision.patch_size=4", "model.vision.width=32", "model.vision.layers=1", "model.vision.heads=2",
+    "model.text.width=32", "model.text.layers=1", "model.text.heads=2",
+    "model.embed_dim=32", "model.nclip_hidden=64", "model.nclip_dim=128", "train.threads=1",
+]
+
+
+@pytest.mark.slow
+def test_nclip_eval_on_the_users_benchmarks(tmp_path, capsys, monkeypatch, one_thread):
+    from nclip.cli import main
+    from nclip.config import resolve
+    from nclip.models import build_model
+    from nclip.models.io import save_model
+
+    cfg = resolve("micro", MICRO + ["objective.name=xclip"])
+    torch.manual_seed(0)
+    model = save_model(build_model(cfg, pretrained_text=True), cfg, tmp_path / "model")  # untrained: plumbing only
+    folder = _folder(tmp_path / "pets", ("cat", "dog"))
+    (tmp_path / "names.json").write_text('{"cat": "tabby cat", "dog": "puppy", "sofa": "couch"}')
+    for i in range(4):
+        _png(tmp_path / "ml" / f"{i}.png", (60 * i, 10, 10))
+    (tmp_path / "ml.csv").write_text("image,labels\nml/0.png,cat\nml/1.png,cat;dog\nml/2.png,dog;sofa\nml/3.png,sofa\n")
+    voc = _voc(tmp_path / "voc", n=3, size=(20, 14))
+    (tmp_path / "bad.txt").write_text("a photo of {}\nnothing to fill\n")
+    base = ["eval", "--checkpoint", str(model), "--out", str(tmp_path / "out"), "--quiet", "--no-cache",
+            "--dataset", f"folder:{folder}", "--dataset", f"multilabel:{tmp_path / 'ml.csv'}",
+            "--dataset", f"masks:{voc}", "--classnames", str(tmp_path / "names.json")]
+    import matplotlib.axes
+
+    shown = []
+    imshow = matplotlib.axes.Axes.imshow
+
+    def record(self, x, *a, **k):
+        shown.append(np.shape(x)[:2])
+        return imshow(self, x, *a, **k)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "imshow", record)
+    # the report (masks of non-square user images) without zero-shot, whose t-SNE takes seconds
+    assert main([*base, "--templates", "imagenet80", "--topk", "1,2", "--tasks", "multilabel,masks"]) == 0
+    printed = capsys.readouterr().out
+    assert "multilabel/ml-label/mAP" in printed and "masks/voc/jaccard" in printed
+    assert 'id="masks-voc"' in (tmp_path / "out" / "report.html").read_text()
+    assert shown and set(shown) == {(16, 16)}  # 20x14 images drawn as the model saw them, under their masks
+    r = json.loads((tmp_path / "out" / "results.json").read_text())["results"]
+    assert main([*base, "--templates", "imagenet80", "--topk", "1,2", "--no-report", "--tasks", "zeroshot"]) == 0
+
+    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    r.update(doc["results"])
+    for key in ("zeroshot/pets-class/top1", "multilabel/ml-label/mAP", "multilabel/ml-label/f1@1",
+                "multilabel/ml-label/precision@2", "multilabel/ml-label/recall@2", "masks/voc/jaccard"):
+        assert 0.0 <= r[key] <= 1.0, key
+    assert "multilabel/ml-label/f1@3" not in r and "zeroshot/ml-label/top1" not in r and doc["skipped"] == {}
+    assert doc["config"]["templates"] == "imagenet80" and doc["config"]["multilabel_topk"] == [1, 2]
+    assert doc["config"]["classnames"] == str(tmp_path / "names.json")
+
+    for extra, needle in ((["--templates", str(tmp_path / "bad.txt")], "bad.txt:2: a template needs exactly one {}"),
+                          (["--topk", "3,x"], "eval: --topk: expected comma-separated integers")):
+        assert main([*base, *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert needle in err and len(err.splitlines()) == 1 and "Traceback" not in err
