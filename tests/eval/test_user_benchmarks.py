@@ -286,7 +286,14 @@ def test_nclip_eval_on_the_users_benchmarks(tmp_path, capsys, monkeypatch, one_t
     assert 'id="masks-voc"' in (tmp_path / "out" / "report.html").read_text()
     assert shown and set(shown) == {(16, 16)}  # 20x14 images drawn as the model saw them, under their masks
     r = json.loads((tmp_path / "out" / "results.json").read_text())["results"]
+    from nclip.eval import dispatch
+
+    spaces = []
+    encode = dispatch.prompt_outputs
+    monkeypatch.setattr(dispatch, "prompt_outputs", lambda model, space, device: spaces.append(space) or
+                        encode(model, space, device))
     assert main([*base, "--templates", "imagenet80", "--topk", "1,2", "--no-report", "--tasks", "zeroshot"]) == 0
+    assert [(s.names, s.templates) for s in spaces] == [(("tabby cat", "puppy"), prompts.IMAGENET80)]  # 160 prompts
 
     doc = json.loads((tmp_path / "out" / "results.json").read_text())
     r.update(doc["results"])
