@@ -198,7 +198,7 @@ def test_every_kind_of_checkpoint(tmp_path, xclip_run, capsys):
     doc = runner.run_eval(step, None, tasks=["zeroshot", "masks"], datasets=["digits"], head="nclip")
     assert doc["checkpoint"]["head"] == "nclip" and doc["checkpoint"]["objective"] == "xclip"
     assert 0.0 <= doc["results"]["zeroshot/digits-digit/top1"] <= 1.0
-    assert doc["skipped"] == {"masks": "none of the selected datasets has object masks (synthetic)"}
+    assert doc["skipped"] == {"masks": "none of the selected datasets has object masks (synthetic, masks:DIR)"}
 
 
 # (overrides, extra eval arguments) per tower: the image towers at micro size (16 px: the conv net's

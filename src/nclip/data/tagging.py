@@ -29,10 +29,11 @@ from nclip.jsonio import read_text
 _TAG_STREAM = 0x7A66  # separates the template draws from the other users of the run seed
 
 
-def read_templates(path: str | Path) -> tuple[str, ...]:
+def read_templates(path: str | Path, what: str = "data.tagging.templates: file") -> tuple[str, ...]:
     """The templates of a file: one per line, each with exactly one ``{}``; ``#`` comments and
-    blank lines skipped. A bad line is a one-line error naming ``file:line``."""
-    path, text = read_text(path, "data.tagging.templates: file")
+    blank lines skipped. A bad line is a one-line error naming ``file:line``; ``what`` names the
+    file in the error for a missing one (``nclip eval --templates`` reads it too)."""
+    path, text = read_text(path, what)
     lines = text.splitlines()
     out = []
     for n, line in enumerate(lines, start=1):

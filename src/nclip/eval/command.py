@@ -4,7 +4,7 @@
                [--head clip|nclip|yclip] [--nclip-score symmetric|image_to_text]
                [--features backbone|clip|nclip|proto] [--baseline RUN_DIR] [--hierarchy FILE|builtin]
                [--cache-dir DIR | --no-cache]
-               [--no-report]
+               [--classnames FILE] [--templates FILE|imagenet80] [--topk 3,5,10,20] [--no-report]
     nclip eval compare EVAL_A EVAL_B ... [--out FILE.md]
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 from nclip.errors import NclipError
 
-_DATASET_HELP = ("synthetic | digits | folder:DIR | realms:DIR | captions:FILE.csv|.jsonl | sts:FILE.csv "
-                 "(repeatable; default: synthetic and digits)")
+_DATASET_HELP = ("synthetic | digits | folder:DIR | realms:DIR | captions:FILE.csv|.jsonl | sts:FILE.csv | "
+                 "multilabel:FILE.csv | masks:DIR (repeatable; default: synthetic and digits)")
 
 
 def add_eval_parser(sub) -> argparse.ArgumentParser:
@@ -39,6 +39,13 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--features", help="image features of the linear, k-NN, clustering and realm probes: "
                                       "backbone | clip | nclip | proto (default: the objective's paper protocol, "
                                       "ProtoCLIP: clip = z, App. B; the others: backbone)")
+    p.add_argument("--classnames", metavar="FILE", help="class names of folder:/multilabel: data: one per line in "
+                                                        "sorted folder (label) order, or a JSON map folder -> name")
+    p.add_argument("--templates", metavar="FILE|imagenet80",
+                   help="prompt templates of folder:/realms:/multilabel: data: a file, one per line with {} for "
+                        "the class name, or imagenet80 (CLIP's 80 ImageNet prompts)")
+    p.add_argument("--topk", default=",".join(map(str, d.multilabel_topk)),
+                   help="k of multi-label precision/recall/F1@k (xCLIP Tab. 3)")
     p.add_argument("--baseline", metavar="RUN_DIR", help="run or eval directory for relative realm accuracy")
     p.add_argument("--hierarchy", metavar="FILE|builtin",
                    help="realm labels for the realms task from each dataset's class labels and a class hierarchy: "
@@ -84,8 +91,9 @@ def run_eval_command(args) -> int:
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
     settings = EvalSettings().updated(
         _option, tasks=tasks, datasets=tuple(args.datasets or EvalSettings().datasets), head=args.head,
-        features=args.features,
-        baseline=args.baseline, hierarchy=args.hierarchy, test_samples=args.samples, train_samples=args.train_samples,
+        features=args.features, classnames=args.classnames, templates=args.templates,
+        multilabel_topk=_ints(args.topk, "--topk"), baseline=args.baseline, hierarchy=args.hierarchy,
+        test_samples=args.samples, train_samples=args.train_samples,
         sts_pairs=args.sts_pairs, mask_samples=args.mask_samples, batch_size=args.batch_size, seed=args.seed,
         device=args.device, **({"nclip_score": args.nclip_score} if args.nclip_score else {}))
     cache = None if args.no_cache else (args.cache_dir if args.cache_dir else "default")
@@ -95,7 +103,15 @@ def run_eval_command(args) -> int:
     return 0
 
 
-_OPTIONS = {"test_samples": "--samples", "datasets": "--dataset"}  # the settings fields not named as their option
+# the settings fields not named as their option
+_OPTIONS = {"test_samples": "--samples", "datasets": "--dataset", "multilabel_topk": "--topk"}
+
+
+def _ints(text: str, option: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise NclipError(f"eval: {option}: expected comma-separated integers, got {text!r}") from None
 
 
 def _option(location: str) -> str:

@@ -21,7 +21,7 @@ TABLES = [
      [("I→T R@1", "i2t@1"), ("I→T R@5", "i2t@5"), ("I→T R@10", "i2t@10"),
       ("T→I R@1", "t2i@1"), ("T→I R@5", "t2i@5"), ("T→I R@10", "t2i@10")], False),
     ("Zero-shot multi-label (cf. xCLIP Tab. 3)", "multilabel",
-     [("mAP", "mAP"), ("F1@1", "f1@1"), ("F1@3", "f1@3")], False),
+     [("mAP", "mAP"), ("F1@3", "f1@3"), ("F1@5", "f1@5"), ("F1@10", "f1@10"), ("F1@20", "f1@20")], False),
     ("Linear probe, top-1 (cf. xCLIP Tab. 5)", "linear", [("", "top1")], True),
     ("k-NN (k=20, T=0.07), top-1", "knn", [("", "top1")], True),
     ("K-Means clustering (cf. ProtoCLIP Tab. A.12c)", "cluster", [("ARI", "ari"), ("AMI", "ami")], False),

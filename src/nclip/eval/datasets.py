@@ -17,7 +17,14 @@ description of which protocols apply to it. Spec strings (``--dataset``) select 
                        (``{"image": ..., "caption": ...}`` or ``{"image": ..., "captions": [...]}``);
                        image paths are relative to the file's folder
 ``sts:FILE``           text similarity: CSV/TSV with header ``sentence1,sentence2,score``
+``multilabel:FILE``    zero-shot multi-label: a CSV (header row; columns image path, ``;``-separated
+                       labels), :mod:`nclip.eval.multilabel_file`
+``masks:DIR``          mask probing: ``DIR/JPEGImages`` + ``DIR/SegmentationClass`` (VOC) or
+                       ``DIR/images`` + ``DIR/masks``, :mod:`nclip.eval.mask_folder`
 =====================  =========================================================================
+
+``--classnames`` and ``--templates`` (:mod:`nclip.eval.prompts`) replace the class names and
+prompts of ``folder:`` (and ``multilabel:``) data, ``--templates`` those of ``realms:`` too.
 
 Problems with user data (a missing file, a malformed row, an unreadable image) raise one
 :class:`~nclip.errors.NclipError` whose message names the file and the row.
@@ -155,16 +162,24 @@ def _folder_splits(root: Path, seed: int, label: str, extra_labels: dict[str, in
     return names, out
 
 
-def image_folder(root: str | Path, seed: int = 0) -> EvalData:
+def image_folder(root: str | Path, seed: int = 0, classnames: str | None = None,
+                 templates: str | None = None) -> EvalData:
+    """``root/<class>/...``; class names and templates from the files ``classnames`` / ``templates``
+    (:mod:`nclip.eval.prompts`), by default the folder names and :data:`FOLDER_TEMPLATES`."""
+    from nclip.eval import prompts
+
     root = Path(root).expanduser()
     names, splits = _folder_splits(root, seed, "class")
-    space = LabelSpace(tuple(class_name(n) for n in names), FOLDER_TEMPLATES)
+    space = LabelSpace(prompts.class_names(classnames, names, [class_name(n) for n in names], "class folder"),
+                       prompts.templates(templates, FOLDER_TEMPLATES))
     data = EvalData(name=_dataset_name(root), identity={}, label_spaces={"class": space})
     return _with_splits(data, splits, space, "folder", root, seed, names)
 
 
-def realm_folders(root: str | Path, seed: int = 0) -> EvalData:
+def realm_folders(root: str | Path, seed: int = 0, templates: str | None = None) -> EvalData:
     """``root/<realm>/<class>/...``: label kinds ``realm`` and ``class`` (names ``realm/class``)."""
+    from nclip.eval import prompts
+
     root = Path(root).expanduser()
     if not root.is_dir():
         raise NclipError(f"dataset folder not found: {root}")
@@ -179,8 +194,9 @@ def realm_folders(root: str | Path, seed: int = 0) -> EvalData:
         for split, (paths, labels) in splits.items():
             merged[split][0].extend(paths)
             merged[split][1].extend(labels)
-    realm_space = LabelSpace(tuple(class_name(r.name) for r in realms), FOLDER_TEMPLATES)
-    class_space = LabelSpace(tuple(class_names), FOLDER_TEMPLATES)
+    chosen = prompts.templates(templates, FOLDER_TEMPLATES)
+    realm_space = LabelSpace(tuple(class_name(r.name) for r in realms), chosen)
+    class_space = LabelSpace(tuple(class_names), chosen)
     data = EvalData(name=_dataset_name(root), identity={},
                     label_spaces={"realm": realm_space, "class": class_space}, realm=("realm", "class"))
     return _with_splits(data, merged, class_space, "realms", root, seed, class_names)
@@ -338,7 +354,7 @@ def sts_file(path: str | Path) -> EvalData:
 # spec strings
 # ---------------------------------------------------------------------------------------------
 
-USER_KINDS = ("folder", "realms", "captions", "sts")
+USER_KINDS = ("folder", "realms", "captions", "sts", "multilabel", "masks")
 
 
 def parse_spec(spec: str) -> tuple[str, str | None]:
@@ -356,8 +372,10 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
 
 
 def build(spec: str, *, image_size: int, max_objects: int, seed: int, test_samples: int,
-          train_samples: int, sts_pairs: int) -> list[EvalData]:
-    """The EvalData(s) for one spec string (``synthetic`` yields the scenes and their STS pairs)."""
+          train_samples: int, sts_pairs: int, classnames: str | None = None,
+          templates: str | None = None) -> list[EvalData]:
+    """The EvalData(s) for one spec string (``synthetic`` yields the scenes and their STS pairs);
+    ``classnames`` / ``templates``: the user's prompts (:mod:`nclip.eval.prompts`)."""
     kind, arg = parse_spec(spec)
     if kind == "synthetic":
         out = [synthetic(image_size, max_objects, seed, test_samples, train_samples)]
@@ -367,9 +385,17 @@ def build(spec: str, *, image_size: int, max_objects: int, seed: int, test_sampl
     if kind == "digits":
         return [digits(image_size, seed)]
     if kind == "folder":
-        return [image_folder(arg, seed)]
+        return [image_folder(arg, seed, classnames, templates)]
     if kind == "realms":
-        return [realm_folders(arg, seed)]
+        return [realm_folders(arg, seed, templates)]
+    if kind == "multilabel":
+        from nclip.eval.multilabel_file import multilabel_file
+
+        return [multilabel_file(arg, classnames, templates)]
+    if kind == "masks":
+        from nclip.eval.mask_folder import mask_folder
+
+        return [mask_folder(arg)]
     if kind == "captions":
         return [caption_file(arg)]
     return [sts_file(arg)]

@@ -138,7 +138,7 @@ def eval_dataset(st: EvalState, data: EvalData) -> None:
     if tasks & {"linear", "knn"} and "train" in data.splits and data.label_spaces:
         _eval_probes(st, data, test, image, tasks)
     if "cluster" in tasks:
-        for kind in data.label_spaces:
+        for kind in _single_label_kinds(data, test):
             y = test[f"label.{kind}"]
             if torch.unique(y).numel() >= 2:
                 st.put("cluster", f"{data.name}-{kind}", probe.cluster(image[st.probe_key], y, seed=st.settings.seed))
@@ -153,13 +153,15 @@ def eval_dataset(st: EvalState, data: EvalData) -> None:
 def _eval_zero_shot(st: EvalState, data: EvalData, test: dict, image: dict, tasks: set[str]) -> None:
     """Zero-shot classification of every label kind and multi-label scores, from the same class
     scores (prompt ensembles); the primary kind's embeddings are kept for the report's t-SNE."""
-    kinds = list(data.label_spaces)
+    kinds = _single_label_kinds(data, test)
+    scored = [k for k in data.label_spaces
+              if ("zeroshot" in tasks and k in kinds) or ("multilabel" in tasks and k in data.multilabel_kinds)]
     class_scores: dict[str, torch.Tensor] = {}
-    for kind in kinds if "zeroshot" in tasks else [k for k in kinds if k in data.multilabel_kinds]:
+    for kind in scored:
         prompts = _prompts(st, data, kind)
         classes = ensemble(prompts, len(data.label_spaces[kind]))
         class_scores[kind] = zeroshot.scores(image, classes, st.head, st.settings.nclip_score)
-        if kind == realms.class_kind(data.label_spaces):
+        if kind == realms.class_kind(data.label_spaces) and kind in kinds:
             st.artifacts.setdefault("tsne", {"dataset": data.name, "kind": kind, "head": st.head,
                                              "image": image, "labels": test[f"label.{kind}"],
                                              "prompts": prompts, "classes": classes,
@@ -178,7 +180,13 @@ def _eval_zero_shot(st: EvalState, data: EvalData, test: dict, image: dict, task
         for kind in data.multilabel_kinds:
             if kind in class_scores and f"multilabel.{kind}" in test:
                 st.put("multilabel", f"{data.name}-{kind}",
-                       multilabel.evaluate(class_scores[kind], test[f"multilabel.{kind}"]))
+                       multilabel.evaluate(class_scores[kind], test[f"multilabel.{kind}"],
+                                           st.settings.multilabel_topk))
+
+
+def _single_label_kinds(data: EvalData, test: dict) -> list[str]:
+    """The label kinds with a class index per image (a ``multilabel:`` file's kind has targets only)."""
+    return [k for k in data.label_spaces if f"label.{k}" in test]
 
 
 def _eval_retrieval(st: EvalState, data: EvalData, test: dict, image: dict, text: dict) -> None:
@@ -264,7 +272,7 @@ def _eval_masks(st: EvalState, data: EvalData) -> None:
             return masks.extract(st.model, samples[:n], st.image_size, st.device, st.settings.batch_size)
 
     f = st.cache.get(f"{data.name}-attention", identity, compute)
-    r = masks.evaluate(f["attn"], f["masks"], st.settings.mask_threshold)
+    r = masks.evaluate(f["attn"], f["masks"], st.settings.mask_threshold, f.get("ignore"))
     metrics = {"jaccard": r["jaccard"], "best_head": r["best_head"], "mean_heads": r["mean_heads"]}
     metrics.update({f"head{h}": float(v) for h, v in enumerate(r["per_head"])})
     st.put("masks", data.name, metrics)
@@ -279,13 +287,13 @@ def _eval_masks(st: EvalState, data: EvalData) -> None:
 _NEEDS = {
     "zeroshot": "class labels",
     "retrieval": "captions (synthetic, digits, captions:FILE)",
-    "multilabel": "multi-label annotations (synthetic)",
+    "multilabel": "multi-label annotations (synthetic, multilabel:FILE.csv)",
     "linear": "class labels and a train split",
     "knn": "class labels and a train split",
     "cluster": "test labels of at least two classes",
     "realms": "realm labels and a train split (synthetic, realms:DIR, or class labels with --hierarchy)",
     "sts": "sentence pairs (synthetic with --sts-pairs > 0, sts:FILE.csv)",
-    "masks": "object masks (synthetic)",
+    "masks": "object masks (synthetic, masks:DIR)",
     "diagnostics": "captions (synthetic, digits, captions:FILE)",
 }
 

@@ -173,6 +173,7 @@ def failures_html(name: str, fails, samples, text_to_image) -> str:
 def masks_figure(name: str, m: dict, n: int = 6) -> str:
     import matplotlib.pyplot as plt
 
+    from nclip.data.transforms import resize_center_crop
     from nclip.eval.masks import predicted_mask
 
     per = m["per_sample"]
@@ -182,9 +183,9 @@ def masks_figure(name: str, m: dict, n: int = 6) -> str:
     fig, axes = plt.subplots(3, len(picks), figsize=(1.9 * len(picks), 6.0))
     axes = np.atleast_2d(axes)
     for col, i in enumerate(picks):
-        image = m["samples"][i].image
         gt = m["masks"][i].numpy()
         size = gt.shape[0]
+        image = resize_center_crop(m["samples"][i].image, size)  # the model's view, which the masks were fitted to
         att = m["attn"][i, head]
         pred = predicted_mask(att, size, m["threshold"]).numpy()
         up = F.interpolate(att[None, None], size=(size, size), mode="nearest")[0, 0].numpy()

@@ -3,8 +3,11 @@
 For every head of the vision tower's last layer, the attention of the [CLS] query over the patch
 tokens is taken as a saliency map, thresholded to keep the patches holding 60% of the attention
 mass (DINO's rule), upsampled (nearest) to the mask resolution and compared by Jaccard with the
-ground-truth foreground -- on synthetic scenes the union of all object masks. Jaccard is averaged
-over images per head and the best head is retained (``metrics.attention_mask_jaccard``).
+ground-truth foreground -- on synthetic scenes the union of all object masks, on the user's
+``masks:DIR`` (:mod:`nclip.eval.mask_folder`, Pascal VOC 2012 layout as in xCLIP Tab. 12) the
+pixels of any class but background, VOC's 255 "void" pixels excluded from intersection and union
+(a sample's ``ignore`` mask). Jaccard is averaged over images per head and the best head is
+retained (``metrics.attention_mask_jaccard``).
 
 The maps come from the image tower's ``attention_maps`` (:mod:`nclip.models.towers`): [CLS]
 attention for the ViT, the attention-pool query's attention for the conv net. A tower whose
@@ -55,9 +58,10 @@ def unsupported(vision_kind: str) -> str | None:
 @torch.no_grad()
 def extract(model, samples: Sequence[Sample], image_size: int, device,
             batch_size: int = EVAL_BATCH_SIZE) -> dict[str, torch.Tensor]:
-    """{"attn": [N, heads, h, w], "masks": bool [N, S, S] (union of the object masks)}."""
+    """{"attn": [N, heads, h, w], "masks": bool [N, S, S] (union of the object masks), "ignore": bool
+    [N, S, S] (pixels left out of the Jaccard: a sample's ``ignore`` mask, none for built-in scenes)}."""
     model.eval()
-    attn, masks = [], []
+    attn, masks, ignore = [], [], []
     for i in range(0, len(samples), batch_size):
         batch = [samples[j] for j in range(i, min(i + batch_size, len(samples)))]
         pixels = torch.stack([eval_tensor(s.image, image_size) for s in batch]).to(device)
@@ -66,12 +70,17 @@ def extract(model, samples: Sequence[Sample], image_size: int, device,
             if s.masks is None:
                 raise NclipError("mask probing needs samples with object masks")
             masks.append(_fit_mask(np.asarray(s.masks).any(axis=0), image_size))
-    return {"attn": torch.cat(attn), "masks": torch.from_numpy(np.stack(masks))}
+            void = getattr(s, "ignore", None)
+            ignore.append(np.zeros_like(masks[-1]) if void is None else _fit_mask(np.asarray(void), image_size))
+    return {"attn": torch.cat(attn), "masks": torch.from_numpy(np.stack(masks)),
+            "ignore": torch.from_numpy(np.stack(ignore))}
 
 
-def evaluate(attn: torch.Tensor, masks: torch.Tensor, threshold: float = THRESHOLD) -> dict:
-    """{"jaccard": best head's mean Jaccard, "best_head", "mean_heads", "per_head": [heads], "per_sample"}."""
-    r = attention_mask_jaccard(attn, masks, threshold=threshold)
+def evaluate(attn: torch.Tensor, masks: torch.Tensor, threshold: float = THRESHOLD,
+             ignore: torch.Tensor | None = None) -> dict:
+    """{"jaccard": best head's mean Jaccard, "best_head", "mean_heads", "per_head": [heads], "per_sample"};
+    ``ignore`` bool [N, S, S]: pixels excluded from intersection and union."""
+    r = attention_mask_jaccard(attn, masks, threshold=threshold, ignore=ignore)
     return {"jaccard": r["best"], "best_head": r["best_head"], "mean_heads": float(r["per_head"].mean()),
             "per_head": r["per_head"], "per_sample": r["per_sample"]}
 

@@ -10,9 +10,10 @@ line in the run config's wording (``eval: batch_size: Input should be greater th
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from nclip.defaults import EVAL_BATCH_SIZE, PROBE_FEATURES
 from nclip.errors import NclipError
@@ -29,6 +30,9 @@ MODEL_HEAD = {"clip": "clip", "nclip": "nclip", "yclip": "nclip"}  # the project
 NclipScore = Literal["symmetric", "image_to_text"]  # = nclip.objectives.functional.NCLIP_SCORES
 L2_GRID = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 1e-5, 1e-6)  # linear-probe L2 strengths (validated)
 MASK_THRESHOLD = 0.6  # DINO: keep the patches holding 60% of the [CLS] attention mass
+MULTILABEL_TOPK = (3, 5, 10, 20)  # xCLIP Tab. 3: F1@3, F1@5 (NUS-WIDE), F1@10, F1@20 (OpenImages)
+PROMPT_SETS = ("imagenet80",)  # built-in template sets (nclip.eval.prompts.BUILTIN_TEMPLATES)
+_PROMPT_TAKERS = {"classnames": ("folder", "multilabel"), "templates": ("folder", "realms", "multilabel")}
 
 
 class EvalSettings(BaseModel):
@@ -61,6 +65,12 @@ class EvalSettings(BaseModel):
     # realm labels for the realms task from each dataset's class labels: "builtin" (the built-in
     # data's own hierarchies, nclip.data.hierarchies) or a JSON/TSV hierarchy file (nclip.hierarchy)
     hierarchy: str | None = None
+    # the user's zero-shot prompts (nclip.eval.prompts): class names of folder:/multilabel: data (a
+    # file: one per line or a JSON map) and templates of folder:/realms:/multilabel: data (a file or
+    # a PROMPT_SETS name); files are recorded as absolute paths, the source of the results
+    classnames: str | None = None
+    templates: str | None = None
+    multilabel_topk: tuple[Annotated[int, Field(ge=1)], ...] = Field(MULTILABEL_TOPK, min_length=1)
 
     @field_validator("tasks")
     @classmethod
@@ -104,6 +114,24 @@ class EvalSettings(BaseModel):
     @classmethod
     def _path_text(cls, value: Any) -> Any:
         return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+    @field_validator("classnames", "templates", mode="before")
+    @classmethod
+    def _source_path(cls, value: Any) -> Any:
+        if value is None or value in PROMPT_SETS:
+            return value
+        return str(Path(os.fspath(value)).expanduser().absolute())
+
+    @field_validator("classnames", "templates")
+    @classmethod
+    def _prompts_have_data(cls, value: str | None, info: ValidationInfo) -> str | None:
+        from nclip.eval.datasets import parse_spec
+
+        takers = _PROMPT_TAKERS[info.field_name]
+        kinds = {parse_spec(spec)[0] for spec in info.data.get("datasets", ())}
+        if value is not None and "datasets" in info.data and not kinds & set(takers):
+            raise ValueError(f"applies to {', '.join(k + ':' for k in takers)} datasets and none is selected")
+        return value
 
     def updated(self, location_name: Callable[[str], str] | None = None, **changes) -> "EvalSettings":
         """A copy with ``changes``, validated (see :func:`validated`)."""
