@@ -67,6 +67,11 @@ class CaptionTokenizer:
         if None in (self.pad_id, self.cls_id, self.eos_id):
             raise NclipError(f"{path} lacks one of its special tokens {sorted(set(specials.values()))}")
 
+    def same_vocabulary(self, other: CaptionTokenizer) -> bool:
+        """Whether ``other`` maps every token, and the pad/bos/eos tokens, to the same ids."""
+        return ((self.pad_id, self.cls_id, self.eos_id) == (other.pad_id, other.cls_id, other.eos_id)
+                and self._tok.get_vocab() == other._tok.get_vocab())
+
     def __call__(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         enc = self._tok.encode_batch(list(texts))
         ids = torch.tensor([e.ids for e in enc], dtype=torch.long)  # [N, L]

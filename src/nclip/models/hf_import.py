@@ -141,9 +141,12 @@ def _pixel_stats(path: Path) -> dict:
 
 def _hf_tokenizer(path: Path, length: int, tc, pooling: str) -> str | None:
     """The directory's tokenizer (its path), or None for the bundled WordPiece one where the
-    directory has none and the text tower was trained with it (an nclip export)."""
+    directory has none, or one with the bundled vocabulary and special tokens (an nclip export), and
+    the text tower was trained with it."""
     if (path / TOKENIZER_FILE).is_file():
         tok, chosen = CaptionTokenizer(length, path), str(path.resolve())
+        if tok.same_vocabulary(CaptionTokenizer(length)):
+            chosen = None  # nothing to copy into the run: the bundled tokenizer gives the same ids
     else:
         tok, chosen = CaptionTokenizer(length), None
         if tok.vocab_size != tc.vocab_size:
