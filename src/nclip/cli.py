@@ -263,15 +263,38 @@ def _cmd_eval(args) -> int:
 COMMANDS["eval"] = _cmd_eval
 
 
+def _check_outputs(args) -> None:
+    """Every output folder the command will write, checked before any work (a folder below a file,
+    or one without write permission, is one line, not a traceback at the first write)."""
+    from nclip.jsonio import check_writable_dir
+
+    if isinstance(getattr(args, "out", None), Path):
+        check_writable_dir(args.out, "--out")
+    if isinstance(getattr(args, "compare_out", None), Path):
+        check_writable_dir(args.compare_out, "--out")
+
+
+def _fail(message: str) -> int:
+    """A user error: one line on stderr, exit status 2. Under torchrun every rank meets the same
+    error (rank 0 decides and tells the others, nclip.train.rundir.agree); rank 0 alone says it."""
+    if int(os.environ.get("RANK", "0") or 0) == 0:
+        print(f"nclip: error: {message}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever downloaded at run time
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     try:
         args = build_parser().parse_args(argv)
+        _check_outputs(args)
         return COMMANDS[args.command](args)
     except NclipError as e:
-        print(f"nclip: error: {e}", file=sys.stderr)
-        return 2
+        return _fail(str(e))
+    except OSError as e:  # a path the user gave that cannot be written or read as asked
+        if e.filename is None:
+            raise
+        return _fail(f"{e.filename}: {e.strerror or e}")
     except KeyboardInterrupt:
         print("nclip: interrupted", file=sys.stderr)
         return 130

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from nclip.defaults import EVAL_BATCH_SIZE, PROBE_FEATURES, USER_LABEL, has_labels
 from nclip.errors import NclipError
+from nclip.jsonio import read_text
 from nclip.objectives import REGISTRY, ObjectiveConfig
 
 
@@ -309,9 +310,7 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
     """A preset by name (shipped in nclip/presets) or a path to a YAML file, as a raw dict."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml"):
-        if not path.is_file():
-            raise NclipError(f"config file not found: {path}")
-        text = path.read_text()
+        text = read_text(path, "config file")[1]
     else:
         res = resources.files("nclip") / "presets" / f"{name_or_path}.yaml"
         if not res.is_file():

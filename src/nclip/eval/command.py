@@ -38,6 +38,10 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--features", help="image features of the linear, k-NN, clustering and realm probes: "
                                       "backbone | clip | nclip | proto (default: the objective's paper protocol, "
                                       "ProtoCLIP: clip = z, App. B; the others: backbone)")
+    p.add_argument("--image-key", help="image-path column of a captions: CSV (default: the run's "
+                   "data.csv_image_key if the header has it, else image/image_path/filepath/file/path)")
+    p.add_argument("--caption-key", help="caption column of a captions: CSV (default: the run's "
+                   "data.csv_caption_key if the header has it, else the caption* columns)")
     p.add_argument("--baseline", metavar="RUN_DIR", help="run or eval directory for relative realm accuracy")
     p.add_argument("--cache-dir", type=Path, help="feature cache (default: OUT/../.nclip-cache)")
     p.add_argument("--no-cache", action="store_true", help="extract features afresh and store nothing")
@@ -79,7 +83,7 @@ def run_eval_command(args) -> int:
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
     settings = EvalSettings().updated(
         _option, tasks=tasks, datasets=tuple(args.datasets or EvalSettings().datasets), head=args.head,
-        features=args.features,
+        features=args.features, image_key=args.image_key, caption_key=args.caption_key,
         baseline=args.baseline, test_samples=args.samples, train_samples=args.train_samples,
         sts_pairs=args.sts_pairs, mask_samples=args.mask_samples, batch_size=args.batch_size, seed=args.seed,
         device=args.device, **({"nclip_score": args.nclip_score} if args.nclip_score else {}))

@@ -137,7 +137,9 @@ def _build_datasets(cfg, settings: EvalSettings) -> list[eval_data.EvalData]:
         seed = cfg.seed if kind == "digits" and cfg.data.source == "digits" else settings.seed
         all_data += eval_data.build(spec, image_size=cfg.data.image_size, max_objects=cfg.data.max_objects, seed=seed,
                                     test_samples=settings.test_samples, train_samples=settings.train_samples,
-                                    sts_pairs=settings.sts_pairs if "sts" in settings.tasks else 0)
+                                    sts_pairs=settings.sts_pairs if "sts" in settings.tasks else 0,
+                                    image_key=settings.image_key, caption_key=settings.caption_key,
+                                    run_keys=(cfg.data.csv_image_key, cfg.data.csv_caption_key))
     return all_data
 
 

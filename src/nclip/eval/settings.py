@@ -58,6 +58,10 @@ class EvalSettings(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     cache_dir: str | None = None  # None: no cache
     baseline: str | None = None  # run dir, eval dir or results.json for relative realm accuracy
+    # a captions CSV's image and caption columns; None: the run's data.csv_image_key /
+    # data.csv_caption_key when the header has them, else image/filepath/... and caption*
+    image_key: str | None = None
+    caption_key: str | None = None
 
     @field_validator("tasks")
     @classmethod

@@ -67,7 +67,7 @@ from nclip.train.launch import (
     teardown,
     wrap,
 )
-from nclip.train.monitors import CollapseMonitor
+from nclip.train.monitors import CollapseMonitor, nonfinite_stop_message
 from nclip.train.optim import build_optimizer, lr_at
 from nclip.train.rundir import agree, plan_run, start_run
 
@@ -303,9 +303,7 @@ def _run_steps(run: _Run, progress: bool) -> dict:
             stop = counters["nonfinite_row"] >= t.max_nonfinite_steps
             log.step(done, result, force=stop)
             if stop:
-                raise NclipError(
-                    f"{counters['nonfinite_row']} steps in a row had a non-finite loss or gradient "
-                    f"(last: step {done}); stopping. The last good checkpoint is kept in {run.run_dir / 'checkpoints'}")
+                raise NclipError(nonfinite_stop_message(run.cfg, run.run_dir, counters["nonfinite_row"], done))
             if (done % t.checkpoint_every == 0 and counters["nonfinite_row"] == 0) or done == t.steps:
                 _save(run, done)
     finally:
