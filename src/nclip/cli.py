@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="start over in an --out that holds a run: its checkpoints, logs, model, eval and "
                    "config.yaml are removed first (other files are kept)")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar: one line per log step instead "
+                   "(step, loss, the objective's terms, lr, samples/s), for logs and batch jobs")
     p.add_argument("--no-eval", action="store_true", help="skip the end-of-run evaluation")
 
     p = sub.add_parser("config", help="print the resolved, validated config")
@@ -122,9 +123,10 @@ def _cmd_train(args) -> int:
     from nclip.train.loop import train
 
     resume = args.resume == "auto" or args.extend_to is not None
-    cfg = resolve(_train_preset(args.preset, args.out, resume), args.overrides)
+    preset = _train_preset(args.preset, args.out, resume)
+    cfg = resolve(preset, args.overrides)
     result = train(cfg, args.out, resume=resume, progress=not args.no_progress, evaluate=not args.no_eval,
-                   force=args.force, extend_to=args.extend_to)
+                   force=args.force, extend_to=args.extend_to, preset=preset)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 reports
         return 0
     if result.already_finished:

@@ -43,6 +43,7 @@ RESUME_MAY_CHANGE = (
     "train.keep_checkpoints",
     "train.threads",  # the same math; float rounding may differ, as it would on another machine
     "train.max_nonfinite_steps",  # when to stop on non-finite steps, not what a step does
+    "train.tensorboard",  # a copy of metrics.jsonl's scalars
     "data.max_bad_fraction", "data.bad_window",  # when to stop on bad samples, not which are skipped
     "data.num_workers",  # map-style sources: a sample is a pure function of (seed, index)...
     "objective.ext_cache_dir",  # where ProtoCLIP's teacher features are cached (keyed by identity)
