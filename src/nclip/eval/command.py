@@ -66,7 +66,7 @@ def run_eval_command(args) -> int:
     if getattr(args, "eval_command", None) == "compare":
         from nclip.eval.compare import markdown
 
-        text = markdown(args.runs)
+        text = markdown(args.runs, warn=lambda line: print(f"nclip: warning: {line}", file=sys.stderr))
         if args.compare_out:
             args.compare_out.parent.mkdir(parents=True, exist_ok=True)
             args.compare_out.write_text(text)

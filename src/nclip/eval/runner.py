@@ -187,6 +187,7 @@ def _document(st: EvalState, objective) -> dict:
                        "objective": cfg.objective.name, "heads": sorted(objective.heads), "head": st.head or "none",
                        "zero_shot_head": objective.zero_shot_head, "image_size": cfg.data.image_size,
                        "vision_tower": cfg.model.vision.kind, "text_tower": cfg.model.text.kind,
+                       "train_steps": _trained_steps(ck), "data_source": cfg.data.source,
                        "run_dir": str(ck.run_dir) if ck.run_dir else None},
         "config": {**st.settings.model_dump(),
                    "probe_features": f"{st.settings.features}: "
@@ -198,6 +199,15 @@ def _document(st: EvalState, objective) -> dict:
         "timing": st.timing,
         "cache": {"dir": st.settings.cache_dir, "hits": sorted(st.cache.hits), "misses": sorted(st.cache.misses)},
     }
+
+
+def _trained_steps(ck) -> int:
+    """The optimizer steps behind the weights: N of a RUN/checkpoints/step_N directory, else the
+    run's train.steps (a finished run's model)."""
+    name = Path(ck.path).name
+    if name.startswith("step_") and name[5:].isdigit():
+        return int(name[5:])
+    return ck.cfg.train.steps
 
 
 def _write(out: Path, doc: dict, st: EvalState, report: bool, t0: float) -> None:
