@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "config.yaml are removed first (other files are kept)")
     p.add_argument("--init", metavar="DIR", help="start from a pretrained model: a local transformers CLIPModel "
                    "directory or an nclip run/model directory (sets model.init; docs/transfer.md)")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar: one line per log step instead "
+                   "(step, loss, the objective's terms, lr, samples/s), for logs and batch jobs")
     p.add_argument("--no-eval", action="store_true", help="skip the end-of-run evaluation")
 
     p = sub.add_parser("config", help="print the resolved, validated config")
@@ -127,9 +128,10 @@ def _cmd_train(args) -> int:
 
     resume = args.resume == "auto" or args.extend_to is not None
     init = [f"model.init={json.dumps(args.init)}"] if args.init else []  # a JSON string is a YAML string
-    cfg = resolve(_train_preset(args.preset, args.out, resume), [*args.overrides, *init])
+    preset = _train_preset(args.preset, args.out, resume)
+    cfg = resolve(preset, [*args.overrides, *init])
     result = train(cfg, args.out, resume=resume, progress=not args.no_progress, evaluate=not args.no_eval,
-                   force=args.force, extend_to=args.extend_to)
+                   force=args.force, extend_to=args.extend_to, preset=preset)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 reports
         return 0
     if result.already_finished:
@@ -268,15 +270,38 @@ def _cmd_eval(args) -> int:
 COMMANDS["eval"] = _cmd_eval
 
 
+def _check_outputs(args) -> None:
+    """Every output folder the command will write, checked before any work (a folder below a file,
+    or one without write permission, is one line, not a traceback at the first write)."""
+    from nclip.jsonio import check_writable_dir
+
+    if isinstance(getattr(args, "out", None), Path):
+        check_writable_dir(args.out, "--out")
+    if isinstance(getattr(args, "compare_out", None), Path):
+        check_writable_dir(args.compare_out, "--out")
+
+
+def _fail(message: str) -> int:
+    """A user error: one line on stderr, exit status 2. Under torchrun every rank meets the same
+    error (rank 0 decides and tells the others, nclip.train.rundir.agree); rank 0 alone says it."""
+    if int(os.environ.get("RANK", "0") or 0) == 0:
+        print(f"nclip: error: {message}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever downloaded at run time
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     try:
         args = build_parser().parse_args(argv)
+        _check_outputs(args)
         return COMMANDS[args.command](args)
     except NclipError as e:
-        print(f"nclip: error: {e}", file=sys.stderr)
-        return 2
+        return _fail(str(e))
+    except OSError as e:  # a path the user gave that cannot be written or read as asked
+        if e.filename is None:
+            raise
+        return _fail(f"{e.filename}: {e.strerror or e}")
     except KeyboardInterrupt:
         print("nclip: interrupted", file=sys.stderr)
         return 130

@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from nclip.defaults import EVAL_BATCH_SIZE, PROBE_FEATURES, USER_LABEL, has_labels
 from nclip.errors import NclipError
+from nclip.jsonio import read_text
 from nclip.objectives import REGISTRY, ObjectiveConfig
 
 
@@ -270,6 +271,18 @@ class TrainConfig(_Section):
     threads: int | None = Field(None, ge=1, description="torch intra-op threads (None: default)")
     strategy: Literal["ddp", "fsdp"] = "ddp"  # under torchrun: replicate (DDP) or shard (FSDP2)
     max_nonfinite_steps: int = Field(10, ge=1, description="stop after this many skipped steps in a row")
+    # the scalars of metrics.jsonl also as TensorBoard events in RUN/tensorboard/ (rank 0); needs the
+    # optional tensorboard package (pip install nclip[tensorboard])
+    tensorboard: bool = False
+
+    @field_validator("tensorboard")
+    @classmethod
+    def _tensorboard_installed(cls, on: bool) -> bool:
+        import importlib.util
+
+        if on and importlib.util.find_spec("tensorboard") is None:
+            raise ValueError("the tensorboard package is not installed: pip install nclip[tensorboard]")
+        return on
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -351,9 +364,7 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
     """A preset by name (shipped in nclip/presets) or a path to a YAML file, as a raw dict."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml"):
-        if not path.is_file():
-            raise NclipError(f"config file not found: {path}")
-        text = path.read_text()
+        text = read_text(path, "config file")[1]
     else:
         res = resources.files("nclip") / "presets" / f"{name_or_path}.yaml"
         if not res.is_file():

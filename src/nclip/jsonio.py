@@ -39,11 +39,31 @@ def read_text(path: str | Path, what: str) -> tuple[Path, str]:
 
 
 def read_json(path: Path) -> Any:
-    """The parsed contents of a JSON file; invalid JSON is an NclipError naming file and line."""
+    """The parsed contents of a JSON file; invalid JSON (a truncated file among it) or text that is
+    not UTF-8 is an NclipError naming file and line."""
+    path, text = read_text(path, "JSON file")
     try:
-        return json.loads(path.read_text())
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise NclipError(f"{path}: invalid JSON ({e.msg}, line {e.lineno})") from None
+
+
+def check_writable_dir(path: str | Path, option: str) -> None:
+    """Refuse, as a one-line NclipError naming ``option`` (``--out``), a directory that cannot be
+    created or written: one below a regular file, or whose nearest existing folder denies writing.
+    Checked before any work, so a run fails in its first second rather than at its first write."""
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        return  # the caller says what a file in its place means ("is a file, not a run directory")
+    existing = path
+    while not existing.exists():
+        if existing.parent == existing:
+            return
+        existing = existing.parent
+    if not existing.is_dir():
+        raise NclipError(f"{option} {path}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise NclipError(f"{option} {path}: cannot write into {existing} (permission denied)")
 
 
 def _jsonl_rows(path: Path) -> list[tuple[str, dict]]:

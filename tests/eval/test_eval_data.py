@@ -72,6 +72,25 @@ def test_caption_files_csv_and_jsonl(tmp_path):
     assert [s.captions for s in data.splits["test"]] == [("a", "b"), ("c",)]
 
 
+def test_captions_csv_of_the_training_run_and_chosen_columns(tmp_path):
+    """The CSV a run trained on (data.csv_image_key/csv_caption_key, filepath,title by default)
+    evaluates as it is; --image-key/--caption-key pick columns of any other header."""
+    for i in range(2):
+        _png(tmp_path / "img" / f"{i}.png")
+    (tmp_path / "train.csv").write_text("filepath,title,caption\nimg/0.png,a red square,x\nimg/1.png,a blue one,y\n")
+    data = eval_data.caption_file(tmp_path / "train.csv", run_keys=("filepath", "title"))
+    assert [s.captions for s in data.splits["test"]] == [("a red square",), ("a blue one",)]
+    assert data.identity["columns"] == ["filepath", "title"]
+    # without the run's keys, the caption* columns (another identity, so no cached features mix)
+    other = eval_data.caption_file(tmp_path / "train.csv")
+    assert other.splits["test"][0].captions == ("x",) and other.identity != data.identity
+    (tmp_path / "mine.csv").write_text("pic,text\nimg/0.png,red\nimg/1.png,blue\n")
+    data = eval_data.caption_file(tmp_path / "mine.csv", image_key="pic", caption_key="Text")
+    assert [s.captions for s in data.splits["test"]] == [("red",), ("blue",)]
+    with pytest.raises(NclipError, match="line 1: the header needs an image column"):
+        eval_data.caption_file(tmp_path / "mine.csv", run_keys=("filepath", "title"))
+
+
 def test_sts_file(tmp_path):
     (tmp_path / "sts.tsv").write_text("sentence1\tsentence2\tscore\na cat\ta dog\t1.5\nsame\tsame\t5\n")
     data = eval_data.sts_file(tmp_path / "sts.tsv")
@@ -121,6 +140,11 @@ def test_folder_errors(tmp_path):
     _png(tmp_path / "one" / "only" / "0.png")
     with pytest.raises(NclipError, match="at least 2"):
         eval_data.image_folder(tmp_path / "one")
+    _png(tmp_path / "few" / "a" / "0.png")
+    _png(tmp_path / "few" / "a" / "1.png")
+    _png(tmp_path / "few" / "b" / "0.png")
+    with pytest.raises(NclipError, match=r"few/b: 1 image; the seeded 70%/30% split needs at least 2"):
+        eval_data.image_folder(tmp_path / "few")
     _png(tmp_path / "two" / "a" / "0.png")
     (tmp_path / "two" / "b").mkdir()
     with pytest.raises(NclipError, match=r"two/b: no images"):

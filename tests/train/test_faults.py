@@ -69,8 +69,10 @@ def test_nonfinite_steps_are_skipped_and_counted(tmp_path, monkeypatch):
 def test_too_many_nonfinite_steps_in_a_row_stop_the_run(tmp_path, monkeypatch):
     _poison_batches(monkeypatch, set(range(5, 100)))
     cfg = resolve("micro", OVERRIDES + ["train.max_nonfinite_steps=3"])
-    with pytest.raises(NclipError, match=r"3 steps in a row had a non-finite loss .*step 8.*last good checkpoint"):
+    with pytest.raises(NclipError, match=r"3 steps in a row had a non-finite loss .*step 8.*last good checkpoint") as e:
         train(cfg, tmp_path, progress=False, evaluate=False)
+    # it names the checkpoint that exists, and the setting that fits xCLIP at the default λs: the lr
+    assert str(tmp_path / "checkpoints" / "step_00000004") in str(e.value) and "lower train.lr" in str(e.value)
     # checkpoints 2 and 4 are kept; none was written during the streak (step 6)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000002", "step_00000004"]
     assert _rows(tmp_path)[-1]["nonfinite_steps"] == 3

@@ -121,3 +121,26 @@ def test_validation():
         CollapseMonitor(K, window=0)
     with pytest.raises(ValueError, match="usage_ratio"):
         CollapseMonitor(K, usage_ratio=0)
+
+
+def test_nonfinite_advice_fits_the_objective(tmp_path):
+    """The stop message names a checkpoint that exists (or says none does) and the setting that
+    applies: the λs of an nCLIP head off λ1 = λ2 − 1 > 0, else the learning rate (CLIP has no λ)."""
+    from nclip.config import resolve
+    from nclip.train.checkpoint import checkpoint_dir
+    from nclip.train.monitors import nonfinite_stop_message
+
+    for objective, extra, fix in (("clip", [], "lower train.lr (now 0.002)"),
+                                  ("xclip", [], "lower train.lr (now 0.002)"),
+                                  ("xclip", ["objective.lambda1=0"], "objective.lambda1 = 0, objective.lambda2 = 1.5")):
+        cfg = resolve("micro", [f"objective.name={objective}", *extra])
+        text = nonfinite_stop_message(cfg, tmp_path, 3, 7)
+        assert fix in text and "no checkpoint was written" in text and ("λ" in text) == bool(extra)
+    ck = checkpoint_dir(tmp_path, 5)
+    ck.mkdir(parents=True)
+    (ck / "state.pt").write_bytes(b"")
+    (ck / "model.safetensors").write_bytes(b"")
+    assert f"the last good checkpoint is {ck} " in nonfinite_stop_message(cfg, tmp_path, 3, 7)
+    mon = CollapseMonitor(K, lambda1=0.5, lambda2=1.5)
+    warning = mon.update(1, {**healthy(1), "loss": float("nan")})[0]
+    assert "lower train.lr" in warning and "λ1 = λ2 − 1" not in warning

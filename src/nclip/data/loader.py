@@ -370,6 +370,7 @@ class TrainData:
                  what: str, skipped: int = 0, streams: list[list[int]] | None = None):
         self.loader, self.kind, self.steps, self.world, self.what = loader, kind, steps, world_size, what
         self._skipped = skipped  # map-style sources
+        self.size: int | None = None  # samples of a map-style source (None: streamed)
         # streamed sources: [records consumed, bad skipped, *per-source consumed (data.sampling per_source)]
         self.streams = streams or []
         from nclip.data.webdataset import BadWindow
@@ -488,7 +489,9 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
                       with_index=labels is not None and labels.frozen is not None)
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, **workers)
     skipped = int(state.get("skipped", 0)) if state and state.get("kind") == "map" else 0
-    return TrainData(loader, "map", steps, cfg, world_size, what, skipped=skipped)
+    data = TrainData(loader, "map", steps, cfg, world_size, what, skipped=skipped)
+    data.size = n if kept is None else len(kept)  # training rows, for the start-up block
+    return data
 
 
 def eval_tensor(image: np.ndarray, size: int) -> torch.Tensor:

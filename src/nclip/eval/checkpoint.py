@@ -14,6 +14,7 @@ from pathlib import Path
 
 from nclip.errors import NclipError
 from nclip.eval.cache import file_sha256
+from nclip.jsonio import read_text
 
 
 @dataclass
@@ -73,7 +74,7 @@ def resolve_checkpoint(path: str | Path) -> Checkpoint:
     elif (p / WEIGHTS).is_file() and (p.parent.parent / "config.yaml").is_file():
         run_dir = p.parent.parent
         try:
-            cfg = validate(yaml.safe_load((run_dir / "config.yaml").read_text()) or {})
+            cfg = validate(yaml.safe_load(read_text(run_dir / "config.yaml", "config.yaml")[1]) or {})
         except yaml.YAMLError as e:
             raise NclipError(f"{run_dir / 'config.yaml'}: {str(e).splitlines()[0]}") from None
         return Checkpoint(p, p / WEIGHTS, run_dir, cfg, file_sha256(p / WEIGHTS))

@@ -46,6 +46,10 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
                         "the class name, or imagenet80 (CLIP's 80 ImageNet prompts)")
     p.add_argument("--topk", default=",".join(map(str, d.multilabel_topk)),
                    help="k of multi-label precision/recall/F1@k (xCLIP Tab. 3)")
+    p.add_argument("--image-key", help="image-path column of a captions: CSV (default: the run's "
+                   "data.csv_image_key if the header has it, else image/image_path/filepath/file/path)")
+    p.add_argument("--caption-key", help="caption column of a captions: CSV (default: the run's "
+                   "data.csv_caption_key if the header has it, else the caption* columns)")
     p.add_argument("--baseline", metavar="RUN_DIR", help="run or eval directory for relative realm accuracy")
     p.add_argument("--hierarchy", metavar="FILE|builtin",
                    help="realm labels for the realms task from each dataset's class labels and a class hierarchy: "
@@ -74,7 +78,7 @@ def run_eval_command(args) -> int:
     if getattr(args, "eval_command", None) == "compare":
         from nclip.eval.compare import markdown
 
-        text = markdown(args.runs)
+        text = markdown(args.runs, warn=lambda line: print(f"nclip: warning: {line}", file=sys.stderr))
         if args.compare_out:
             args.compare_out.parent.mkdir(parents=True, exist_ok=True)
             args.compare_out.write_text(text)
@@ -93,6 +97,7 @@ def run_eval_command(args) -> int:
         _option, tasks=tasks, datasets=tuple(args.datasets or EvalSettings().datasets), head=args.head,
         features=args.features, classnames=args.classnames, templates=args.templates,
         multilabel_topk=_ints(args.topk, "--topk"), baseline=args.baseline, hierarchy=args.hierarchy,
+        image_key=args.image_key, caption_key=args.caption_key,
         test_samples=args.samples, train_samples=args.train_samples,
         sts_pairs=args.sts_pairs, mask_samples=args.mask_samples, batch_size=args.batch_size, seed=args.seed,
         device=args.device, **({"nclip_score": args.nclip_score} if args.nclip_score else {}))

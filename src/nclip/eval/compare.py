@@ -4,6 +4,10 @@ One markdown table per task, one row per run, columns per dataset (and metric) -
 xCLIP Tab. 1 (zero-shot, with an Average column), Tab. 4 (retrieval: I→T and T→I R@1/5/10 per
 dataset) and Tab. 5 (linear probe, with Average). Every run after the first shows its delta to the
 first run in parentheses. Values are percentages (STS: Spearman x 100), as in the papers.
+
+Runs that differ in training steps, training data or evaluation settings are flagged rather than
+silently tabulated side by side: one ``differs:`` line per such setting, on stderr and in the
+markdown (:func:`differences`).
 """
 
 from __future__ import annotations
@@ -55,7 +59,37 @@ def _cell(metric: str, value, base) -> str:
     return f"{text} ({100.0 * (value - base):+.1f})"
 
 
-def markdown(paths: list[str | Path]) -> str:
+# Settings that make two evaluations incomparable when they differ: (label, where in results.json).
+# The trainer's eval.json carries none of them; a run without a value is left out of the check.
+SETTINGS = [
+    ("training steps", ("checkpoint", "train_steps")), ("training data", ("checkpoint", "data_source")),
+    ("image size", ("checkpoint", "image_size")), ("eval datasets", ("config", "datasets")),
+    ("eval test samples (--samples)", ("config", "test_samples")),
+    ("eval probe training samples (--train-samples)", ("config", "train_samples")),
+    ("eval seed", ("config", "seed")), ("eval STS pairs", ("config", "sts_pairs")),
+    ("eval mask samples", ("config", "mask_samples")), ("eval mask threshold", ("config", "mask_threshold")),
+    ("probe features", ("config", "probe_features")), ("nCLIP score", ("config", "nclip_score")),
+    ("k-NN k", ("config", "knn_k")), ("k-NN temperature", ("config", "knn_temperature")),
+    ("linear-probe L2 grid", ("config", "l2_grid")), ("realm baseline", ("config", "baseline")),
+]
+
+
+def differences(docs: list[dict], names: list[str]) -> list[str]:
+    """One "differs: ..." line per setting of :data:`SETTINGS` on which the runs disagree, naming
+    each run's value, so that a table of incomparable numbers never goes unflagged."""
+    out = []
+    for label, (section, key) in SETTINGS:
+        values = [(n, (d.get(section) or {}).get(key)) for d, n in zip(docs, names)]
+        values = [(n, v) for n, v in values if v is not None]
+        if len({repr(v) for _, v in values}) > 1:
+            shown = "; ".join(f"{n}: {', '.join(map(str, v)) if isinstance(v, list) else v}" for n, v in values)
+            out.append(f"differs: {label} ({shown})")
+    return out
+
+
+def markdown(paths: list[str | Path], warn=None) -> str:
+    """The comparison as markdown; ``warn(line)`` hears each "differs:" line (the CLI: stderr),
+    which the markdown also lists under the runs."""
     if len(paths) < 1:
         raise NclipError("compare needs at least one evaluation")
     docs = [load_results(p) for p in paths]
@@ -70,6 +104,13 @@ def markdown(paths: list[str | Path]) -> str:
     lines += [f"{i + 1}. **{n}**: `{d['source']}`" + (f" (weights `{d['checkpoint']['weights_sha256'][:12]}`)"
                                                       if d.get("checkpoint", {}).get("weights_sha256") else "")
               for i, (n, d) in enumerate(zip(names, docs))]
+    differs = differences(docs, names)
+    for line in differs:
+        if warn is not None:
+            warn(line)
+    if differs:
+        lines += ["", "**Warning: these runs are not comparable as they stand; the settings that differ:**", ""]
+        lines += [f"- {line}" for line in differs]
     lines += ["", "Percentages (STS: Spearman x 100); in parentheses the difference to run 1, in points."]
     for title, task, metrics, average in TABLES:
         datasets = sorted({k.split("/")[1] for r in results for k in r if k.startswith(task + "/")})

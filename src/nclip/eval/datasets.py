@@ -13,7 +13,9 @@ description of which protocols apply to it. Spec strings (``--dataset``) select 
 ``realms:DIR``         realm-wise probing (OmniBenchmark Sec. 3.6): ``DIR/<realm>/<class>/<image>``
                        (or ``DIR/<realm>/{train,test}/<class>/...``), one dataset per realm
 ``captions:FILE``      retrieval: a CSV (header ``image,caption``; more captions as further
-                       ``caption*`` columns or repeated rows of the same image) or a JSONL file
+                       ``caption*`` columns or repeated rows of the same image; the training
+                       CSV's columns, e.g. ``filepath,title``, or ``--image-key/--caption-key``)
+                       or a JSONL file
                        (``{"image": ..., "caption": ...}`` or ``{"image": ..., "captions": [...]}``);
                        image paths are relative to the file's folder
 ``sts:FILE``           text similarity: CSV/TSV with header ``sentence1,sentence2,score``
@@ -152,6 +154,13 @@ def _folder_splits(root: Path, seed: int, label: str, extra_labels: dict[str, in
             ys += [c + class_offset] * len(classes[name])
         splits[split] = (paths, np.array(ys))
     if "all" in splits:
+        # the seeded 70/30 split puts every class in both halves: one image cannot be in both
+        few = next((name for name in names if len(scan["all"][name]) < 2), None)
+        if few is not None:
+            share = USER_SPLIT_TEST_FRACTION
+            raise NclipError(f"{root / few}: {len(scan['all'][few])} image; the seeded {1 - share:.0%}/{share:.0%} "
+                             f"split needs at least 2 per class (or give "
+                             f"{root}/train/ and {root}/test/ folders)")
         paths, ys = splits.pop("all")
         tr, te = _split_indices(ys, seed)
         splits = {"train": ([paths[i] for i in tr], ys[tr]), "test": ([paths[i] for i in te], ys[te])}
@@ -235,12 +244,19 @@ def _check_image(base: Path, value, where: str) -> Path:
     return path
 
 
-def caption_file(path: str | Path) -> EvalData:
-    """Image-caption pairs for retrieval from a CSV or JSONL file (see the module docstring)."""
+def caption_file(path: str | Path, image_key: str | None = None, caption_key: str | None = None,
+                 run_keys: tuple[str, str] | None = None) -> EvalData:
+    """Image-caption pairs for retrieval from a CSV or JSONL file (see the module docstring).
+
+    A CSV's columns: ``image_key``/``caption_key`` when given (``nclip eval --image-key/--caption-key``:
+    they must be in the header); else the columns the run was trained on, ``run_keys`` (its
+    ``data.csv_image_key``, ``data.csv_caption_key``), when the header has them, so the training
+    CSV (``filepath,title``) evaluates as it is; else the names of the module docstring."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise NclipError(f"captions file not found: {path}")
     base = path.parent
+    columns: list[str] = []  # a CSV's columns read (part of the identity: another column, other features)
     order: list[Path] = []
     caps: dict[Path, list[str]] = {}
     where_of: dict[Path, str] = {}
@@ -275,8 +291,8 @@ def caption_file(path: str | Path) -> EvalData:
     elif path.suffix.lower() in (".csv", ".tsv"):
         with path.open(encoding="utf-8", newline="") as fh:
             reader, header = _csv_reader(fh, path)
-            img_key = next((k for k in _IMAGE_KEYS if k in header), None)
-            cap_keys = [h for h in header if h.startswith("caption")]
+            img_key, cap_keys = _caption_columns(path, header, image_key, caption_key, run_keys)
+            columns = [str(img_key), *cap_keys]
             if img_key is None or not cap_keys:
                 raise NclipError(f"{path} line 1: the header needs an image column ({'/'.join(_IMAGE_KEYS)}) "
                                  f"and at least one caption column, got {','.join(header) or 'nothing'}")
@@ -294,8 +310,25 @@ def caption_file(path: str | Path) -> EvalData:
                           [f"{where_of[p]}: " for p in order])
     return EvalData(name=_dataset_name(path),
                     identity={"kind": "captions", "file": str(path.resolve()),
-                              "files": fingerprint([path, *order])},
+                              **({"columns": columns} if columns else {}), "files": fingerprint([path, *order])},
                     splits={"test": samples}, retrieval=True)
+
+
+def _caption_columns(path: Path, header: list[str], image_key: str | None, caption_key: str | None,
+                     run_keys: tuple[str, str] | None) -> tuple[str | None, list[str]]:
+    """(image column, caption columns) of a captions CSV; see :func:`caption_file`."""
+    for option, key in (("--image-key", image_key), ("--caption-key", caption_key)):
+        if key is not None and key.strip().lower() not in header:
+            raise NclipError(f"{path} line 1: {option} {key!r} is not a column of the header "
+                             f"{','.join(header) or '(empty)'}")
+    run_image, run_caption = (k.strip().lower() for k in run_keys) if run_keys else (None, None)
+    img_key = (image_key.strip().lower() if image_key else None) \
+        or (run_image if run_image in header else None) or next((k for k in _IMAGE_KEYS if k in header), None)
+    if caption_key:
+        return img_key, [caption_key.strip().lower()]
+    if run_caption in header and run_caption != img_key:
+        return img_key, [run_caption]
+    return img_key, [h for h in header if h.startswith("caption")]
 
 
 def _csv_reader(fh, path: Path) -> tuple[csv.DictReader, list[str]]:
@@ -373,9 +406,11 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
 
 def build(spec: str, *, image_size: int, max_objects: int, seed: int, test_samples: int,
           train_samples: int, sts_pairs: int, classnames: str | None = None,
-          templates: str | None = None) -> list[EvalData]:
+          templates: str | None = None, image_key: str | None = None, caption_key: str | None = None,
+          run_keys: tuple[str, str] | None = None) -> list[EvalData]:
     """The EvalData(s) for one spec string (``synthetic`` yields the scenes and their STS pairs);
-    ``classnames`` / ``templates``: the user's prompts (:mod:`nclip.eval.prompts`)."""
+    ``classnames`` / ``templates``: the user's prompts (:mod:`nclip.eval.prompts`); the keys: a
+    captions CSV's columns (:func:`caption_file`)."""
     kind, arg = parse_spec(spec)
     if kind == "synthetic":
         out = [synthetic(image_size, max_objects, seed, test_samples, train_samples)]
@@ -397,5 +432,5 @@ def build(spec: str, *, image_size: int, max_objects: int, seed: int, test_sampl
 
         return [mask_folder(arg)]
     if kind == "captions":
-        return [caption_file(arg)]
+        return [caption_file(arg, image_key, caption_key, run_keys)]
     return [sts_file(arg)]

@@ -56,7 +56,7 @@ def confusion_figure(cm: torch.Tensor, names) -> str:
     im = ax.imshow(norm.numpy(), cmap="Blues", vmin=0, vmax=1)
     ax.set_xticks(range(n), names, rotation=60, ha="right", fontsize=8)
     ax.set_yticks(range(n), names, fontsize=8)
-    ax.set_xlabel("predicted")
+    ax.set_xlabel("predicted class")
     ax.set_ylabel("true class")
     if n <= 20:
         for i in range(n):
@@ -89,7 +89,8 @@ def tsne_2d(dist: np.ndarray, seed: int = 0) -> np.ndarray:
     from sklearn.manifold import TSNE
 
     n = dist.shape[0]
-    perplexity = float(min(20.0, max(2.0, (n - 1) / 3)))  # the paper's 20, capped for few points
+    # the paper's 20, capped for few points (scikit-learn needs perplexity < n)
+    perplexity = float(min(20.0, max(2.0, (n - 1) / 3), n - 1))
     return TSNE(n_components=2, perplexity=perplexity, metric="precomputed", init="random",
                 learning_rate=200.0, max_iter=1000, random_state=seed).fit_transform(dist)
 
@@ -119,8 +120,6 @@ def tsne_figure(t: dict, max_images: int = 500) -> str:
             ax.scatter(pts[m, 0], pts[m, 1], s=10, color=colour[c], alpha=0.6, linewidths=0)
             cen = pts[m].mean(axis=0)  # where the class sits in the map
             ax.scatter(*cen, s=80, color=colour[c], edgecolor="black", linewidths=1.0, zorder=3)
-            if n_cls <= 40:  # beyond that the names only cover each other
-                ax.annotate(names[c], cen, xytext=(4, 4), textcoords="offset points", fontsize=8, weight="bold")
     ax.set_title(f"image embeddings ({len(idx)} test images; ● centre of each class)", fontsize=10)
 
     xy = tsne_2d(pairwise_distance(torch.cat([prompts.double(), t["classes"][key].double()]), head))
@@ -129,13 +128,17 @@ def tsne_figure(t: dict, max_images: int = 500) -> str:
     for c in range(n_cls):
         sl = slice(c * per_class, (c + 1) * per_class)
         ax.scatter(pts[sl, 0], pts[sl, 1], s=14, color=colour[c], alpha=0.6, linewidths=0)
-        ax.scatter(*cen[c], s=90, color=colour[c], edgecolor="black", linewidths=1.0, zorder=3)
-        if n_cls <= 40:
-            ax.annotate(names[c], cen[c], xytext=(4, 4), textcoords="offset points", fontsize=8, weight="bold")
+        ax.scatter(*cen[c], s=90, color=colour[c], edgecolor="black", linewidths=1.0, zorder=3,
+                   label=names[c] if n_cls <= 40 else None)
     ax.set_title(f"text embeddings ({per_class} prompts per class; ● prompt ensemble)", fontsize=10)
-    for ax in axes:
+    for ax in axes:  # t-SNE coordinates have no unit: only distances between points mean anything
         ax.set_xticks([])
         ax.set_yticks([])
+        ax.set_xlabel("t-SNE dimension 1 (no unit)", fontsize=8)
+        ax.set_ylabel("t-SNE dimension 2 (no unit)", fontsize=8)
+    if n_cls <= 40:  # class names in one legend beside the maps, not at the centroids where they overlap
+        fig.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, title="class (colour)",
+                   title_fontsize=8, ncols=1 + n_cls // 20, frameon=False)
     metric = "cosine distance" if head == "clip" else "symmetrised KL of the nCLIP distributions"
     fig.suptitle(f"t-SNE of {t['dataset']} {t['kind']} classes, {head} head ({metric})", fontsize=11)
     fig.tight_layout()
@@ -224,6 +227,7 @@ def realms_figure(per: dict[str, dict], baseline: dict[str, float] | None, datas
     chance = [100 / per[r]["classes"] for r in names]
     ax.scatter(x, chance, marker="_", s=400, color="crimson", label="chance", zorder=3)
     ax.set_xticks(x, [n.replace("_", " ") for n in names])
+    ax.set_xlabel("realm")
     ax.set_ylabel("top-1 (%)")
     ax.set_ylim(0, 105)
     ax.set_title(f"{dataset}: linear probe per realm (red: chance)", fontsize=10)
@@ -252,6 +256,13 @@ def curve_panels(keys: list[str]) -> list[tuple[str, list[str]]]:
     return [(t, [k for k in ks if k in keys]) for t, ks in panels if any(k in keys for k in ks)]
 
 
+# the y-axis label (with its unit) of each panel of curve_panels; terms of other objectives: nats
+PANEL_UNITS = {"total loss": "loss (nats)", "InfoNCE (CLIP head)": "loss (nats)", "nCLIP terms": "nats",
+               "CLIP in-batch accuracy": "accuracy (fraction)", "CLIP logits (pos / neg)": "logit (scaled cosine)",
+               "logit scale 1/σ": "1/σ (multiplier)", "learning rate": "lr (per step)",
+               "gradient norm": "‖g‖₂ (before clipping)"}
+
+
 def curves_figure(rows: list[dict]) -> str:
     import matplotlib.pyplot as plt
 
@@ -269,13 +280,13 @@ def curves_figure(rows: list[dict]) -> str:
                 xs, ys = zip(*pts)
                 ax.plot(xs, ys, marker="." if len(xs) < 30 else None, lw=1.4, label=k.split("/")[-1])
         ax.set_title(title, fontsize=9)
+        ax.set_xlabel("step (optimizer steps)", fontsize=8)
+        ax.set_ylabel(PANEL_UNITS.get(title, "value (nats for losses)"), fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
         if len(ks) > 1:
             ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    for ax in axes[-1]:
-        ax.set_xlabel("step", fontsize=8)
     fig.tight_layout()
     return png(fig)

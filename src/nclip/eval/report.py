@@ -287,7 +287,10 @@ def _page(doc: dict, sections: list[tuple[str, str, str]]) -> str:
     total = doc.get("timing", {}).get("total_s")
     meta = (f'checkpoint <code>{html.escape(c["path"])}</code> · objective <b>{html.escape(c["objective"])}</b> · '
             f'heads {html.escape(", ".join(c["heads"]))} · zero-shot head <b>{html.escape(c["head"])}</b> · '
-            f'text tower {html.escape(c["text_tower"])} · weights sha256 <code>{c["weights_sha256"][:12]}</code> · '
+            f'image tower <b>{html.escape(str(c.get("vision_tower", "?")))}</b> · '
+            f'text tower <b>{html.escape(str(c.get("text_tower", "?")))}</b> · '
+            f'trained <b>{c.get("train_steps", "?")}</b> steps · '
+            f'weights sha256 <code>{c["weights_sha256"][:12]}</code> · '
             f"feature cache {hits} hit{'s' * (hits != 1)} / {misses} miss{'es' * (misses != 1)}"
             + (f" · evaluated in {total:.0f} s" if total else ""))
     return (f"<!doctype html><html lang=en><head><meta charset=utf-8>"

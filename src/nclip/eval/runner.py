@@ -142,7 +142,9 @@ def _build_datasets(cfg, settings: EvalSettings) -> list[eval_data.EvalData]:
         all_data += eval_data.build(spec, image_size=cfg.data.image_size, max_objects=cfg.data.max_objects, seed=seed,
                                     test_samples=settings.test_samples, train_samples=settings.train_samples,
                                     sts_pairs=settings.sts_pairs if "sts" in settings.tasks else 0,
-                                    classnames=settings.classnames, templates=settings.templates)
+                                    classnames=settings.classnames, templates=settings.templates,
+                                    image_key=settings.image_key, caption_key=settings.caption_key,
+                                    run_keys=(cfg.data.csv_image_key, cfg.data.csv_caption_key))
     return all_data
 
 
@@ -191,6 +193,7 @@ def _document(st: EvalState, objective) -> dict:
                        "heads": sorted(objective.heads_for(cfg.objective)), "head": st.head or "none",
                        "zero_shot_head": objective.zero_shot_head, "image_size": cfg.data.image_size,
                        "vision_tower": cfg.model.vision.kind, "text_tower": cfg.model.text.kind,
+                       "train_steps": _trained_steps(ck), "data_source": cfg.data.source,
                        "run_dir": str(ck.run_dir) if ck.run_dir else None},
         "config": {**st.settings.model_dump(),
                    "probe_features": f"{st.settings.features}: "
@@ -202,6 +205,15 @@ def _document(st: EvalState, objective) -> dict:
         "timing": st.timing,
         "cache": {"dir": st.settings.cache_dir, "hits": sorted(st.cache.hits), "misses": sorted(st.cache.misses)},
     }
+
+
+def _trained_steps(ck) -> int:
+    """The optimizer steps behind the weights: N of a RUN/checkpoints/step_N directory, else the
+    run's train.steps (a finished run's model)."""
+    name = Path(ck.path).name
+    if name.startswith("step_") and name[5:].isdigit():
+        return int(name[5:])
+    return ck.cfg.train.steps
 
 
 def _write(out: Path, doc: dict, st: EvalState, report: bool, t0: float) -> None:

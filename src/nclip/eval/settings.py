@@ -71,6 +71,10 @@ class EvalSettings(BaseModel):
     classnames: str | None = None
     templates: str | None = None
     multilabel_topk: tuple[Annotated[int, Field(ge=1)], ...] = Field(MULTILABEL_TOPK, min_length=1)
+    # a captions CSV's image and caption columns; None: the run's data.csv_image_key /
+    # data.csv_caption_key when the header has them, else image/filepath/... and caption*
+    image_key: str | None = None
+    caption_key: str | None = None
 
     @field_validator("tasks")
     @classmethod

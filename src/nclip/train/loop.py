@@ -27,13 +27,11 @@ from __future__ import annotations
 import json
 import math
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from tqdm.auto import tqdm
 
 from nclip import distributed as collectives
 from nclip.config import RunConfig
@@ -68,11 +66,10 @@ from nclip.train.launch import (
     teardown,
     wrap,
 )
-from nclip.train.monitors import CollapseMonitor
+from nclip.train.logbook import METRICS, Log, startup_block
+from nclip.train.monitors import nonfinite_stop_message
 from nclip.train.optim import build_optimizer, lr_at
 from nclip.train.rundir import agree, plan_run, start_run
-
-METRICS = "metrics.jsonl"
 
 
 @dataclass
@@ -85,7 +82,8 @@ class RunResult:
 
 
 def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: bool = True,
-          evaluate: bool = True, data_source=None, force: bool = False, extend_to: int | None = None) -> RunResult:
+          evaluate: bool = True, data_source=None, force: bool = False, extend_to: int | None = None,
+          preset: str | None = None) -> RunResult:
     """Train per ``cfg`` into ``run_dir``; under torchrun on every rank (see the module docstring).
 
     The run directory's rules (:mod:`nclip.train.rundir`, docs/runs.md): a directory that holds a
@@ -95,6 +93,7 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: b
 
     ``data_source``: builds the batches instead of :func:`train_loader` (see ``_train``); episodic
     objectives (``Objective.episodic``, e.g. ProtoCLIP) get :class:`nclip.train.episodic.EpisodicData`.
+    ``preset``: what the config was resolved from, for the start-up block (:mod:`nclip.train.logbook`).
     """
     if data_source is None and REGISTRY[cfg.objective.name][1].episodic:
         from nclip.train.episodic import EpisodicData
@@ -103,13 +102,14 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: b
     ctx = setup(cfg)
     try:
         return _train(cfg, Path(run_dir), ctx, resume or extend_to is not None, progress, evaluate, data_source,
-                      force, extend_to)
+                      force, extend_to, preset)
     finally:
         teardown(ctx)
 
 
 def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progress: bool,
-           evaluate: bool, data_source=None, force: bool = False, extend_to: int | None = None) -> RunResult:
+           evaluate: bool, data_source=None, force: bool = False, extend_to: int | None = None,
+           preset: str | None = None) -> RunResult:
     t = cfg.train
     if t.batch_size % (ctx.world_size * t.accumulation):
         raise NclipError(f"train.batch_size {t.batch_size} is not divisible by world size {ctx.world_size} "
@@ -126,6 +126,7 @@ def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progre
     if ctx.is_main:
         start_run(plan, run_dir)
         truncate_jsonl(run_dir / METRICS, lambda row: row.get("step", math.inf) <= run.start)
+        print(startup_block(run, preset), file=sys.stderr, flush=True)
     last = _run_steps(run, progress)
     return _finish(run, last, evaluate)
 
@@ -258,51 +259,11 @@ def _step(run: _Run, step: int, batch: tuple) -> _StepResult:
     return _StepResult(lr, terms, grad_norm, int(stats[-1]), finite)
 
 
-class _Log:
-    """metrics.jsonl (rank 0), the collapse monitor's warnings and the progress bar."""
-
-    def __init__(self, run: _Run, progress: bool):
-        self.run, self.window_t, self.window_samples, self.last = run, time.perf_counter(), 0, {}
-        self.monitor = CollapseMonitor.for_run(run.cfg)
-        self.bar = tqdm(total=run.cfg.train.steps, initial=run.start, unit="step",
-                        disable=not (progress and run.ctx.is_main), dynamic_ncols=True)
-        self.file = (run.run_dir / METRICS).open("a") if run.ctx.is_main else None
-
-    def step(self, done: int, result: _StepResult, force: bool) -> None:
-        """Count the step; every ``train.log_every`` steps (or when ``force``) write a row."""
-        t = self.run.cfg.train
-        self.window_samples += t.batch_size
-        if done % t.log_every == 0 or done == t.steps or force:
-            self._write(done, result)
-        self.bar.update(1)
-
-    def _write(self, done: int, result: _StepResult) -> None:
-        now = time.perf_counter()
-        row = {"step": done, "lr": result.lr, **result.terms, "grad_norm": result.grad_norm,
-               "nonfinite_steps": self.run.counters["nonfinite_total"], "data/skipped": result.skipped_samples,
-               "samples_per_s": self.window_samples / max(now - self.window_t, 1e-9)}
-        if self.monitor is not None and self.run.ctx.is_main:
-            for warning in self.monitor.update(done, row):
-                row.setdefault("monitor/warnings", []).append(warning)
-                tqdm.write(f"nclip: warning: {warning}", file=sys.stderr)
-        if self.file is not None:
-            self.file.write(json.dumps(row) + "\n")
-            self.file.flush()
-        self.window_t, self.window_samples, self.last = now, 0, row
-        self.bar.set_postfix(loss=f"{row.get('loss', float('nan')):.3f}", samples_s=f"{row['samples_per_s']:.0f}",
-                             refresh=False)
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-        self.bar.close()
-
-
 def _run_steps(run: _Run, progress: bool) -> dict:
     """Every step from ``run.start`` to ``train.steps``, with logging and checkpoints; returns the
     last logged row. Stops with an NclipError after ``train.max_nonfinite_steps`` skipped in a row."""
     t, counters = run.cfg.train, run.counters
-    log = _Log(run, progress)
+    log = Log(run, progress)
     run.module.train()
     try:
         for step, batch in enumerate(run.data, start=run.start):
@@ -311,9 +272,7 @@ def _run_steps(run: _Run, progress: bool) -> dict:
             stop = counters["nonfinite_row"] >= t.max_nonfinite_steps
             log.step(done, result, force=stop)
             if stop:
-                raise NclipError(
-                    f"{counters['nonfinite_row']} steps in a row had a non-finite loss or gradient "
-                    f"(last: step {done}); stopping. The last good checkpoint is kept in {run.run_dir / 'checkpoints'}")
+                raise NclipError(nonfinite_stop_message(run.cfg, run.run_dir, counters["nonfinite_row"], done))
             if (done % t.checkpoint_every == 0 and counters["nonfinite_row"] == 0) or done == t.steps:
                 _save(run, done)
     finally:

@@ -23,8 +23,10 @@ after it has cleared and come back.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from nclip.objectives import REGISTRY
+from nclip.train.checkpoint import list_checkpoints
 
 
 class CollapseMonitor:
@@ -125,12 +127,7 @@ class CollapseMonitor:
         if loss is not None and not math.isfinite(loss):
             bad.append("loss")
         if self._arm("nonfinite", bool(bad), step, needed=1):
-            warnings.append(
-                f"step {step}: non-finite {', '.join(bad)}: training diverged (the 'Nan' rows of Tab. 9a "
-                f"and Tab. A1: λ1 = 0 with only the L_HE regulariser). Set λ1 = λ2 − 1 > 0 "
-                f"(λ1 = 0.5, λ2 = 1.5 by default){self._lambdas()}, lower the learning rate, and restart "
-                f"from the last good checkpoint."
-            )
+            warnings.append(f"step {step}: non-finite {', '.join(bad)}: training diverged: {self._nonfinite_fix()}")
         if bad:
             return warnings
 
@@ -207,6 +204,9 @@ class CollapseMonitor:
             return True
         return False
 
+    def _nonfinite_fix(self) -> str:
+        return nonfinite_fix(self.lambda1, self.lambda2) + "; the changed run starts anew (a new --out, or --force)."
+
     def _lambdas(self) -> str:
         if self.lambda1 is None or self.lambda2 is None:
             return ""
@@ -222,3 +222,31 @@ def _as_float(value) -> float | None:
     if value is None:
         return None
     return float(value.item() if hasattr(value, "item") else value)
+
+
+def nonfinite_fix(lambda1: float | None, lambda2: float | None, cfg=None) -> str:
+    """The setting to change after non-finite steps, for the objective being trained: its λ1, λ2
+    where they are the cause the xCLIP paper names (the 'Nan' rows of Tab. 9a / Tab. A1: λ1 = 0 or,
+    generally, off the stable line λ1 = λ2 − 1 > 0); else the learning rate (and the gradient
+    clipping, when off). ``cfg``: the run config, to quote the current values."""
+    if lambda1 is not None and lambda2 is not None and (lambda1 <= 0 or abs(lambda1 - (lambda2 - 1)) > 1e-9):
+        return (f"objective.lambda1 = {lambda1:g}, objective.lambda2 = {lambda2:g} are off the stable line "
+                f"λ1 = λ2 − 1 > 0 (the 'Nan' rows of Tab. 9a and Tab. A1): set e.g. λ1 = 0.5, λ2 = 1.5")
+    if cfg is None:
+        return "lower train.lr"
+    t = cfg.train
+    clip = "" if t.grad_clip else " or set train.grad_clip (now off)"
+    return f"lower train.lr (now {t.lr:g}){clip}"
+
+
+def nonfinite_stop_message(cfg, run_dir: Path, in_a_row: int, step: int) -> str:
+    """The one line with which a run stops after ``in_a_row`` non-finite steps (last: ``step``):
+    the checkpoint that exists, and the setting that applies to the objective being trained."""
+    watch = REGISTRY[cfg.objective.name][1].collapse_watch(cfg.objective)
+    fix = nonfinite_fix(watch.lambda1 if watch else None, watch.lambda2 if watch else None, cfg)
+    kept = list_checkpoints(run_dir)
+    where = (f"the last good checkpoint is {kept[-1]} (--resume auto continues from it with the same settings)"
+             if kept else f"no checkpoint was written before it (the first is due at step "
+                          f"{cfg.train.checkpoint_every})")
+    return (f"{in_a_row} steps in a row had a non-finite loss or gradient (last: step {step}); stopping: "
+            f"{where}. To train on, {fix}, in a new --out (or with --force)")

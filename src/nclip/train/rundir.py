@@ -25,6 +25,7 @@ import yaml
 
 from nclip.config import RunConfig, to_yaml, validate
 from nclip.errors import NclipError
+from nclip.jsonio import check_writable_dir, read_text
 
 CONFIG = "config.yaml"
 EPISODES_LOG = "episodes.jsonl"  # ProtoCLIP's per-episode log (nclip.train.episodic)
@@ -42,6 +43,7 @@ RESUME_MAY_CHANGE = (
     "train.keep_checkpoints",
     "train.threads",  # the same math; float rounding may differ, as it would on another machine
     "train.max_nonfinite_steps",  # when to stop on non-finite steps, not what a step does
+    "train.tensorboard",  # a copy of metrics.jsonl's scalars
     "data.max_bad_fraction", "data.bad_window",  # when to stop on bad samples, not which are skipped
     "data.num_workers",  # map-style sources: a sample is a pure function of (seed, index)...
     "objective.ext_cache_dir",  # where ProtoCLIP's teacher features are cached (keyed by identity)
@@ -83,6 +85,7 @@ def _check_request(run_dir: Path, resume: bool, force: bool) -> None:
         raise NclipError("--force starts the run over; it cannot be combined with --resume auto or --extend-to")
     if run_dir.exists() and not run_dir.is_dir():
         raise NclipError(f"--out {run_dir} is a file, not a run directory")
+    check_writable_dir(run_dir, "--out")
 
 
 def _resume_plan(cfg: RunConfig, run_dir: Path, saved: RunConfig, extend_to: int | None) -> RunPlan:
@@ -107,7 +110,7 @@ def saved_config(run_dir: Path, found: tuple[str, ...]) -> RunConfig:
         raise NclipError(f"{run_dir} holds a run ({', '.join(found)}) but no {CONFIG}, so --resume auto cannot "
                          "check that it continues with the same config; start over with --force or use a new --out")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(read_text(path, CONFIG)[1])
     except yaml.YAMLError as e:
         raise NclipError(f"cannot parse {path}: {str(e).splitlines()[0]}") from None
     if not isinstance(raw, dict):

@@ -1,0 +1,159 @@
+"""What a training run tells its user while it runs (rank 0): the start-up block, metrics.jsonl,
+one line per log step (with ``--no-progress``) or the progress bar, the collapse monitor's
+warnings, and optionally the same scalars as TensorBoard events (``train.tensorboard``).
+
+The start-up block and the log lines go to stderr, like the progress bar and the warnings: stdout
+holds only the end-of-run summary, which scripts read.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from nclip.train.monitors import CollapseMonitor
+
+METRICS = "metrics.jsonl"
+TENSORBOARD = "tensorboard"  # RUN/tensorboard/: the event files of train.tensorboard
+
+
+def _count(module) -> str:
+    """Parameters of a module, as "1.23M params"."""
+    n = sum(p.numel() for p in module.parameters()) if module is not None else 0
+    return f"{n / 1e6:.2f}M params" if n >= 1e4 else f"{n} params"
+
+
+def _weights(objective_cfg) -> str:
+    """The objective's named weights and settings: every field with a paper symbol (its ``title``,
+    e.g. λ1, λ_CLIP), as the sweep tables name them."""
+    fields = type(objective_cfg).model_fields
+    shown = [f"{f.title}={getattr(objective_cfg, name)}" for name, f in fields.items() if f.title]
+    return f" ({', '.join(shown)})" if shown else ""
+
+
+def _tower(kind: str, cfg_section, module) -> str:
+    size = ""
+    if kind == "vit":
+        size = f", width {cfg_section.width}, {cfg_section.layers} layers, patch {cfg_section.patch_size}"
+    elif kind in ("resnet", "convnet"):
+        size = f", stages {list(cfg_section.hidden_sizes)}"
+    elif kind == "transformer":
+        size = f", width {cfg_section.width}, {cfg_section.layers} layers"
+    elif kind == "pretrained":
+        size = f", {cfg_section.path or 'bundled MiniLM'}"
+    return f"{kind}{size} ({_count(module)})"
+
+
+def _data(cfg, size: int | None) -> str:
+    d = cfg.data
+    where = {"csv": d.csv, "folder": d.folder, "webdataset": d.shards}.get(d.source)
+    rows = f", {size} samples" if size is not None else " (streamed)" if d.source == "webdataset" else ""
+    return f"{d.source}{f' {where}' if where else ''}{rows}, {d.image_size} px, {d.text_length} tokens"
+
+
+def startup_block(run, preset: str | None) -> str:
+    """What is about to be trained, printed before the first step: preset, objective and its
+    weights, the towers with parameter counts, the data and its size, device and precision, steps,
+    batch and the output folder."""
+    cfg, model, ctx = run.cfg, run.model, run.ctx
+    t, m = cfg.train, cfg.model
+    text = model.text if getattr(model, "uses_text", True) else None
+    heads = sum(p.numel() for name, p in model.named_parameters() if not name.startswith(("vision.", "text.")))
+    from nclip.precision import autocast_dtype
+
+    dtype = autocast_dtype(t.precision, ctx.device)
+    precision = f"{t.precision} ({'bf16 autocast' if dtype is not None else 'fp32'}; objectives in fp32)"
+    steps = f"{t.steps}" + (f" (from step {run.start})" if run.start else "")
+    rows = [
+        ("preset", preset or "(a config object)"),
+        ("objective", f"{cfg.objective.name}{_weights(cfg.objective)}"),
+        ("image tower", _tower(m.vision.kind, m.vision, model.vision)),
+        ("text tower", _tower(m.text.kind, m.text, text) if text is not None else "none (no text-side head)"),
+        ("heads", f"{', '.join(sorted(model.heads))} ({heads / 1e6:.2f}M params)"),
+        ("data", _data(cfg, getattr(run.data, "size", None))),
+        ("device", f"{ctx.device}, {ctx.world_size} rank{'s' * (ctx.world_size > 1)}, {precision}"),
+        ("steps", f"{steps}, lr {t.lr:g} ({t.warmup_steps} warm-up, cosine to {t.min_lr:g}), log every "
+                  f"{t.log_every}, checkpoint every {t.checkpoint_every}"),
+        ("batch", f"{t.batch_size} pairs per step" + (f" in {t.accumulation} micro-batches" if t.accumulation > 1
+                                                      else "")),
+        ("output", str(run.run_dir)),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(["nclip train"] + [f"  {k:<{width}}  {v}" for k, v in rows])
+
+
+def main_terms(row: dict) -> list[str]:
+    """The objective's terms worth a line: its losses (``*/loss``, ``*/L_*``), not its statistics."""
+    return [k for k in row if "/" in k and (k.endswith("/loss") or k.rsplit("/", 1)[1].startswith("L_"))]
+
+
+def step_line(row: dict, total: int) -> str:
+    """One log step as one line: step, loss, the objective's main terms, lr, samples/s."""
+    terms = "  ".join(f"{k} {row[k]:.4f}" for k in main_terms(row)[:8])
+    return (f"step {row['step']}/{total}  loss {row.get('loss', float('nan')):.4f}" + (f"  {terms}" if terms else "")
+            + f"  lr {row['lr']:.3g}  {row['samples_per_s']:.0f} samples/s")
+
+
+def tensorboard_writer(run_dir: Path):
+    """A SummaryWriter into RUN/tensorboard/ (``train.tensorboard``; the config checked that the
+    optional ``tensorboard`` package is installed)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(log_dir=str(run_dir / TENSORBOARD))
+
+
+class Log:
+    """metrics.jsonl (rank 0), the collapse monitor's warnings, the progress bar or one line per log
+    step, and TensorBoard scalars (rank 0, with ``train.tensorboard``)."""
+
+    def __init__(self, run, progress: bool):
+        self.run, self.window_t, self.window_samples, self.last = run, time.perf_counter(), 0, {}
+        main = run.ctx.is_main
+        self.lines = main and not progress  # --no-progress: a line per log step instead of the bar
+        self.monitor = CollapseMonitor.for_run(run.cfg)
+        self.bar = tqdm(total=run.cfg.train.steps, initial=run.start, unit="step",
+                        disable=not (progress and main), dynamic_ncols=True)
+        self.file = (run.run_dir / METRICS).open("a") if main else None
+        self.board = tensorboard_writer(run.run_dir) if main and run.cfg.train.tensorboard else None
+
+    def step(self, done: int, result, force: bool) -> None:
+        """Count the step; every ``train.log_every`` steps (or when ``force``) write a row."""
+        t = self.run.cfg.train
+        self.window_samples += t.batch_size
+        if done % t.log_every == 0 or done == t.steps or force:
+            self._write(done, result)
+        self.bar.update(1)
+
+    def _write(self, done: int, result) -> None:
+        now = time.perf_counter()
+        row = {"step": done, "lr": result.lr, **result.terms, "grad_norm": result.grad_norm,
+               "nonfinite_steps": self.run.counters["nonfinite_total"], "data/skipped": result.skipped_samples,
+               "samples_per_s": self.window_samples / max(now - self.window_t, 1e-9)}
+        if self.monitor is not None and self.run.ctx.is_main:
+            for warning in self.monitor.update(done, row):
+                row.setdefault("monitor/warnings", []).append(warning)
+                tqdm.write(f"nclip: warning: {warning}", file=sys.stderr)
+        if self.file is not None:
+            self.file.write(json.dumps(row) + "\n")
+            self.file.flush()
+        if self.board is not None:  # the same scalars as metrics.jsonl, at the same step
+            for key, value in row.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self.board.add_scalar(key, value, done)
+            self.board.flush()
+        if self.lines:
+            print(step_line(row, self.run.cfg.train.steps), file=sys.stderr, flush=True)
+        self.window_t, self.window_samples, self.last = now, 0, row
+        self.bar.set_postfix(loss=f"{row.get('loss', float('nan')):.3f}", samples_s=f"{row['samples_per_s']:.0f}",
+                             refresh=False)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        if self.board is not None:
+            self.board.close()
+        self.bar.close()

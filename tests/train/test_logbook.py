@@ -1,0 +1,70 @@
+"""What a run tells its user: the start-up block, one line per log step with --no-progress, and
+TensorBoard scalars (train.tensorboard) equal to metrics.jsonl's."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from nclip.cli import main
+from nclip.config import resolve
+from nclip.train.logbook import main_terms, step_line
+
+from conftest import micro_sizes
+
+HAVE_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
+OVERRIDES = micro_sizes() + ["train.steps=4", "train.batch_size=8", "train.warmup_steps=1", "train.log_every=2",
+                             "train.checkpoint_every=4", "train.threads=1", "data.train_length=64"]
+
+
+def test_step_line_names_step_loss_terms_and_speed():
+    row = {"step": 20, "lr": 1e-3, "loss": 1.5, "clip/loss": 2.0, "clip/acc_i2t": 0.1, "nclip/L_CE": 5.25,
+           "nclip/usage": 0.3, "grad_norm": 1.0, "samples_per_s": 123.4}
+    assert main_terms(row) == ["clip/loss", "nclip/L_CE"]  # losses, not statistics
+    assert step_line(row, 100) == ("step 20/100  loss 1.5000  clip/loss 2.0000  nclip/L_CE 5.2500  lr 0.001  "
+                                   "123 samples/s")
+
+
+@pytest.mark.slow
+def test_startup_block_and_a_line_per_log_step(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["train", "--preset", "micro", "--out", str(out), "--no-progress", "--no-eval"]
+    args += [x for o in OVERRIDES + [f"train.tensorboard={str(HAVE_TENSORBOARD).lower()}"] for x in ("--set", o)]
+    assert main(args) == 0
+    err = capsys.readouterr().err.splitlines()
+    block = {line.split()[0]: line for line in err[1:11]}
+    assert err[0] == "nclip train"
+    assert "micro" in block["preset"]
+    assert "xclip (λ1=0.5, λ2=1.5, λ_CLIP=0.2, λ_nCLIP=1.0)" in block["objective"]
+    assert "vit, width 32, 1 layers, patch 4 (" in block["image"] and "params)" in block["image"]
+    assert "transformer, width 32, 1 layers (" in block["text"] and "params)" in block["text"]
+    assert "synthetic, 64 samples, 16 px" in block["data"]
+    assert "cpu, 1 rank, auto (fp32" in block["device"]
+    assert block["steps"].split()[1] == "4," and "8 pairs per step" in block["batch"]
+    assert block["output"].endswith(str(out))
+    lines = [line for line in err if line.startswith("step ")]
+    assert [line.split()[1] for line in lines] == ["2/4", "4/4"]
+    assert all("loss " in line and "nclip/L_CE " in line and line.endswith("samples/s") for line in lines)
+
+    if not HAVE_TENSORBOARD:
+        return
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    for key in ("loss", "lr", "nclip/L_CE", "clip/loss", "samples_per_s", "grad_norm"):
+        got = [(e.step, e.value) for e in events.Scalars(key)]
+        assert got == [(r["step"], pytest.approx(r[key], rel=1e-6)) for r in rows], key
+
+
+def test_tensorboard_without_the_package_is_a_one_line_config_error(monkeypatch, tmp_path, capsys):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    with pytest.raises(Exception, match=r"pip install nclip\[tensorboard\]"):
+        resolve("micro", ["train.tensorboard=true"])
+    assert main(["train", "--preset", "micro", "--out", str(tmp_path / "r"), "--set", "train.tensorboard=true"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "train.tensorboard" in err and "pip install nclip[tensorboard]" in err
