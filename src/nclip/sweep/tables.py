@@ -121,7 +121,7 @@ def write_table(out: Path, rows: list[dict], runs: list[RunSpec], opts: SweepOpt
         "",
         *lines,
         "",
-        f"ZS: zero-shot top-1 (%) of the objective's zero-shot head on held-out synthetic scenes "
+        f"ZS: zero-shot top-1 (%) of the objective's zero-shot head on held-out {ex['ln_data'].split('-')[0]} images "
         f"(`{ex['zs_key']}` of RUN/eval.json). LN: linear-probe top-1 (%) on frozen image-backbone features "
         f"({ex['ln_data']}, {opts.probe_train} train / {opts.probe_test} test held-out images, RUN/probe.json). "
         f"L_KL, L_EH, L_HE: last logged values (nats). NaN: diverged (non-finite loss); collapsed: "
