@@ -26,7 +26,6 @@ Every term is computed in float32 (the trainer casts the model's outputs once).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 import torch
@@ -55,7 +54,7 @@ from nclip.objectives.supcon import (
     SupconConfig,
     SupconFields,
     SupconObjective,
-    _check_labelled,
+    _check_labelled_with_hierarchy,
     _num_classes,
 )
 
@@ -189,10 +188,7 @@ class ClipSupconObjective(Objective):
 
     @classmethod
     def check_run(cls, run_cfg) -> None:
-        _check_labelled(run_cfg)
-        path = run_cfg.objective.hierarchy
-        if path is not None and not Path(path).is_file():
-            raise ValueError(f"objective.hierarchy {path} is not a file")
+        _check_labelled_with_hierarchy(run_cfg)
 
     @classmethod
     def hierarchy_request(cls, cfg: ClipSupconConfig) -> str | None:

@@ -96,6 +96,14 @@ def _check_labelled(run_cfg) -> None:
                          f"(use a built-in source: {', '.join(BUILTIN_SOURCES)})")
 
 
+def _check_labelled_with_hierarchy(run_cfg) -> None:
+    """ReCo's run check: labelled data, and ``objective.hierarchy`` (if set) an existing file."""
+    _check_labelled(run_cfg)
+    path = run_cfg.objective.hierarchy
+    if path is not None and not Path(path).is_file():
+        raise ValueError(f"objective.hierarchy {path} is not a file")
+
+
 class SupconObjective(Objective):
     """Image-only SupCon: L = Eq. (2) over the 2N multi-view batch of the "supcon" head."""
 
@@ -239,10 +247,7 @@ class RecoObjective(SupconObjective):
 
     @classmethod
     def check_run(cls, run_cfg) -> None:
-        _check_labelled(run_cfg)
-        path = run_cfg.objective.hierarchy
-        if path is not None and not Path(path).is_file():
-            raise ValueError(f"objective.hierarchy {path} is not a file")
+        _check_labelled_with_hierarchy(run_cfg)
 
     @classmethod
     def hierarchy_request(cls, cfg: RecoConfig) -> str | None:
