@@ -41,6 +41,7 @@ RESUME_MAY_CHANGE = (
     "train.checkpoint_every",  # writing a checkpoint reads the state, it changes none of it
     "train.keep_checkpoints",
     "train.threads",  # the same math; float rounding may differ, as it would on another machine
+    "train.compile",  # the same math, compiled; float rounding may differ (fused kernels)
     "train.max_nonfinite_steps",  # when to stop on non-finite steps, not what a step does
     "data.max_bad_fraction", "data.bad_window",  # when to stop on bad samples, not which are skipped
     "data.num_workers",  # map-style sources: a sample is a pure function of (seed, index)...
