@@ -155,6 +155,10 @@ def trainer_over_hand(cfg: RunConfig, repeats: int = 3, window_s: float = 0.4, w
     batch = one_batch(cfg)
     device = device_of(cfg)
     clock = 0 if device.type == "cuda" else 1
+    # one untimed pass of each loop first: the process's first steps (allocator, lazy init, thread
+    # pools) are several times slower and would land in the first repeat
+    trainer_loop(cfg, batch, warmup=1, steps=1)
+    hand_loop(cfg, batch, warmup=1, steps=1)
     pilot = hand_loop(cfg, batch, warmup=1, steps=2)
     steps = steps_for(pilot[0], window_s)
     hand, trainer = [], []
