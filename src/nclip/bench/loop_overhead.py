@@ -55,7 +55,9 @@ def _sync(device: torch.device) -> None:
 
 
 def build_parts(cfg: RunConfig, device: torch.device):
-    """Model, objective and optimizer as the trainer builds them (same seed, same order)."""
+    """Model, objective and optimizer as the trainer builds them (same threads, seed and order)."""
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg)
     objective = build_objective(cfg.objective, cfg, label_space=label_space_for(cfg))

@@ -30,6 +30,8 @@ def measure(preset: str, overrides: list[str], objective: str, steps: int, warmu
     raw["objective"] = {"name": objective}  # the paper's defaults for every objective
     cfg = validate(raw)
     device = device_of(cfg)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
     torch.manual_seed(0)
     model = build_model(cfg, pretrained_text=False).to(device).train()
     obj = build_objective(cfg.objective, cfg).to(device)

@@ -111,6 +111,13 @@ def run_bench(preset: str, overrides: list[str], quick: bool = False, compare: l
 
     cfg = resolve(preset, overrides)
     device = loop_overhead.device_of(cfg)
+    if device.type == "cpu" and cfg.train.threads is None:
+        # one intra-op thread unless asked: on a shared CPU two OpenMP threads spend most of a small
+        # step waiting for each other (measured: a micro step 25 ms on 1 thread, 90-1000 ms on 2)
+        overrides = [*overrides, "train.threads=1"]
+        cfg = resolve(preset, overrides)
+        log("bench: CPU: train.threads=1 (set train.threads to change)")
+    torch.set_num_threads(cfg.train.threads or torch.get_num_threads())
     sizes = Sizes.pick(quick, device.type == "cuda")
     rep = Report()
 
