@@ -159,8 +159,9 @@ def run_bench(preset: str, overrides: list[str], quick: bool = False, compare: l
     ev = parts.eval_rate(cfg, sizes.eval_images, device)
     rep.add("eval features images/s", ev["images_per_s"], f"{ev['images']} images, batch {ev['batch_size']}")
 
+    threads = torch.get_num_threads()
     doc = {
-        "device": peak["name"] if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)",
+        "device": peak["name"] if device.type == "cuda" else f"cpu ({threads} thread{'s' * (threads != 1)})",
         "preset": preset, "overrides": overrides, "quick": quick,
         "trainer_over_hand_loop": loop["ratio"],
         "xclip_over_clip_time": xclip["step_s"] / clip["step_s"],
