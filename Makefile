@@ -24,8 +24,7 @@ test: install
 	$(BIN)/python -m pytest
 
 bench: install
-	$(BIN)/python benchmarks/bench_objectives.py
-	$(BIN)/python benchmarks/bench_data.py
+	$(BIN)/nclip bench --json bench.json
 
 clean:
 	rm -rf $(VENV) runs

@@ -19,6 +19,9 @@ The features are synthetic: 4·K random directions on the sphere, each point one
 Gaussian noise, renormalised (so clusters exist, as in trained projections).
 
     python benchmarks/bench_protoclip.py [--n 200000 --k 20000 --d 128 --iters 20 --threads 2]
+
+``nclip bench`` has the K-Means and PBT rows of this (one method, scaled down on the CPU); this
+script keeps the flat-vs-two-level comparison and the paper's full scale on the CPU.
 """
 
 from __future__ import annotations
@@ -33,11 +36,9 @@ import torch
 
 
 def features(n: int, d: int, k: int, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    centres = rng.standard_normal((4 * k, d)).astype(np.float32)
-    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
-    x = centres[rng.integers(0, 4 * k, n)] + 0.08 * rng.standard_normal((n, d)).astype(np.float32)
-    return x / np.linalg.norm(x, axis=1, keepdims=True)
+    from nclip.bench.parts import sphere_features  # the same features as `nclip bench`'s K-Means row
+
+    return sphere_features(n, d, k, seed)
 
 
 CPU: dict = {}  # process CPU seconds of the last timed() call

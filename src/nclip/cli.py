@@ -1,4 +1,4 @@
-"""The ``nclip`` command line: ``nclip train | sweep | export | presets | config | data | eval``.
+"""The ``nclip`` command line: ``nclip train | sweep | export | presets | config | data | eval | bench``.
 
 Errors the user can fix (bad config, missing files, malformed input) print one line,
 ``nclip: error: ...``, and exit with status 2; nothing prints a traceback for them.
@@ -109,6 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="skip finished runs, continue the others")
     p.add_argument("--probe-train", type=int, default=2000, help="held-out images to fit the linear probe")
     p.add_argument("--probe-test", type=int, default=1000, help="held-out images to test the linear probe")
+
+    p = sub.add_parser("bench", help="speed and memory as ratios measured in one run (docs/performance.md)")
+    _add_config_args(p, default="micro", default_help="micro; on a GPU e.g. vit-b16-xclip")
+    p.add_argument("--json", type=Path, metavar="FILE", help="also write the figures to FILE as JSON")
+    p.add_argument("--compare", action="append", default=[], choices=["open_clip"],
+                   help="add another library's training step (where it is installed)")
+    p.add_argument("--quick", action="store_true", help="a smoke test: every row, measured briefly")
 
     from nclip.eval.command import add_eval_parser  # light: the eval machinery loads when it runs
 
@@ -257,8 +264,20 @@ def _cmd_data(args) -> int:
     return 0
 
 
-COMMANDS = {"train": _cmd_train, "config": _cmd_config, "presets": _cmd_presets, "export": _cmd_export,
-            "sweep": _cmd_sweep, "data": _cmd_data}
+def _cmd_bench(args) -> int:
+    from nclip.bench.runner import run_bench, write_json
+
+    doc = run_bench(args.preset, args.overrides, quick=args.quick, compare=args.compare,
+                    log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(f"device: {doc['device']}; preset {args.preset} {' '.join(args.overrides)}".rstrip())
+    print(doc["table"])
+    if args.json:
+        write_json(doc, args.json)
+    return 0
+
+
+COMMANDS = {"bench": _cmd_bench, "train": _cmd_train, "config": _cmd_config, "presets": _cmd_presets,
+            "export": _cmd_export, "sweep": _cmd_sweep, "data": _cmd_data}
 
 
 def _cmd_eval(args) -> int:

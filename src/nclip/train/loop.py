@@ -52,6 +52,7 @@ from nclip.train.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from nclip.train.compile import compile_towers
 from nclip.train.labels import label_space_for
 from nclip.train.launch import (
     DistContext,
@@ -70,6 +71,7 @@ from nclip.train.logbook import METRICS, Log, startup_block
 from nclip.train.monitors import nonfinite_stop_message
 from nclip.train.optim import build_optimizer, lr_at
 from nclip.train.rundir import agree, plan_run, start_run
+from nclip.train.snapshot import BufferSnapshot
 
 
 @dataclass
@@ -145,6 +147,10 @@ class _Run:
     start: int  # the step to continue from (0 for a new run)
     counters: dict = field(default_factory=lambda: {"nonfinite_total": 0, "nonfinite_row": 0})
     data: object = None  # the batches: train_loader or a data source such as EpisodicData
+    snapshot: BufferSnapshot = None  # the step module's buffers before the current step
+
+    def __post_init__(self):
+        self.snapshot = BufferSnapshot(self.step_module)
 
 
 def _restore(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool) -> tuple[_Run, dict | None]:
@@ -169,6 +175,8 @@ def _restore(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool) -> t
             _note(line)
     model.to(ctx.device)
     objective.to(ctx.device)
+    if t.compile:
+        compile_towers(model)
     step_module = TrainStep(model, objective, autocast_dtype(t.precision, ctx.device))
     module = wrap(step_module, ctx, cfg)
     run = _Run(cfg, run_dir, ctx, model, step_module, module, build_optimizer([model, objective], t), start)
@@ -216,9 +224,12 @@ def _step(run: _Run, step: int, batch: tuple) -> _StepResult:
     lr = lr_at(step, t)
     for group in optimizer.param_groups:
         group["lr"] = lr * group.get("lr_scale", 1.0)  # lr_scale: e.g. 0 for a locked tower
-    snapshot = _buffers(run.step_module)  # restored if the step is skipped
+    run.snapshot.take()  # the buffers, restored if the step is skipped
     run.step_module.objective.before_step(step, t.steps)  # e.g. a loss weight scheduled by the step
-    sums: dict[str, torch.Tensor] = {}
+    # the terms of every micro-batch as one vector (few small ops per step: on a CPU-sized model
+    # per-term arithmetic was a visible share of the step), and the non-finite loss count
+    keys: list[str] = []
+    sums: torch.Tensor | None = None
     nonfinite_loss = torch.zeros((), device=device)
     chunks = list(zip(*(x.chunk(t.accumulation) for x in batch)))
     for i, (p_mb, i_mb, m_mb, *r_mb) in enumerate(chunks):
@@ -230,9 +241,11 @@ def _step(run: _Run, step: int, batch: tuple) -> _StepResult:
             loss = terms["loss"]
             (loss / t.accumulation).backward()
         nonfinite_loss += (~torch.isfinite(loss.detach())).float()
-        for k, v in terms.items():
-            v = v.detach().float() if torch.is_tensor(v) else torch.tensor(float(v), device=device)
-            sums[k] = sums.get(k, 0.0) + v / t.accumulation
+        keys = keys or list(terms)
+        vector = torch.stack([terms[k].detach().float() if torch.is_tensor(terms[k])
+                              else torch.tensor(float(terms[k]), device=device) for k in keys])
+        vector = vector / t.accumulation if t.accumulation > 1 else vector
+        sums = vector if sums is None else sums + vector
     sync_replicated_grads(module)  # FSDP2's unsharded scalars (logit scale): averaged like DDP
     params = [p for g in optimizer.param_groups for p in g["params"]]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip if t.grad_clip else math.inf)
@@ -240,9 +253,7 @@ def _step(run: _Run, step: int, batch: tuple) -> _StepResult:
         grad_norm = grad_norm.full_tensor()
     # one small no-grad all-reduce per step: the terms (logged as means over ranks), the non-finite
     # flag (every rank must take the same decision) and the bad-sample count
-    keys = list(sums)
-    stats = torch.stack([sums[k] for k in keys]
-                        + [nonfinite_loss, torch.tensor(float(run.data.skipped), device=device)])
+    stats = torch.cat([sums, torch.stack([nonfinite_loss, torch.tensor(float(run.data.skipped), device=device)])])
     stats = collectives.all_reduce_sum_no_grad(stats.double()).tolist()
     grad_norm = float(grad_norm)
     finite = stats[-2] == 0 and math.isfinite(grad_norm)
@@ -251,7 +262,7 @@ def _step(run: _Run, step: int, batch: tuple) -> _StepResult:
         run.step_module.objective.after_step(run.model, step, t.steps)  # e.g. CMSF's momentum update
         run.counters["nonfinite_row"] = 0
     else:  # skip the step: weights, optimizer state and buffers stay as they were
-        _restore_buffers(run.step_module, snapshot)
+        run.snapshot.restore()
         run.counters["nonfinite_total"] += 1
         run.counters["nonfinite_row"] += 1
     optimizer.zero_grad(set_to_none=True)
@@ -363,25 +374,6 @@ def _save(run: _Run, step: int) -> None:
         "counters": dict(run.counters),
     }
     save_checkpoint(run.run_dir, step, _strip(full, "model."), state, run.cfg.train.keep_checkpoints)
-
-
-def _buffers(module) -> dict[str, torch.Tensor]:
-    """Copies of every registered buffer (BatchNorm statistics, objective queues and centers)."""
-    return {name: b.detach().clone() for name, b in module.named_buffers()}
-
-
-@torch.no_grad()
-def _restore_buffers(module, snapshot: dict[str, torch.Tensor]) -> None:
-    """Put the buffers back as they were before a skipped step (re-registering any that the step
-    replaced by a new tensor, e.g. a lazily sized one)."""
-    current = dict(module.named_buffers())
-    for name, saved in snapshot.items():
-        b = current.get(name)
-        if b is not None and b.shape == saved.shape and b.dtype == saved.dtype:
-            b.copy_(saved)
-        else:
-            owner, _, attr = name.rpartition(".")
-            module.get_submodule(owner).register_buffer(attr, saved)
 
 
 def _strip(state: dict, prefix: str) -> dict:

@@ -1,0 +1,60 @@
+"""The buffers of the training step's module before each step, put back when the step is skipped.
+
+A step whose loss or gradient is not finite leaves weights, optimizer state *and* buffers as they
+were (BatchNorm statistics, objective queues and centers, see :mod:`nclip.train.loop`); buffers
+change in the forward, before finiteness is known, so every step copies them first. The modules
+that own buffers are found once; each step copies into the same storage (one multi-tensor copy)
+rather than walking the module tree and allocating a clone per buffer, which was a visible share of
+a CPU-sized step.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class BufferSnapshot:
+    """``take()`` before a step, ``restore()`` after a skipped one."""
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+        # (prefix, owner) of every submodule; a buffer a step registers later in one of them is
+        # picked up by the next take(), as a walk of named_buffers() would
+        self.owners = [(name + "." if name else "", m) for name, m in module.named_modules()]
+        self.names: list[str] = []
+        self.saved: list[torch.Tensor] = []
+
+    def _current(self) -> tuple[list[str], list[torch.Tensor]]:
+        names, tensors, seen = [], [], set()
+        for prefix, owner in self.owners:
+            for attr, b in owner._buffers.items():
+                if b is not None and id(b) not in seen:  # a shared buffer once, as named_buffers()
+                    seen.add(id(b))
+                    names.append(prefix + attr)
+                    tensors.append(b)
+        return names, tensors
+
+    def take(self) -> None:
+        names, tensors = self._current()
+        same = names == self.names and all(
+            s.shape == b.shape and s.dtype == b.dtype and s.device == b.device for s, b in zip(self.saved, tensors))
+        if same and tensors:
+            with torch.no_grad():
+                torch._foreach_copy_(self.saved, [b.detach() for b in tensors])
+        elif not same:
+            self.names, self.saved = names, [b.detach().clone() for b in tensors]
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        """Put the buffers back as they were at :meth:`take` (re-registering any that the step
+        replaced by a new tensor, e.g. a lazily sized one). The copies stay the snapshot's: a
+        restored buffer never shares storage with them."""
+        current = dict(self.module.named_buffers())
+        for name, saved in zip(self.names, self.saved):
+            b = current.get(name)
+            if b is not None and b.shape == saved.shape and b.dtype == saved.dtype:
+                b.copy_(saved)
+            else:
+                owner, _, attr = name.rpartition(".")
+                self.module.get_submodule(owner).register_buffer(attr, saved.clone())
