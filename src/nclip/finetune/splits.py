@@ -6,7 +6,7 @@ From its training split, :func:`label_splits` first holds out a stratified valid
 (``val_fraction`` of every class; it chooses the learning rate and the epoch), then draws the
 ``fraction`` of the labels that fine-tuning sees from the rest (Tab. 6's 1 % and 10 % rows):
 
-- class-balanced: every class contributes ``round(fraction · n_c)`` of its ``n_c`` remaining
+- class-balanced: every class contributes ``fraction · n_c`` (rounded half up) of its ``n_c`` remaining
   images, and at least one, so a 1 % draw of a 10-class set still has every class;
 - seeded: the same ``seed`` draws the same images, and a draw at a smaller fraction is a subset of
   one at a larger fraction (each class's images are permuted once and the draw is a prefix);
@@ -49,7 +49,7 @@ def label_splits(labels: np.ndarray, fraction: float, val_fraction: float, seed:
     for c in np.unique(y[pool]):
         rows = pool[y[pool] == c]
         rows = rows[rng.permutation(len(rows))]
-        chosen.append(rows[: max(1, int(round(fraction * len(rows))))])
+        chosen.append(rows[: max(1, int(fraction * len(rows) + 0.5))])  # rounded half up
     return LabelSplits(np.sort(np.concatenate(chosen)), np.sort(val), np.sort(pool))
 
 
