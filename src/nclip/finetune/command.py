@@ -145,7 +145,7 @@ def _plan(out: Path, settings: FinetuneSettings, sha: str, resume: bool) -> None
     """Refuse to mix runs: an OUT that holds a fine-tuning run continues only with ``--resume
     auto`` and the same settings (the device may change) and checkpoint."""
     state = out / STATE
-    mine = {"settings": settings.model_dump(exclude={"device"}), "checkpoint_sha256": sha}
+    mine = {"settings": settings.model_dump(mode="json", exclude={"device"}), "checkpoint_sha256": sha}
     if state.is_file():
         if not resume:
             raise NclipError(f"{out} already holds a fine-tuning run: continue it with --resume auto "
@@ -155,7 +155,7 @@ def _plan(out: Path, settings: FinetuneSettings, sha: str, resume: bool) -> None
         saved = read_json(state)
         if saved.get("checkpoint_sha256") != sha:
             raise NclipError(f"cannot resume {out}: it fine-tunes another checkpoint")
-        diffs = [k for k, v in mine["settings"].items() if saved.get("settings", {}).get(k) != v]
+        diffs = [k for k, v in json.loads(json.dumps(mine["settings"])).items() if saved.get("settings", {}).get(k) != v]
         if diffs:
             raise NclipError(f"cannot resume {out} with other settings ({', '.join(diffs)} differ)")
         return
