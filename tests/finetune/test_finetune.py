@@ -112,9 +112,8 @@ def test_cosine_classifier_at_step_0_is_zero_shot(tmp_path):
     assert ours == pytest.approx(doc["results"]["zeroshot/digits-digit/top1"], abs=1e-6)
     # and prediction by prediction, against the evaluation's own zero-shot scores
     from nclip.eval import zeroshot
-    from nclip.eval.features import class_text_outputs, encode_images
-
     from nclip.eval.datasets import digits
+    from nclip.eval.features import class_text_outputs, encode_images
 
     model = ck.load("cpu")
     test = digits(16, ck.cfg.seed).splits["test"]  # the test split nclip eval reads

@@ -155,7 +155,8 @@ def _plan(out: Path, settings: FinetuneSettings, sha: str, resume: bool) -> None
         saved = read_json(state)
         if saved.get("checkpoint_sha256") != sha:
             raise NclipError(f"cannot resume {out}: it fine-tunes another checkpoint")
-        diffs = [k for k, v in json.loads(json.dumps(mine["settings"])).items() if saved.get("settings", {}).get(k) != v]
+        now = json.loads(json.dumps(mine["settings"]))  # tuples as the file's lists
+        diffs = [k for k, v in now.items() if saved.get("settings", {}).get(k) != v]
         if diffs:
             raise NclipError(f"cannot resume {out} with other settings ({', '.join(diffs)} differ)")
         return

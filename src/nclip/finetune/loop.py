@@ -130,7 +130,8 @@ def run_lr(make_net: Callable[[], torch.nn.Module], vision_cfg, lr: float, index
             losses.append(loss.item())
         val = float((predict(net, data.val_pixels).argmax(1) == data.val_labels).float().mean())
         history.append({"epoch": epoch + 1, "loss": float(np.mean(losses)), "val_top1": val})
-        log(f"lr {lr:g} epoch {epoch + 1}/{settings.epochs}: loss {history[-1]['loss']:.4f}, val top-1 {100 * val:.1f}%")
+        log(f"lr {lr:g} epoch {epoch + 1}/{settings.epochs}: loss {history[-1]['loss']:.4f}, "
+            f"val top-1 {100 * val:.1f}%")
         if val > best_val:
             best_val, best_epoch = val, epoch + 1
             with atomic_dir(lr_dir / BEST) as tmp:
