@@ -101,9 +101,9 @@ def run_finetune(checkpoint, out, settings: FinetuneSettings, resume: bool = Fal
     out = Path(out).expanduser()
     ck = resolve_checkpoint(checkpoint)
     classifier = resolve_classifier(settings.classifier, ck.cfg, settings.fraction)
-    _plan(out, settings, ck.sha256, resume)
     device = _device(settings.device)
-    prep = prepare(ck.cfg, settings)
+    prep = prepare(ck.cfg, settings)  # before OUT is claimed: bad data leaves nothing to resume
+    _plan(out, settings, ck.sha256, resume)
     vision_cfg = ck.cfg.model.vision
     log(f"{prep.name}-{prep.kind}: {len(prep.labelled.train_images)} labelled training images "
         f"(fraction {settings.fraction:g}), {len(prep.labelled.val_labels)} validation, "
