@@ -120,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     from nclip.eval.command import add_eval_parser  # light: the eval machinery loads when it runs
 
     add_eval_parser(sub)
+    from nclip.finetune.command import add_finetune_parser  # light, as eval's
+
+    add_finetune_parser(sub)
     return parser
 
 
@@ -287,6 +290,15 @@ def _cmd_eval(args) -> int:
 
 
 COMMANDS["eval"] = _cmd_eval
+
+
+def _cmd_finetune(args) -> int:
+    from nclip.finetune.command import run_finetune_command
+
+    return run_finetune_command(args)
+
+
+COMMANDS["finetune"] = _cmd_finetune
 
 
 def _check_outputs(args) -> None:

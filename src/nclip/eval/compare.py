@@ -33,6 +33,7 @@ TABLES = [
      [("", "top1"), ("mean", "mean_top1"), ("rel.", "relative"), ("mean rel.", "mean_relative")], False),
     ("Text STS, Spearman x 100 (cf. xCLIP Tab. 7)", "sts", [("", "spearman")], True),
     ("Mask probing, Jaccard (cf. xCLIP Tab. D3)", "masks", [("", "jaccard")], False),
+    ("End-to-end fine-tuning, top-1 (cf. xCLIP Tab. 6)", "finetune", [("", "top1")], True),
     ("Representation diagnostics", "diagnostics",
      [("erank f", "erank_image_features"), ("erank g", "erank_image_emb"), ("align", "alignment_emb"),
       ("unif", "uniformity_image_emb"), ("proto ppl", "proto_perplexity_image")], False),
@@ -71,6 +72,8 @@ SETTINGS = [
     ("probe features", ("config", "probe_features")), ("nCLIP score", ("config", "nclip_score")),
     ("k-NN k", ("config", "knn_k")), ("k-NN temperature", ("config", "knn_temperature")),
     ("linear-probe L2 grid", ("config", "l2_grid")), ("realm baseline", ("config", "baseline")),
+    ("fine-tuning label fraction", ("config", "fraction")), ("fine-tuning epochs", ("config", "epochs")),
+    ("fine-tuning classifier", ("config", "classifier")), ("fine-tuning dataset", ("config", "dataset")),
 ]
 
 

@@ -21,7 +21,8 @@ from nclip.jsonio import read_jsonl
 
 # metrics shown as percentages (fractions in results.json)
 _PERCENT = ("top1", "top5", "mean_per_class", "chance", "mean_recall", "mAP", "ari", "ami", "nmi", "jaccard",
-            "mean_heads", "mean_top1", "relative", "mean_relative")
+            "mean_heads", "mean_top1", "relative", "mean_relative",
+            "val_top1")
 _PERCENT_PREFIX = ("i2t@", "t2i@", "f1@", "precision@", "recall@", "head")
 _TASK_TITLES = {
     "zeroshot": "Zero-shot classification (prompt ensembles; Tab. 1)",
@@ -34,9 +35,11 @@ _TASK_TITLES = {
     "sts": "Text STS: Spearman x 100 of backbone-feature cosine (Tab. 7)",
     "masks": "Mask probing: Jaccard of attention maps vs object masks (Tab. D3)",
     "diagnostics": "Representation diagnostics",
+    "finetune": "End-to-end fine-tuning (xCLIP Tab. 6, App. C)",
 }
 _TASK_ORDER = list(_TASK_TITLES)
 _TASK_NOTES = {
+    "finetune": "{finetune}",
     "linear": "Features: {probe_features}, frozen.",
     "realms": "One probe per realm dataset (on synthetic scenes: the scenes whose main shape is in the realm, "
               "classifying that shape); \"relative\" = accuracy minus the baseline's, in points.",
@@ -53,8 +56,20 @@ def _task_notes(config: dict) -> dict[str, str]:
     """The notes under the tables, naming this image tower's features and attention maps (results
     written before towers said so read as the ViT's)."""
     fill = {"probe_features": config.get("probe_features", "image backbone features ([CLS], no projection)"),
-            "mask_maps": config.get("mask_maps") or "[CLS] attention"}
+            "mask_maps": config.get("mask_maps") or "[CLS] attention",
+            "finetune": _finetune_note(config)}
     return {task: note.format(**fill) for task, note in _TASK_NOTES.items()}
+
+
+def _finetune_note(config: dict) -> str:
+    """How ``nclip finetune`` trained (its results.json config), or "" for an evaluation."""
+    if "fraction" not in config:
+        return ""
+    return (f"{config['classifier']} classifier on {config.get('features', '?')}; {config['fraction']:g} of the "
+            f"training labels ({config.get('train_images', '?')} images); lr {config['lr']:g} and epoch "
+            f"{config.get('best_epoch', '?')} of {config['epochs']} chosen on {config.get('val_images', '?')} "
+            f"validation images; layer decay {config['layer_decay']:g}, weight decay {config['weight_decay']:g}, "
+            f"drop path {config.get('drop_path_applied', config['drop_path'])}.")
 
 
 def _is_percent(metric: str) -> bool:

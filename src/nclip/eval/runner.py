@@ -80,7 +80,7 @@ def run_eval(checkpoint: str | Path, out: str | Path | None = None, *, tasks=Non
     st = EvalState(ck, settings, head_name, FeatureCache(settings.cache_dir, ck.sha256), _device(settings.device),
                    log or (lambda msg: None))
     st.skipped.update(text_skipped)
-    all_data = _build_datasets(ck.cfg, settings)
+    all_data = build_datasets(ck.cfg, settings)
     if "realms" in settings.tasks:
         realms.attach_hierarchies(all_data, settings.hierarchy)
     st.extract_threads = torch.get_num_threads()
@@ -132,7 +132,7 @@ def _device(name: str) -> torch.device:
     return torch.device("cuda" if name == "cuda" or (name == "auto" and torch.cuda.is_available()) else "cpu")
 
 
-def _build_datasets(cfg, settings: EvalSettings) -> list[eval_data.EvalData]:
+def build_datasets(cfg, settings: EvalSettings) -> list[eval_data.EvalData]:
     """The evaluation data of every selected dataset spec, at the checkpoint's image size."""
     all_data: list[eval_data.EvalData] = []
     for spec in settings.datasets:
@@ -185,16 +185,10 @@ def _add_relative(st: EvalState) -> None:
 
 def _document(st: EvalState, objective) -> dict:
     """The results.json document of a finished evaluation."""
-    ck, cfg, tower = st.ck, st.ck.cfg, st.ck.vision_tower
+    tower = st.ck.vision_tower
     return {
         "version": RESULTS_VERSION,
-        "checkpoint": {"path": str(ck.path), "format": ck.format, "weights": str(ck.weights),
-                       "weights_sha256": ck.sha256, "objective": cfg.objective.name,
-                       "heads": sorted(objective.heads_for(cfg.objective)), "head": st.head or "none",
-                       "zero_shot_head": objective.zero_shot_head, "image_size": cfg.data.image_size,
-                       "vision_tower": cfg.model.vision.kind, "text_tower": cfg.model.text.kind,
-                       "train_steps": _trained_steps(ck), "data_source": cfg.data.source,
-                       "run_dir": str(ck.run_dir) if ck.run_dir else None},
+        "checkpoint": checkpoint_info(st.ck, objective, st.head),
         "config": {**st.settings.model_dump(),
                    "probe_features": f"{st.settings.features}: "
                                      + PROBE_FEATURES_DETAIL[st.settings.features].format(tower=tower.feature),
@@ -205,6 +199,18 @@ def _document(st: EvalState, objective) -> dict:
         "timing": st.timing,
         "cache": {"dir": st.settings.cache_dir, "hits": sorted(st.cache.hits), "misses": sorted(st.cache.misses)},
     }
+
+
+def checkpoint_info(ck, objective, head: str | None) -> dict:
+    """The ``checkpoint`` section of a results document (also ``nclip finetune``'s)."""
+    cfg = ck.cfg
+    return {"path": str(ck.path), "format": ck.format, "weights": str(ck.weights),
+            "weights_sha256": ck.sha256, "objective": cfg.objective.name,
+            "heads": sorted(objective.heads_for(cfg.objective)), "head": head or "none",
+            "zero_shot_head": objective.zero_shot_head, "image_size": cfg.data.image_size,
+            "vision_tower": cfg.model.vision.kind, "text_tower": cfg.model.text.kind,
+            "train_steps": _trained_steps(ck), "data_source": cfg.data.source,
+            "run_dir": str(ck.run_dir) if ck.run_dir else None}
 
 
 def _trained_steps(ck) -> int:
