@@ -227,6 +227,10 @@ class ModelConfig(_Section):
                                          description="a bottleneck Linear(hidden, b) before the last layer")
     nclip_l2norm: bool = Field(False, title="ℓ2-norm", description="ℓ2-normalise the last layer's input")
     nclip_last_bn: bool = Field(True, title="last BN", description="the final BatchNorm(affine=False)")
+    nclip_temperature: float = Field(1.0, gt=0, title="τ_n",
+                                     description="the nCLIP head's logits divided by τ_n after the last BN, in "
+                                     "training and evaluation alike (1: Sec. 3.2; < 1 lifts BN's √(B/m) cap "
+                                     "on a logit at small batches, docs/reproduction.md)")
     proto_hidden: int = Field(2048, ge=1, description="ProtoCLIP head hidden width (App. A.1: 2048)")
     proto_dim: int = Field(128, ge=2, description="ProtoCLIP head output d_h (App. A.1: 128)")
     # CMSF's projection and predictor MLPs, linear(d, 4096) → BN → ReLU → linear(4096, 512) (Sec. 3)

@@ -37,6 +37,20 @@ def test_default_head_keeps_its_layout_and_state_dict_keys(micro_overrides):
     assert not any("shared" in k for k in model.state_dict())
 
 
+def test_temperature_divides_the_standardised_logits_and_adds_no_key(micro_overrides):
+    torch.manual_seed(0)
+    plain, warm = NclipHead(8, 16, 32), NclipHead(8, 16, 32, temperature=0.25)
+    warm.load_state_dict(plain.state_dict())  # the same keys: the temperature holds no state
+    x = torch.randn(10, 8)
+    torch.testing.assert_close(warm.train()(x), 4 * plain.train()(x))
+    col = warm(x)
+    assert torch.allclose(col.std(dim=0, unbiased=False), torch.full((32,), 4.0), atol=3e-3)  # BN's unit std × 1/τ
+    cfg, model = _model(micro_overrides, "model.nclip_temperature=0.5")
+    assert model.image_nclip_head[-1].tau == 0.5 and model.text_nclip_head[-1].tau == 0.5
+    with pytest.raises(NclipError, match="nclip_temperature"):
+        resolve("micro", micro_overrides + ["model.nclip_temperature=0"])
+
+
 def test_bottleneck_and_l2norm_layer_feed_the_last_layer_a_unit_vector():
     head = NclipHead(8, 16, 32, bottleneck=4, l2norm=True)
     linears = [m for m in head if isinstance(m, nn.Linear)]

@@ -78,7 +78,7 @@ class DualEncoder(nn.Module):
             self.text_clip_head = clip_head(widths[1], m.embed_dim)
         if "nclip" in self.heads:
             kw = dict(layers=m.nclip_layers - self.shared_layers, bottleneck=m.nclip_bottleneck,
-                      l2norm=m.nclip_l2norm, last_bn=m.nclip_last_bn)
+                      l2norm=m.nclip_l2norm, last_bn=m.nclip_last_bn, temperature=m.nclip_temperature)
             self.image_nclip_head = NclipHead(widths[0], m.nclip_hidden, m.nclip_dim, **kw)
             self.text_nclip_head = NclipHead(widths[1], m.nclip_hidden, m.nclip_dim, **kw)
         if "proto" in self.heads:  # ProtoCLIP: h = g(z) on the CLIP embedding z (its Fig. 2)

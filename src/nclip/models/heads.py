@@ -37,6 +37,26 @@ class L2Norm(nn.Module):
         return F.normalize(x, dim=-1)
 
 
+class Temperature(nn.Module):
+    """x / τ: a fixed temperature on the nCLIP head's standardised logits (no parameter, so no
+    state-dict key). Why: the last BatchNorm gives every logit column zero mean and unit variance
+    over the batch, so a prototype shared by m of B rows reaches a logit of about √((B − m)/m) at
+    most; at the paper's B = 4096 that allows sharp assignments, at a CPU batch of 128 it does not
+    (docs/reproduction.md, "Why nCLIP learns little at small batches")."""
+
+    def __init__(self, tau: float):
+        super().__init__()
+        if not tau > 0:
+            raise ValueError(f"temperature must be > 0, got {tau}")
+        self.tau = float(tau)
+
+    def forward(self, x):  # [B, K] → [B, K]
+        return x / self.tau
+
+    def extra_repr(self) -> str:
+        return f"tau={self.tau}"
+
+
 class NclipHead(nn.Sequential):
     """nCLIP head: Linear(d, 4096) → BN → GELU → Linear(4096, K) → BN(affine=False) (Sec. 3.2).
 
@@ -47,11 +67,11 @@ class NclipHead(nn.Sequential):
     is the one above): ``layers`` hidden layers (Linear → BN → GELU; Tab. 9d's #TL − #SL, 0 when all
     are shared), a ``bottleneck`` Linear(hidden, b) without activation before the last layer, an
     ``l2norm`` layer normalising the last layer's input, and ``last_bn=False`` dropping the final
-    BatchNorm.
+    BatchNorm. ``temperature`` τ ≠ 1 divides the logits by τ (:class:`Temperature`; 1: Sec. 3.2).
     """
 
     def __init__(self, in_dim: int, hidden: int, out_dim: int, *, layers: int = 1, bottleneck: int | None = None,
-                 l2norm: bool = False, last_bn: bool = True):
+                 l2norm: bool = False, last_bn: bool = True, temperature: float = 1.0):
         if layers < 0 or (bottleneck is not None and bottleneck < 1):
             raise ValueError(f"nCLIP head: layers {layers} must be >= 0 and bottleneck {bottleneck} >= 1")
         modules = hidden_layers(in_dim, hidden, layers)
@@ -64,6 +84,8 @@ class NclipHead(nn.Sequential):
         modules.append(nn.Linear(width, out_dim))
         if last_bn:
             modules.append(nn.BatchNorm1d(out_dim, affine=False))
+        if temperature != 1.0:
+            modules.append(Temperature(temperature))
         super().__init__(*modules)
 
 
