@@ -14,6 +14,7 @@ import resource
 import statistics
 import sys
 import time
+from pathlib import Path
 
 
 def measure(preset: str, overrides: list[str], objective: str, steps: int, warmup: int) -> dict:
@@ -47,7 +48,7 @@ def measure(preset: str, overrides: list[str], objective: str, steps: int, warmu
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base_rss = _reset_peak_rss()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     times = []
@@ -65,9 +66,38 @@ def measure(preset: str, overrides: list[str], objective: str, steps: int, warmu
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device) / 2**20
     else:
-        peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base_rss) / 1024  # KiB -> MiB
+        peak = (_peak_rss_kib() - base_rss) / 1024  # KiB -> MiB
     return {"objective": objective, "step_s": statistics.median(times), "peak_mib": peak,
             "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "device": device.type}
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak_rss() -> int:
+    """The baseline (KiB) that the step's peak resident set is measured from. On Linux the peak is
+    reset first (``clear_refs`` 5) and the baseline is the current resident set, so that a peak
+    reached while the model was built cannot hide the step's; elsewhere the process's peak so far."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        current = _status_kib("VmRSS")
+        if current is not None:
+            return current
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def _peak_rss_kib() -> int:
+    peak = _status_kib("VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 if __name__ == "__main__":
