@@ -137,6 +137,12 @@ def loss_and_grads(loss_fn: Callable, inputs: dict[str, torch.Tensor]) -> tuple[
     return loss.detach(), grads
 
 
+def only_leaves(result: tuple[torch.Tensor, dict], leaves) -> tuple[torch.Tensor, dict]:
+    """A ``loss_and_grads`` result with the gradients of the tensors named in ``leaves`` only."""
+    loss, grads = result
+    return loss, {k: v for k, v in grads.items() if k in leaves}
+
+
 def combine_ranks(per_rank: list[tuple[torch.Tensor, dict]], row_keys) -> tuple[torch.Tensor, dict]:
     """The effective loss and gradients of W ranks under DDP's convention: loss = mean of the
     per-rank losses; a row tensor's gradient = its per-rank gradients concatenated / W (DDP's

@@ -25,7 +25,7 @@ from nclip.objectives.cmsf import (
 )
 
 from conftest import train_and_kill
-from distributed_utils import combine_ranks, loss_and_grads, run_ranks, split_rows
+from distributed_utils import combine_ranks, loss_and_grads, only_leaves, run_ranks, split_rows
 from references import assert_loss_and_grads_close, ref_clip, ref_cmsf
 
 B, D, N, CLASSES = 8, 6, 12, 3
@@ -153,19 +153,14 @@ def _rank(rank: int, world: int) -> dict:
     return out
 
 
-def _grads_only(result):
-    loss, grads = result
-    return loss, {k: v for k, v in grads.items() if k in LEAVES}
-
-
 @pytest.mark.slow
 def test_two_ranks_match_one_process():
     results = run_ranks(_rank, 2)
     rows = ("v", "u", "img", "txt", "logits")
     for case, (cfg, _) in REFERENCES.items():
-        ref_loss, ref_grads = _grads_only(loss_and_grads(_module_loss(case.split("-")[0], **cfg),
-                                                         _split(_inputs(), 0, 1)))
-        loss, grads = combine_ranks([_grads_only(r[case]) for r in results], rows)
+        ref_loss, ref_grads = only_leaves(loss_and_grads(_module_loss(case.split("-")[0], **cfg),
+                                                         _split(_inputs(), 0, 1)), LEAVES)
+        loss, grads = combine_ranks([only_leaves(r[case], LEAVES) for r in results], rows)
         torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12)
         for k in ref_grads:
             torch.testing.assert_close(grads[k], ref_grads[k], rtol=1e-9, atol=1e-12, msg=f"{case}: d/d{k}")
