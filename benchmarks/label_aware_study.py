@@ -49,13 +49,10 @@ def nclip(*args: str) -> None:
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
 
 
-def run_one(out: Path, name: str, seed: int, realm: str, steps: int | None) -> dict:
+def run_one(out: Path, name: str, seed: int, excl: Path, steps: int | None) -> dict:
     rd = out / "runs" / f"{name}-s{seed}"
     ev = rd / "eval-study"
     if not (ev / "results.json").is_file():
-        excl = out / f"exclude-{realm}-s{seed}.txt"
-        n = held_out_exclusions(seed, realm, excl)
-        print(f"{name} seed {seed}: {n} training digits of realm {realm!r} held out", flush=True)
         sets = [f"seed={seed}", f"data.exclude={excl}", *OBJECTIVES[name]]
         sets += [f"train.steps={steps}"] if steps else []
         if not (rd / "model").is_dir():
@@ -81,7 +78,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, help="train.steps (default: the preset's 600)")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
-    results = {name: [run_one(a.out, name, s, a.held_out, a.steps) for s in a.seeds] for name in a.objectives}
+    excl = {}
+    for s in a.seeds:  # one exclusion list per seed (the seed fixes the digits' train split)
+        excl[s] = a.out / f"exclude-{a.held_out}-s{s}.txt"
+        n = held_out_exclusions(s, a.held_out, excl[s])
+        print(f"seed {s}: {n} training digits of realm {a.held_out!r} held out", flush=True)
+    results = {name: [run_one(a.out, name, s, excl[s], a.steps) for s in a.seeds] for name in a.objectives}
 
     realm_keys = sorted({k for runs in results.values() for m in runs for k in m
                          if k.startswith("realms/digits-") and k.endswith("/top1")})
