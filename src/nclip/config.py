@@ -257,8 +257,9 @@ class TrainConfig(_Section):
     batch_size: int = Field(64, ge=2, description="global batch (pairs per optimizer step)")
     accumulation: int = Field(1, ge=1, description="micro-batches per optimizer step")
     # adamw (betas, eps) or SGD with (heavy-ball) momentum, CMSF's recipe (Sec. 3: lr 0.05,
-    # momentum 0.9, weight decay 1e-4, cosine); both decay matrices only (nclip.train.optim)
-    optimizer: Literal["adamw", "sgd"] = "adamw"
+    # momentum 0.9, weight decay 1e-4, cosine); both decay matrices only (nclip.train.optim).
+    # adamw8bit: AdamW with 8-bit moments (torchao, pip install nclip[lowmem]; nclip.train.lowbit)
+    optimizer: Literal["adamw", "adamw8bit", "sgd"] = "adamw"
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum (optimizer sgd)")
     lr: float = Field(1e-3, gt=0)
     min_lr: float = Field(2e-6, ge=0)
@@ -290,8 +291,20 @@ class TrainConfig(_Section):
             raise ValueError("the tensorboard package is not installed: pip install nclip[tensorboard]")
         return on
 
+    @field_validator("optimizer")
+    @classmethod
+    def _lowbit_installed(cls, name: str) -> str:
+        import importlib.util
+
+        if name == "adamw8bit" and importlib.util.find_spec("torchao") is None:
+            raise ValueError("optimizer adamw8bit needs the torchao package: pip install nclip[lowmem]")
+        return name
+
     @model_validator(mode="after")
     def _consistent(self):
+        if self.optimizer == "adamw8bit" and self.strategy == "fsdp":
+            raise ValueError("optimizer adamw8bit is not supported with strategy fsdp (FSDP already shards "
+                             "the optimizer state); use adamw, or strategy ddp")
         if self.batch_size % self.accumulation:
             raise ValueError(
                 f"batch_size {self.batch_size} is not divisible by accumulation {self.accumulation}"

@@ -69,7 +69,7 @@ from nclip.train.launch import (
 )
 from nclip.train.logbook import METRICS, Log, startup_block
 from nclip.train.monitors import nonfinite_stop_message
-from nclip.train.optim import build_optimizer, lr_at
+from nclip.train.optim import build_optimizer, lr_at, set_lr
 from nclip.train.rundir import agree, plan_run, start_run
 from nclip.train.snapshot import BufferSnapshot
 
@@ -223,7 +223,7 @@ def _step(run: _Run, step: int, batch: tuple) -> _StepResult:
     t, device, module, optimizer = run.cfg.train, run.ctx.device, run.module, run.optimizer
     lr = lr_at(step, t)
     for group in optimizer.param_groups:
-        group["lr"] = lr * group.get("lr_scale", 1.0)  # lr_scale: e.g. 0 for a locked tower
+        set_lr(group, lr * group.get("lr_scale", 1.0))  # lr_scale: e.g. 0 for a locked tower
     run.snapshot.take()  # the buffers, restored if the step is skipped
     run.step_module.objective.before_step(step, t.steps)  # e.g. a loss weight scheduled by the step
     # the terms of every micro-batch as one vector (few small ops per step: on a CPU-sized model

@@ -39,14 +39,19 @@ def param_groups(modules: list[nn.Module], weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(modules: list[nn.Module], cfg: TrainConfig) -> torch.optim.Optimizer:
-    """``train.optimizer``: AdamW (the default; ``betas``, ``eps``) or SGD with heavy-ball momentum
-    ``train.momentum`` (CMSF Sec. 3 and the authors' code: lr 0.05 at batch 256, momentum 0.9,
-    weight decay 1e-4, cosine schedule). Both use the decay exclusions of :func:`param_groups`
+    """``train.optimizer``: AdamW (the default; ``betas``, ``eps``), AdamW with 8-bit moments
+    (``adamw8bit``, :mod:`nclip.train.lowbit`) or SGD with heavy-ball momentum ``train.momentum``
+    (CMSF Sec. 3 and the authors' code: lr 0.05 at batch 256, momentum 0.9,
+    weight decay 1e-4, cosine schedule). All use the decay exclusions of :func:`param_groups`
     (the authors' SGD decays every parameter; excluding biases and norms is the common practice
     since, and the difference is small at wd 1e-4)."""
     groups = param_groups(modules, cfg.weight_decay)
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, **_implementation(groups, fused_ok=False))
+    if cfg.optimizer == "adamw8bit":
+        from nclip.train.lowbit import adamw8bit
+
+        return adamw8bit(groups, cfg)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, **_implementation(groups))
 
 
@@ -60,6 +65,15 @@ def _implementation(groups: list[dict], fused_ok: bool = True) -> dict:
     if fused_ok and params and torch.cuda.is_available() and all(p.is_cuda for p in params):
         return {"fused": True}
     return {"foreach": True}
+
+
+def set_lr(group: dict, lr: float) -> None:
+    """Set a parameter group's learning rate. torchao's optimizers keep it as a tensor, changed in
+    place (a new Python float would make their compiled update recompile)."""
+    if isinstance(group["lr"], torch.Tensor):
+        group["lr"].fill_(lr)
+    else:
+        group["lr"] = lr
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
