@@ -1,6 +1,14 @@
 """nclip: language-image pre-training beyond the contrastive objective."""
 
+import logging
+
 __version__ = "0.1.0"
+
+# transformers imports torchao whenever it is installed (nclip[lowmem]); torchao then logs one warning
+# per CUDA kernel library a CPU build cannot load, and torch one per enum torchao registers. Neither
+# concerns nclip's use (the 8-bit optimizer, nclip.train.lowbit), so both loggers show errors only.
+for _name in ("torchao", "torch.utils._pytree"):
+    logging.getLogger(_name).setLevel(logging.ERROR)
 
 
 def load(path, device=None):

@@ -20,7 +20,6 @@ which shards the full optimizer state already (the config refuses the pair).
 
 from __future__ import annotations
 
-import logging
 import warnings
 
 import torch
@@ -36,10 +35,8 @@ def adamw8bit(groups: list[dict], cfg: TrainConfig) -> torch.optim.Optimizer:
 
 
 def _import_adamw8bit():
-    # torchao logs one warning per optional CUDA kernel library it cannot load (none load on a CPU
-    # build of torch), and torch warns about its tensor subclasses' cache keys: neither concerns us
-    logging.getLogger("torchao").setLevel(logging.ERROR)
-    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    # torch warns that torchao's state tensors define no cache key for compiled autograd (nclip's
+    # logger levels set in nclip/__init__.py quiet torchao's own import warnings)
     warnings.filterwarnings("ignore", message=".*_stable_hash_for_caching.*")
     from torchao.optim import AdamW8bit
 
