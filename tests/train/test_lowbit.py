@@ -4,6 +4,7 @@ AdamW's trajectory within tolerance, exact resume, one-line errors."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 
 import pytest
@@ -13,7 +14,7 @@ from safetensors.torch import load_file
 from nclip.cli import main
 from nclip.config import resolve
 from nclip.errors import NclipError
-from nclip.train.checkpoint import list_checkpoints
+from nclip.train.checkpoint import list_checkpoints, read_checkpoint
 from nclip.train.loop import train
 
 from conftest import micro_sizes
@@ -27,8 +28,6 @@ OVERRIDES = micro_sizes() + [
 
 
 def _final_loss(run) -> float:
-    import json
-
     return json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["loss"]
 
 
@@ -47,8 +46,6 @@ def test_adamw8bit_quantises_large_moments_follows_adamw_and_resumes_exactly(tmp
 
     # the checkpointed state: uint8 codes for every tensor of >= 4096 values in whole blocks of 256
     # (torchao's rule), far fewer bytes
-    from nclip.train.checkpoint import read_checkpoint
-
     _, state8 = read_checkpoint(list_checkpoints(runs["adamw8bit"])[-1])
     moments = [s["exp_avg"] for s in state8["optimizer"]["state"].values()]
     quantised = [m for m in moments if type(m) is not torch.Tensor]

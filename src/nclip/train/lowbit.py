@@ -41,4 +41,3 @@ def _import_adamw8bit():
     from torchao.optim import AdamW8bit
 
     return AdamW8bit
-
