@@ -2,7 +2,7 @@
 
 Runs (same data, towers, augmentation, batch and number of optimizer steps for every run):
 
-    clip              clip-tiny (InfoNCE only)
+    clip              protoclip-tiny with objective clip (InfoNCE only; same towers and data)
     protoclip         protoclip-tiny (L_CLIP + L_Proto + external MiniLM teacher)
     protoclip_noext   - w/o the external teacher (objective.w_ext=0)   ["ProtoCLIP w/o RoBERTa"]
     noext_nopbt       - w/o external teacher, w/o PBT                  ["- w/o PBT"]
@@ -39,7 +39,8 @@ from pathlib import Path
 
 COMMON = ["data.augment.color_jitter_prob=0.2", "data.augment.grayscale_prob=0.2", "data.augment.crop_scale=[0.5,1.0]"]
 RUNS = {
-    "clip": ("clip-tiny", []),
+    # protoclip-tiny's towers and data with InfoNCE alone (clip-tiny has other towers and batches)
+    "clip": ("protoclip-tiny", ["objective={name: clip}"]),
     "protoclip": ("protoclip-tiny", []),
     "protoclip_noext": ("protoclip-tiny", ["objective.w_ext=0"]),
     "noext_nopbt": ("protoclip-tiny", ["objective.w_ext=0", "objective.pbt=false"]),
