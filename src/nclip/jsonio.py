@@ -41,7 +41,12 @@ def read_text(path: str | Path, what: str) -> tuple[Path, str]:
 def read_json(path: Path) -> Any:
     """The parsed contents of a JSON file; invalid JSON (a truncated file among it) or text that is
     not UTF-8 is an NclipError naming file and line."""
-    path, text = read_text(path, "JSON file")
+    return parse_json(*read_text(path, "JSON file"))
+
+
+def parse_json(path: Path, text: str) -> Any:
+    """``text`` (read from ``path``) parsed as JSON; invalid JSON is an NclipError naming file and
+    line."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:

@@ -15,13 +15,12 @@ class name. A missing file, a wrong line count and a class the map lacks are one
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 from nclip.data.tagging import read_templates
 from nclip.errors import NclipError
-from nclip.jsonio import read_text
+from nclip.jsonio import parse_json, read_text
 
 # CLIP's 80 ImageNet prompt templates (the list of its prompt-engineering notebook), in its order
 IMAGENET80 = (
@@ -75,10 +74,7 @@ def class_names(source: str | None, keys: Sequence[str], default: Sequence[str],
 
 
 def _from_map(path: Path, text: str, keys: Sequence[str], what: str) -> tuple[str, ...]:
-    try:
-        mapping = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise NclipError(f"{path}: invalid JSON ({e.msg}, line {e.lineno})") from None
+    mapping = parse_json(path, text)
     if not isinstance(mapping, dict):
         raise NclipError(f"{path}: expected a JSON object mapping each {what} to its class name")
     missing = [k for k in keys if k not in mapping]
