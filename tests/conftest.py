@@ -47,6 +47,28 @@ def micro_overrides():
     return list(MICRO_OVERRIDES)
 
 
+def metrics_then_resumed(cfg, run: Path) -> tuple[list[dict], list[dict]]:
+    """Train ``cfg`` into ``run``, then drop its newest checkpoint (as if killed just before it)
+    and resume: the rows of metrics.jsonl after each, without the wall-clock ``samples_per_s``;
+    equal lists mean the resume was exact."""
+    import shutil
+
+    from nclip.train.checkpoint import list_checkpoints
+    from nclip.train.loop import train
+
+    def rows() -> list[dict]:
+        out = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        for r in out:
+            r.pop("samples_per_s")
+        return out
+
+    train(cfg, run, progress=False, evaluate=False)
+    first = rows()
+    shutil.rmtree(list_checkpoints(run)[-1])
+    train(cfg, run, resume=True, progress=False, evaluate=False)
+    return first, rows()
+
+
 def train_and_kill(args: list[str], metrics: Path, after_lines: int, timeout: float = 120.0) -> None:
     """Run ``nclip ARGS`` in a child process and SIGKILL it once ``metrics`` has ``after_lines``
     lines (a crash at an arbitrary step); fails if the run ends before it is killed."""
