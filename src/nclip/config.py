@@ -249,6 +249,14 @@ class ModelConfig(_Section):
         return self
 
 
+def _require_package(name: str, message: str) -> None:
+    """Refuse a setting whose optional package is not installed (a config error naming the extra)."""
+    import importlib.util
+
+    if importlib.util.find_spec(name) is None:
+        raise ValueError(message)
+
+
 class TrainConfig(_Section):
     steps: int = Field(1000, ge=1, description="optimizer steps")
     # the lr schedule's length (None: steps); beyond it the lr stays at min_lr. Set by
@@ -285,19 +293,15 @@ class TrainConfig(_Section):
     @field_validator("tensorboard")
     @classmethod
     def _tensorboard_installed(cls, on: bool) -> bool:
-        import importlib.util
-
-        if on and importlib.util.find_spec("tensorboard") is None:
-            raise ValueError("the tensorboard package is not installed: pip install nclip[tensorboard]")
+        if on:
+            _require_package("tensorboard", "the tensorboard package is not installed: pip install nclip[tensorboard]")
         return on
 
     @field_validator("optimizer")
     @classmethod
     def _lowbit_installed(cls, name: str) -> str:
-        import importlib.util
-
-        if name == "adamw8bit" and importlib.util.find_spec("torchao") is None:
-            raise ValueError("optimizer adamw8bit needs the torchao package: pip install nclip[lowmem]")
+        if name == "adamw8bit":
+            _require_package("torchao", "optimizer adamw8bit needs the torchao package: pip install nclip[lowmem]")
         return name
 
     @model_validator(mode="after")
