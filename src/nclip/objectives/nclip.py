@@ -64,7 +64,11 @@ class NclipObjective(Objective):
 
     def forward(self, out: EncoderOutput):
         terms = nclip_head_terms(out, self.cfg)
-        return {"loss": terms.pop("loss"), **{f"nclip/{k}": v for k, v in terms.items()}}
+        # + 0·s: nCLIP does not read the logit scale, but under DDP (find_unused_parameters off) a
+        # parameter without a gradient leaves its gradient bucket un-averaged (and the next step
+        # fails): give it a zero one, as ProtoCLIP's disabled terms do
+        loss = terms.pop("loss") + 0.0 * out.logit_scale
+        return {"loss": loss, **{f"nclip/{k}": v for k, v in terms.items()}}
 
 
 class XclipObjective(Objective):

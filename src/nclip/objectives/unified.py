@@ -207,4 +207,5 @@ class UnifiedObjective(Objective):
             self._update_centers(out.image_logits, out.text_logits)
         named = {"L_CE": terms["ce"], "L_EH": terms["eh"], "L_HE": terms["he"], "L_KL": terms["kl"]}
         named.update({k: terms[k] for k in HEAD_STAT_KEYS})
-        return {"loss": terms["loss"], **{f"unified/{k}": v for k, v in named.items()}}
+        # + 0·s: the logit scale gets a zero gradient, as DDP needs (see NclipObjective.forward)
+        return {"loss": terms["loss"] + 0.0 * out.logit_scale, **{f"unified/{k}": v for k, v in named.items()}}
