@@ -264,6 +264,10 @@ class TrainConfig(_Section):
     schedule_steps: int | None = Field(None, ge=1)
     batch_size: int = Field(64, ge=2, description="global batch (pairs per optimizer step)")
     accumulation: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    # exact: the towers run micro-batch by micro-batch, the heads and the objective once on the whole
+    # global batch (gradient caching, nclip.train.accumulate); independent: each micro-batch is its own
+    # contrastive batch (the objective changes with k)
+    accumulation_mode: Literal["exact", "independent"] = "exact"
     # adamw (betas, eps) or SGD with (heavy-ball) momentum, CMSF's recipe (Sec. 3: lr 0.05,
     # momentum 0.9, weight decay 1e-4, cosine); both decay matrices only (nclip.train.optim).
     # adamw8bit: AdamW with 8-bit moments (torchao, pip install nclip[lowmem]; nclip.train.lowbit)
@@ -313,6 +317,9 @@ class TrainConfig(_Section):
             raise ValueError(
                 f"batch_size {self.batch_size} is not divisible by accumulation {self.accumulation}"
             )
+        if self.accumulation > 1 and self.accumulation_mode == "exact" and self.strategy == "fsdp":
+            raise ValueError("accumulation_mode exact is not supported with strategy fsdp yet; use strategy ddp, "
+                             "or accumulation_mode independent")
         if self.schedule_steps is not None and self.schedule_steps > self.steps:
             raise ValueError(f"schedule_steps {self.schedule_steps} exceeds steps {self.steps}")
         if self.min_lr > self.lr:

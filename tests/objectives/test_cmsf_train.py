@@ -328,14 +328,15 @@ def test_momentum_hook_once_per_taken_step(tmp_path, monkeypatch):
             terms["loss"] = terms["loss"] * float("nan")
         return terms
 
-    def after_step(self, model, step, total):
-        calls.append((step, total))
-        return original_after(self, model, step, total)
+    def after_step(self, model, step, total, taken):
+        calls.append((step, total, float(taken)))
+        return original_after(self, model, step, total, taken)
 
     monkeypatch.setattr(CmsfObjective, "forward", forward)
     monkeypatch.setattr(CmsfObjective, "after_step", after_step)
     train(resolve("micro", MICRO + ["train.steps=5"]), tmp_path, progress=False, evaluate=False)
-    assert calls == [(0, 5), (1, 5), (3, 5), (4, 5)]
+    # called after every step, the skipped one with taken = 0 (gated on the device: no momentum update)
+    assert calls == [(0, 5, 1.0), (1, 5, 1.0), (2, 5, 0.0), (3, 5, 1.0), (4, 5, 1.0)]
     rows = _rows(tmp_path / "metrics.jsonl")
     assert rows[2]["nonfinite_steps"] == 1
     # the skipped step's enqueue is undone (the bank is a buffer): the next step fills the same rows

@@ -34,14 +34,16 @@ def _rows(path) -> list[dict]:
     return rows
 
 
-def _args(out) -> list[str]:
+def _args(out, extra=()) -> list[str]:
     return ["train", "--preset", "micro", "--out", str(out), "--no-progress", "--no-eval"] + \
-        [x for o in OVERRIDES for x in ("--set", o)]
+        [x for o in [*OVERRIDES, *extra] for x in ("--set", o)]
 
 
-def test_sigkill_then_resume_writes_the_same_metrics(tmp_path):
+# exact accumulation: gradient caching replays each micro-batch's random state in its second pass
+@pytest.mark.parametrize("extra", [(), ("train.accumulation=4",)], ids=["k1", "exact-k4"])
+def test_sigkill_then_resume_writes_the_same_metrics(tmp_path, extra):
     reference = tmp_path / "reference"
-    train(resolve("micro", OVERRIDES), reference, progress=False, evaluate=False)
+    train(resolve("micro", [*OVERRIDES, *extra]), reference, progress=False, evaluate=False)
     expected = _rows(reference / "metrics.jsonl")
     assert [r["step"] for r in expected] == list(range(1, 31))
 
@@ -49,11 +51,11 @@ def test_sigkill_then_resume_writes_the_same_metrics(tmp_path):
     kill_after = random.Random().randint(5, 24)
     run = tmp_path / "killed"
     metrics = run / "metrics.jsonl"
-    train_and_kill(_args(run), metrics, kill_after)
+    train_and_kill(_args(run, extra), metrics, kill_after)
     logged = metrics.read_text().count("\n")
     assert 0 < logged < 30 and list_checkpoints(run), (logged, kill_after)
 
-    assert main(_args(run) + ["--resume", "auto"]) == 0
+    assert main(_args(run, extra) + ["--resume", "auto"]) == 0
     got = _rows(metrics)
     assert got == expected, f"killed after {logged} logged steps; first difference at step " + str(
         next((a["step"] for a, b in zip(got, expected) if a != b), "?"))

@@ -121,12 +121,12 @@ class DualEncoder(nn.Module):
         return self._project(f, "text")
 
     @torch.no_grad()
-    def update_cmsf_target(self, m: float) -> None:
+    def update_cmsf_target(self, m: float, taken: torch.Tensor | None = None) -> None:
         """The momentum update of CMSF's target branch: θf ← m·θf + (1 − m)·θg (BN statistics copied)."""
         from nclip.objectives.momentum import momentum_update
 
-        momentum_update(self.target_vision, self.vision, m)
-        momentum_update(self.target_cmsf_head, self.image_cmsf_head, m)
+        momentum_update(self.target_vision, self.vision, m, taken)
+        momentum_update(self.target_cmsf_head, self.image_cmsf_head, m, taken)
 
     def _project(self, f: torch.Tensor, modality: str) -> dict[str, torch.Tensor]:
         out = {"features": f}
@@ -145,26 +145,55 @@ class DualEncoder(nn.Module):
 
     def forward(self, pixels: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> EncoderOutput:
         """pixels [B, 3, S, S], or [B, 2, 3, S, S]: two views, the online (strong) one first (see the
-        class docstring); ids, mask [B, L]."""
-        target, supcon = None, None
+        class docstring); ids, mask [B, L]. The towers, then the heads: :meth:`tower_features`,
+        :meth:`head_outputs`."""
+        return self.head_outputs(self.tower_features(pixels, ids, mask))
+
+    def tower_features(self, pixels: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
+                       target: bool = True) -> dict[str, torch.Tensor]:
+        """The towers' half of :meth:`forward`: what the heads read, per row of the batch.
+
+        ``image`` f [B, d] (or ``image_views`` [B, V, d]: the SupCon family's every view), ``text``
+        [B, d_t] when the model uses text, and with ``target`` CMSF's target tower on the weak view,
+        ``image_target`` [B, d] (no gradient; run after the online tower, so that the online tower's
+        random draws come first in both passes of gradient-cached accumulation, which skips it in
+        the second). Every tensor has the batch first, so micro-batches concatenate
+        (:mod:`nclip.train.accumulate`)."""
+        feats: dict[str, torch.Tensor] = {}
+        weak = None
         if pixels.ndim == 5:
             if not self.heads & {"cmsf", "supcon"} or pixels.shape[1] != 2:
                 raise ValueError(f"pixels of shape {tuple(pixels.shape)}: two views need a model with a 'cmsf' "
                                  "or 'supcon' head")
             if "cmsf" in self.heads:
-                with torch.no_grad():
-                    target = self.target_cmsf_head(self.target_vision(pixels[:, 1]))  # u (Fig. 1), no gradient
-                pixels = pixels[:, 0]
+                pixels, weak = pixels[:, 0], pixels[:, 1]
         if pixels.ndim == 5:  # the SupCon family's 2N multi-view batch (Eq. 1): every view through the tower
             b, v = pixels.shape[:2]
-            f = self.vision(pixels.flatten(0, 1))  # [B·V, d]
-            supcon = self.image_supcon_head(f).unflatten(0, (b, v))  # [B, V, D]
-            img = self._project(f.unflatten(0, (b, v))[:, 0], "image")
+            feats["image_views"] = self.vision(pixels.flatten(0, 1)).unflatten(0, (b, v))  # [B, V, d]
         else:
-            img = self.encode_image(pixels)
+            feats["image"] = self.vision(pixels)
+        if self.uses_text:
+            feats["text"] = self.text(ids, mask)
+        if weak is not None and target:
+            with torch.no_grad():
+                feats["image_target"] = self.target_vision(weak)  # CMSF's target tower, no gradient
+        return feats
+
+    def head_outputs(self, feats: dict[str, torch.Tensor]) -> EncoderOutput:
+        """The heads' half of :meth:`forward`: the towers' features → what the objective reads."""
+        supcon, target = None, None
+        if "image_target" in feats:
+            with torch.no_grad():
+                target = self.target_cmsf_head(feats["image_target"])  # u (Fig. 1), no gradient
+        if "image_views" in feats:  # every view through the SupCon head (BatchNorm over all 2N rows)
+            views = feats["image_views"]
+            supcon = self.image_supcon_head(views.flatten(0, 1)).unflatten(0, views.shape[:2])  # [B, V, D]
+            img = self._project(views[:, 0], "image")
+        else:
+            img = self._project(feats["image"], "image")
             if "supcon" in self.heads:
                 supcon = self.image_supcon_head(img["features"])[:, None]  # [B, 1, D]
-        txt = self.encode_text(ids, mask) if self.uses_text else {}
+        txt = self._project(feats["text"], "text") if "text" in feats else {}
         return EncoderOutput(
             image_features=img["features"],
             text_features=txt.get("features"),

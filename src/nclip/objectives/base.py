@@ -146,7 +146,8 @@ class Objective(nn.Module):
     package names an objective: which heads the model builds, which head scores zero-shot, whether
     the episodic trainer drives it, where its nCLIP-head statistics are logged, how many augmented
     views of each image and which per-row labels the training data must carry; :meth:`check_run`
-    refuses a run config it cannot train on, and :meth:`after_step` runs after every optimizer step.
+    refuses a run config it cannot train on, and :meth:`after_step` runs after every optimizer step
+    (gated by ``taken``).
     """
 
     # which projection heads the model must build: clip, nclip, proto, cmsf (online projection,
@@ -214,9 +215,11 @@ class Objective(nn.Module):
         0-based step and ``train.steps``, on every rank and on resume: e.g. a loss weight scheduled
         as a pure function of the step (xCLIP's λ_nCLIP warm-up). Default: nothing."""
 
-    def after_step(self, model: nn.Module, step: int, total_steps: int) -> None:
-        """Called by the trainer after every optimizer step that was taken (not after a skipped
-        one), with the bare model (no DDP wrapper), the 0-based step and ``train.steps``: e.g. the
+    def after_step(self, model: nn.Module, step: int, total_steps: int, taken: torch.Tensor) -> None:
+        """Called by the trainer after every optimizer step, with the bare model (no DDP wrapper),
+        the 0-based step, ``train.steps`` and ``taken``, a 0-d float tensor on the device: 1 if the
+        step was taken, 0 if it was skipped (non-finite). The trainer does not read it on the host
+        (:mod:`nclip.train.gate`): an update here must be gated by it on the device, e.g. the
         momentum update of a target encoder. Default: nothing."""
 
     def attach_frozen_embedding(self, table: torch.Tensor) -> None:

@@ -232,12 +232,13 @@ class CmsfObjective(Objective):
         return terms
 
     @torch.no_grad()
-    def after_step(self, model, step: int, total_steps: int) -> None:
-        """θf ← m·θf + (1 − m)·θg after optimizer step ``step`` (0-based), m = momentum_at(step)."""
+    def after_step(self, model, step: int, total_steps: int, taken: torch.Tensor) -> None:
+        """θf ← m·θf + (1 − m)·θg after optimizer step ``step`` (0-based), m = momentum_at(step);
+        nothing moves after a skipped step (``taken`` 0, gated on the device)."""
         cfg = self.cfg
-        model.update_cmsf_target(momentum_at(step, total_steps, cfg.momentum, cfg.momentum_schedule))
-        self.next_momentum.fill_(momentum_at(min(step + 1, total_steps), total_steps, cfg.momentum,
-                                             cfg.momentum_schedule))
+        model.update_cmsf_target(momentum_at(step, total_steps, cfg.momentum, cfg.momentum_schedule), taken)
+        following = momentum_at(min(step + 1, total_steps), total_steps, cfg.momentum, cfg.momentum_schedule)
+        self.next_momentum.copy_(torch.where(taken.bool(), following, self.next_momentum))
 
 
 class ClipCmsfObjective(CmsfObjective):

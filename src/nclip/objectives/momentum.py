@@ -16,8 +16,12 @@ SCHEDULES = ("constant", "cosine")
 
 
 @torch.no_grad()
-def momentum_update(target_module: nn.Module, online_module: nn.Module, m: float) -> None:
+def momentum_update(target_module: nn.Module, online_module: nn.Module, m: float,
+                    taken: torch.Tensor | None = None) -> None:
     """θf ← m·θf + (1 − m)·θg for every parameter, in place; buffers (BatchNorm statistics) are copied.
+
+    ``taken``: a 0-d tensor on the device, 0 after a skipped optimizer step: then nothing changes
+    (decided on the device, without a host read: :mod:`nclip.train.gate`). None: always update.
 
     The two modules must have the same parameter and buffer names and shapes (f is a copy of g).
     m = 1 leaves the parameters unchanged, m = 0 copies them.
@@ -34,10 +38,11 @@ def momentum_update(target_module: nn.Module, online_module: nn.Module, m: float
             o = online[name]
             if t.shape != o.shape:
                 raise ValueError(f"{name}: target shape {tuple(t.shape)} != online shape {tuple(o.shape)}")
-            if kind == "parameters":
-                t.mul_(m).add_(o.detach().to(t.dtype), alpha=1.0 - m)
+            new = (t * m).add_(o.detach().to(t.dtype), alpha=1.0 - m) if kind == "parameters" else o
+            if taken is None:
+                t.copy_(new)
             else:
-                t.copy_(o)
+                t.copy_(torch.where(taken.bool(), new.to(t.dtype), t))
 
 
 def momentum_at(step: int, total: int, base: float = 0.99, schedule: str = "constant") -> float:

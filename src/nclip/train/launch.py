@@ -47,8 +47,8 @@ from nclip.errors import NclipError
 from nclip.models.sync_batchnorm import convert_sync_batchnorm
 from nclip.precision import to_float32, tower_autocast
 
-__all__ = ["DistContext", "setup", "teardown", "TrainStep", "wrap", "no_grad_sync", "sync_replicated_grads",
-           "full_state_dict"]
+__all__ = ["DistContext", "setup", "teardown", "TrainStep", "TowerPass", "HeadPass", "wrap", "wrap_passes",
+           "no_grad_sync", "sync_replicated_grads", "full_state_dict"]
 
 
 @dataclass
@@ -115,6 +115,9 @@ class TrainStep(nn.Module):
     float32 as they leave it (:func:`nclip.precision.to_float32`), so the objective, whatever
     precision the towers ran in, computes in float32. The logit scale used by this forward is added
     as the ``logit_scale`` term.
+
+    Gradient-cached accumulation (:mod:`nclip.train.accumulate`) runs the same computation in two
+    halves: :class:`TowerPass` (the towers) and :class:`HeadPass` (heads and objective).
     """
 
     def __init__(self, model: nn.Module, objective: nn.Module, amp: torch.dtype | None = None):
@@ -127,10 +130,61 @@ class TrainStep(nn.Module):
         positions), passed on as ``objective(out, *rows)``."""
         with tower_autocast(pixels.device, self.amp):
             out = self.model(pixels, ids, mask)
-        terms = self.objective(to_float32(out), *rows)
-        if "logit_scale" not in terms:
-            terms["logit_scale"] = out.logit_scale.detach()
-        return terms
+        return _objective_terms(self.objective, out, rows)
+
+
+def _objective_terms(objective: nn.Module, out, rows) -> dict[str, torch.Tensor]:
+    terms = objective(to_float32(out), *rows)
+    if "logit_scale" not in terms:
+        terms["logit_scale"] = out.logit_scale.detach()
+    return terms
+
+
+TOWERS = ("vision", "text", "target_vision")  # the DualEncoder's towers; every other part is a head
+
+
+class TowerPass(nn.Module):
+    """The towers of a :class:`TrainStep`: pixels, ids, mask → the towers' features
+    (``DualEncoder.tower_features``). It registers the towers alone, so that DDP around it
+    averages their gradients and nothing else; the model is held without registering it."""
+
+    def __init__(self, step: TrainStep):
+        super().__init__()
+        for name in TOWERS:
+            if hasattr(step.model, name):
+                self.add_module(name, getattr(step.model, name))
+        self._step = [step]  # a list: not a registered submodule
+        self.amp = step.amp
+
+    def forward(self, pixels: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
+                target: bool = True) -> dict[str, torch.Tensor]:
+        with tower_autocast(pixels.device, self.amp):
+            return self._step[0].model.tower_features(pixels, ids, mask, target=target)
+
+
+class HeadPass(nn.Module):
+    """The heads and the objective of a :class:`TrainStep`: the towers' features (of the whole
+    batch) and the per-row tensors → the objective's dict of terms. Registers every part of the
+    step that :class:`TowerPass` does not (heads, logit scale, the objective)."""
+
+    def __init__(self, step: TrainStep):
+        super().__init__()
+        model = step.model
+        for name, child in model.named_children():
+            if name not in TOWERS:
+                self.add_module(name, child)
+        for name, p in model.named_parameters(recurse=False):  # the logit scale
+            self.register_parameter(name, p)
+        self.objective = step.objective
+        self._step = [step]
+        self.amp = step.amp
+
+    def forward(self, feats: dict[str, torch.Tensor], *rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        step = self._step[0]
+        device = next(iter(feats.values())).device
+        with tower_autocast(device, self.amp):
+            out = step.model.head_outputs(feats)
+        return _objective_terms(self.objective, out, rows)
 
 
 def _find_unused(cfg: RunConfig) -> bool:
@@ -138,20 +192,33 @@ def _find_unused(cfg: RunConfig) -> bool:
     return cfg.model.text.kind == "pretrained" and cfg.model.text.pooling != "pooler"
 
 
+def cached_accumulation(cfg: RunConfig) -> bool:
+    """Does the run accumulate by gradient caching (:mod:`nclip.train.accumulate`)?"""
+    return cfg.train.accumulation > 1 and cfg.train.accumulation_mode == "exact"
+
+
+def _ddp(module: nn.Module, ctx: DistContext, find_unused: bool) -> nn.Module:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    no_sync_buffers = ({"forward_sync_buffers": False}
+                       if "forward_sync_buffers" in inspect.signature(DDP).parameters
+                       else {"broadcast_buffers": False})
+    return DDP(module, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+               find_unused_parameters=find_unused, **no_sync_buffers)
+
+
 def wrap(step: TrainStep, ctx: DistContext, cfg: RunConfig) -> nn.Module:
-    """The module the loop calls: ``step`` itself on one process, else DDP or FSDP2 around it."""
+    """The module the loop calls: ``step`` itself on one process, else DDP or FSDP2 around it.
+    With gradient-cached accumulation the step stays unwrapped: :func:`wrap_passes` wraps its
+    two halves instead."""
     if not ctx.distributed:
         return step
     if cfg.model.sync_batchnorm:
         convert_sync_batchnorm(step, ctx.device)
+    if cached_accumulation(cfg):
+        return step
     if cfg.train.strategy == "ddp":
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        no_sync_buffers = ({"forward_sync_buffers": False}
-                           if "forward_sync_buffers" in inspect.signature(DDP).parameters
-                           else {"broadcast_buffers": False})
-        return DDP(step, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-                   find_unused_parameters=_find_unused(cfg), **no_sync_buffers)
+        return _ddp(step, ctx, _find_unused(cfg))
     from torch.distributed.fsdp import fully_shard
 
     # FSDP2 cannot shard 0-d parameters (the logit scale, SigLIP's bias): they stay replicated and
@@ -169,6 +236,17 @@ def wrap(step: TrainStep, ctx: DistContext, cfg: RunConfig) -> nn.Module:
     # in registration order, the same on every rank (a set's order is not)
     step._nclip_replicated = [p for p in step.parameters() if p.ndim == 0 and not hasattr(p, "device_mesh")]
     return step
+
+
+def wrap_passes(step: TrainStep, ctx: DistContext, cfg: RunConfig) -> tuple[nn.Module, nn.Module]:
+    """(towers, heads) of gradient-cached accumulation: :class:`TowerPass` and :class:`HeadPass`,
+    each in its own DDP under torchrun (their parameters are disjoint, and each pass uses all of
+    its own: the heads' gradients are averaged after the one heads backward, the towers' after the
+    last micro-batch's). Call after :func:`wrap` (which converts BatchNorm in place first)."""
+    towers, heads = TowerPass(step), HeadPass(step)
+    if not ctx.distributed:
+        return towers, heads
+    return _ddp(towers, ctx, _find_unused(cfg)), _ddp(heads, ctx, False)
 
 
 def sync_replicated_grads(module: nn.Module) -> None:

@@ -78,8 +78,8 @@ def startup_block(run, preset: str | None) -> str:
         ("device", f"{ctx.device}, {ctx.world_size} rank{'s' * (ctx.world_size > 1)}, {precision}"),
         ("steps", f"{steps}, lr {t.lr:g} ({t.warmup_steps} warm-up, cosine to {t.min_lr:g}), log every "
                   f"{t.log_every}, checkpoint every {t.checkpoint_every}"),
-        ("batch", f"{t.batch_size} pairs per step" + (f" in {t.accumulation} micro-batches" if t.accumulation > 1
-                                                      else "")),
+        ("batch", f"{t.batch_size} pairs per step" + (f" in {t.accumulation} micro-batches ({t.accumulation_mode})"
+                                                      if t.accumulation > 1 else "")),
         ("output", str(run.run_dir)),
     ]
     width = max(len(k) for k, _ in rows)
@@ -120,11 +120,11 @@ class Log:
         self.file = (run.run_dir / METRICS).open("a") if main else None
         self.board = tensorboard_writer(run.run_dir) if main and run.cfg.train.tensorboard else None
 
-    def step(self, done: int, result, force: bool) -> None:
-        """Count the step; every ``train.log_every`` steps (or when ``force``) write a row."""
-        t = self.run.cfg.train
-        self.window_samples += t.batch_size
-        if done % t.log_every == 0 or done == t.steps or force:
+    def step(self, done: int, result) -> None:
+        """Count the step; write a row when the loop read one (``result``: its log steps, every
+        ``train.log_every`` steps, the last, and the step that stops a run)."""
+        self.window_samples += self.run.cfg.train.batch_size
+        if result is not None:
             self._write(done, result)
         self.bar.update(1)
 

@@ -2,8 +2,11 @@
 
 The loop never knows which objective it runs: it gets a loss and a dict of named terms, logs
 them, and steps. One optimizer step consumes one global batch (``train.batch_size`` pairs), split
-over the ranks and, on each rank, into ``train.accumulation`` micro-batches; each micro-batch is
-its own contrastive batch (gathered over the ranks when the objective uses the global batch).
+over the ranks and, on each rank, into ``train.accumulation`` micro-batches. By default
+(``train.accumulation_mode: exact``) the objective is still that of the whole global batch: the
+towers run micro-batch by micro-batch, the heads and the objective once on the whole batch
+(:mod:`nclip.train.accumulate`); with ``independent`` each micro-batch is its own contrastive batch
+(gathered over the ranks when the objective uses the global batch).
 
 Distributed (``torchrun``, see docs/distributed.md and :mod:`nclip.train.launch`): every rank runs this
 loop on its slice of every global batch; DDP or FSDP2 average the gradients; the logged terms are
@@ -12,9 +15,13 @@ logs, checkpoints, the final model and the evaluation.
 
 Faults: a step whose loss or gradient is not finite on any rank is skipped on every rank (weights,
 optimizer and buffers such as BatchNorm statistics untouched) and counted; after
-``train.max_nonfinite_steps`` in a row the run stops with an :class:`NclipError`, keeping the last
-good checkpoint (none is written during such a streak). Bad data samples are skipped by the data
-layer and counted (``data/skipped``).
+``train.max_nonfinite_steps`` in a row the run stops with an :class:`NclipError` at the next log
+step, keeping the last good checkpoint (none is written during such a streak). Bad data samples
+are skipped by the data layer and counted (``data/skipped``).
+
+No host round trip on a step that logs nothing: the skip decision, the gradient norm and the
+logged terms stay on the device (:mod:`nclip.train.gate`) and are read at log and checkpoint
+steps only, so the host can queue the next step while the device runs this one.
 
 Exact resume: a checkpoint holds the weights, the optimizer, the step (schedule and data position),
 every rank's RNG states and data position, and the loop's counters, so a run killed at any point
@@ -44,6 +51,7 @@ from nclip.models.hf_import import init_config, load_init_weights
 from nclip.models.io import save_model
 from nclip.objectives import REGISTRY, build_objective
 from nclip.precision import autocast_dtype
+from nclip.train.accumulate import cached_step, online_towers
 from nclip.train.checkpoint import (
     checkpoint_dir,
     newest_good_checkpoint,
@@ -53,10 +61,12 @@ from nclip.train.checkpoint import (
     set_rng_state,
 )
 from nclip.train.compile import compile_towers
+from nclip.train.gate import StepGate
 from nclip.train.labels import label_space_for
 from nclip.train.launch import (
     DistContext,
     TrainStep,
+    cached_accumulation,
     full_state_dict,
     is_fsdp,
     load_optimizer_state,
@@ -66,6 +76,7 @@ from nclip.train.launch import (
     sync_replicated_grads,
     teardown,
     wrap,
+    wrap_passes,
 )
 from nclip.train.logbook import METRICS, Log, startup_block
 from nclip.train.monitors import nonfinite_stop_message
@@ -148,9 +159,16 @@ class _Run:
     counters: dict = field(default_factory=lambda: {"nonfinite_total": 0, "nonfinite_row": 0})
     data: object = None  # the batches: train_loader or a data source such as EpisodicData
     snapshot: BufferSnapshot = None  # the step module's buffers before the current step
+    gate: StepGate = None  # the device-side skip decision and counters
+    passes: tuple | None = None  # (towers, heads) of gradient-cached accumulation, else None
+    tower_buffers: BufferSnapshot | None = None  # the online towers' buffers, put back between passes
 
     def __post_init__(self):
         self.snapshot = BufferSnapshot(self.step_module)
+
+    def start_gate(self) -> None:
+        """The skip gate, from the counters as restored (call after the optimizer state is loaded)."""
+        self.gate = StepGate(self.optimizer, self.ctx.device, self.counters)
 
 
 def _restore(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool) -> tuple[_Run, dict | None]:
@@ -180,14 +198,31 @@ def _restore(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool) -> t
     step_module = TrainStep(model, objective, autocast_dtype(t.precision, ctx.device))
     module = wrap(step_module, ctx, cfg)
     run = _Run(cfg, run_dir, ctx, model, step_module, module, build_optimizer([model, objective], t), start)
+    if cached_accumulation(cfg):
+        run.passes = wrap_passes(step_module, ctx, cfg)
+        run.tower_buffers = BufferSnapshot(online_towers(model))
+        _note_tower_statistics(run)
     if state is None:
+        run.start_gate()
         return run, None
     load_optimizer_state(module, run.optimizer, state.get("optimizer_format", "ids"), state["optimizer"])
     run.counters.update({k: int(v) for k, v in state.get("counters", {}).items()})
     run.counters["nonfinite_total"] = int(state.get("nonfinite_total", run.counters["nonfinite_total"]))
     rngs = state.get("rng") or [{"torch": state["rng_torch"]}]
     set_rng_state(rngs[ctx.rank] if len(rngs) == ctx.world_size else rngs[0])
+    run.start_gate()
     return run, _data_state_for_rank(state.get("data") or [], ctx)
+
+
+def _note_tower_statistics(run: _Run) -> None:
+    """Exact accumulation cannot make BatchNorm inside a tower whole-batch: say so, once (rank 0)."""
+    t = run.cfg.train
+    towers = [name for name, tower in online_towers(run.model).items()
+              if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in tower.modules())]
+    if towers and run.ctx.is_main:
+        _note(f"nclip: note: train.accumulation {t.accumulation} (exact): the heads and the objective see the whole "
+              f"batch, but BatchNorm inside the {' and '.join(towers)} tower computes its statistics per "
+              f"micro-batch of {t.batch_size // (run.ctx.world_size * t.accumulation)} rows (docs/runs.md)")
 
 
 def _open_data(run: _Run, data_source, data_state: dict | None):
@@ -209,6 +244,19 @@ def _open_data(run: _Run, data_source, data_state: dict | None):
 
 @dataclass
 class _StepResult:
+    """One step as the device left it: nothing here has been read on the host."""
+
+    lr: float
+    keys: list[str]  # the objective's term names
+    terms: torch.Tensor  # [len(keys)]: this rank's terms (means over micro-batches)
+    grad_norm: torch.Tensor  # 0-d
+    skip: torch.Tensor  # 0-d, 1: the step was skipped on every rank
+
+
+@dataclass
+class _LoggedStep:
+    """A step read on the host (at log steps), what :class:`nclip.train.logbook.Log` writes."""
+
     lr: float
     terms: dict[str, float]  # the objective's terms, means over micro-batches and ranks
     grad_norm: float
@@ -216,63 +264,81 @@ class _StepResult:
     finite: bool  # False: the step was skipped on every rank
 
 
+def _read(run: _Run, result: _StepResult) -> _LoggedStep:
+    """The host's copy of a step's figures: one small no-grad all-reduce (the terms, logged as
+    means over ranks, and the bad-sample count) and one read; a collective, on every rank."""
+    device = run.ctx.device
+    skipped = torch.tensor([float(run.data.skipped)], device=device)
+    stats = collectives.all_reduce_sum_no_grad(torch.cat([result.terms, skipped]).double())
+    values = torch.cat([stats, torch.stack([result.grad_norm, result.skip]).double()]).tolist()
+    terms = {k: v / run.ctx.world_size for k, v in zip(result.keys, values)}
+    return _LoggedStep(result.lr, terms, values[-2], int(values[-3]), values[-1] == 0)
+
+
+def _term_vector(terms: dict, keys: list[str], device: torch.device) -> torch.Tensor:
+    return torch.stack([terms[k].detach().float() if torch.is_tensor(terms[k])
+                        else torch.tensor(float(terms[k]), device=device) for k in keys])
+
+
 def _step(run: _Run, step: int, batch: tuple) -> _StepResult:
     """One optimizer step on one global batch ``(pixels, ids, mask, *rows)`` (a data source may add
     per-row tensors, such as ProtoCLIP's episode positions, split like the batch and passed on to
-    the objective). A step whose loss or gradient is not finite on any rank is skipped on all."""
+    the objective). A step whose loss or gradient is not finite on any rank is skipped on all,
+    decided on the device (:mod:`nclip.train.gate`): nothing here waits on the host."""
     t, device, module, optimizer = run.cfg.train, run.ctx.device, run.module, run.optimizer
     lr = lr_at(step, t)
     for group in optimizer.param_groups:
         set_lr(group, lr * group.get("lr_scale", 1.0))  # lr_scale: e.g. 0 for a locked tower
-    run.snapshot.take()  # the buffers, restored if the step is skipped
+    run.snapshot.take()  # the buffers, put back if the step is skipped
     run.step_module.objective.before_step(step, t.steps)  # e.g. a loss weight scheduled by the step
-    # the terms of every micro-batch as one vector (few small ops per step: on a CPU-sized model
-    # per-term arithmetic was a visible share of the step), and the non-finite loss count
-    keys: list[str] = []
-    sums: torch.Tensor | None = None
-    nonfinite_loss = torch.zeros((), device=device)
-    chunks = list(zip(*(x.chunk(t.accumulation) for x in batch)))
-    for i, (p_mb, i_mb, m_mb, *r_mb) in enumerate(chunks):
-        # gradients are all-reduced on the last micro-batch only; a non-finite loss is still
-        # back-propagated so that every rank runs the same collectives
-        with no_grad_sync(module, skip=i < len(chunks) - 1):
-            terms = module(p_mb.to(device, non_blocking=True), i_mb.to(device), m_mb.to(device),
-                           *(r.to(device) for r in r_mb))
-            loss = terms["loss"]
-            (loss / t.accumulation).backward()
-        nonfinite_loss += (~torch.isfinite(loss.detach())).float()
-        keys = keys or list(terms)
-        vector = torch.stack([terms[k].detach().float() if torch.is_tensor(terms[k])
-                              else torch.tensor(float(terms[k]), device=device) for k in keys])
-        vector = vector / t.accumulation if t.accumulation > 1 else vector
-        sums = vector if sums is None else sums + vector
+    batch = tuple(x.to(device, non_blocking=True) for x in batch)
+    if run.passes is not None:  # exact accumulation: the whole batch's objective in k tower passes
+        terms = cached_step(*run.passes, batch, t.accumulation, run.tower_buffers, device)
+        keys = list(terms)
+        vector = _term_vector(terms, keys, device)
+        nonfinite_loss = (~torch.isfinite(terms["loss"].detach())).float()
+    else:
+        keys, vector, nonfinite_loss = _independent_micro_batches(run, batch)
     sync_replicated_grads(module)  # FSDP2's unsharded scalars (logit scale): averaged like DDP
     params = [p for g in optimizer.param_groups for p in g["params"]]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip if t.grad_clip else math.inf)
     if hasattr(grad_norm, "full_tensor"):  # FSDP2: a replicated DTensor
         grad_norm = grad_norm.full_tensor()
-    # one small no-grad all-reduce per step: the terms (logged as means over ranks), the non-finite
-    # flag (every rank must take the same decision) and the bad-sample count
-    stats = torch.cat([sums, torch.stack([nonfinite_loss, torch.tensor(float(run.data.skipped), device=device)])])
-    stats = collectives.all_reduce_sum_no_grad(stats.double()).tolist()
-    grad_norm = float(grad_norm)
-    finite = stats[-2] == 0 and math.isfinite(grad_norm)
-    if finite:
-        optimizer.step()
-        run.step_module.objective.after_step(run.model, step, t.steps)  # e.g. CMSF's momentum update
-        run.counters["nonfinite_row"] = 0
-    else:  # skip the step: weights, optimizer state and buffers stay as they were
-        run.snapshot.restore()
-        run.counters["nonfinite_total"] += 1
-        run.counters["nonfinite_row"] += 1
+    skip = run.gate.decide(nonfinite_loss, grad_norm)  # every rank takes the same decision
+    run.gate.step(skip)  # the optimizer update, unless skip
+    run.snapshot.restore_where(skip)  # a skipped step leaves the buffers as they were
+    run.step_module.objective.after_step(run.model, step, t.steps, taken=1 - skip)  # e.g. CMSF's momentum update
     optimizer.zero_grad(set_to_none=True)
-    terms = {k: v / run.ctx.world_size for k, v in zip(keys, stats)}
-    return _StepResult(lr, terms, grad_norm, int(stats[-1]), finite)
+    return _StepResult(lr, keys, vector, grad_norm.detach(), skip)
+
+
+def _independent_micro_batches(run: _Run, batch: tuple) -> tuple[list[str], torch.Tensor, torch.Tensor]:
+    """Forward and backward of ``train.accumulation`` micro-batches, each its own contrastive batch
+    (one micro-batch: the whole batch). Returns (term names, the terms' means, non-finite losses)."""
+    k, module, device = run.cfg.train.accumulation, run.module, run.ctx.device
+    keys: list[str] = []
+    sums: torch.Tensor | None = None
+    nonfinite_loss = torch.zeros((), device=device)
+    chunks = list(zip(*(x.chunk(k) for x in batch)))
+    for i, micro in enumerate(chunks):
+        # gradients are all-reduced on the last micro-batch only; a non-finite loss is still
+        # back-propagated so that every rank runs the same collectives
+        with no_grad_sync(module, skip=i < len(chunks) - 1):
+            terms = module(*micro)
+            loss = terms["loss"]
+            (loss / k).backward()
+        nonfinite_loss += (~torch.isfinite(loss.detach())).float()
+        keys = keys or list(terms)
+        vector = _term_vector(terms, keys, device)
+        vector = vector / k if k > 1 else vector
+        sums = vector if sums is None else sums + vector
+    return keys, sums, nonfinite_loss
 
 
 def _run_steps(run: _Run, progress: bool) -> dict:
     """Every step from ``run.start`` to ``train.steps``, with logging and checkpoints; returns the
-    last logged row. Stops with an NclipError after ``train.max_nonfinite_steps`` skipped in a row."""
+    last logged row. Stops with an NclipError after ``train.max_nonfinite_steps`` skipped in a row,
+    noticed at a log or checkpoint step (the only steps that read the device)."""
     t, counters = run.cfg.train, run.counters
     log = Log(run, progress)
     run.module.train()
@@ -280,11 +346,16 @@ def _run_steps(run: _Run, progress: bool) -> dict:
         for step, batch in enumerate(run.data, start=run.start):
             result = _step(run, step, batch)
             done = step + 1
-            stop = counters["nonfinite_row"] >= t.max_nonfinite_steps
-            log.step(done, result, force=stop)
+            logs = done % t.log_every == 0 or done == t.steps
+            saves = done % t.checkpoint_every == 0 or done == t.steps
+            stop = False
+            if logs or saves:
+                counters.update(run.gate.counters())
+                stop = counters["nonfinite_row"] >= t.max_nonfinite_steps
+            log.step(done, _read(run, result) if logs or stop else None)
             if stop:
                 raise NclipError(nonfinite_stop_message(run.cfg, run.run_dir, counters["nonfinite_row"], done))
-            if (done % t.checkpoint_every == 0 and counters["nonfinite_row"] == 0) or done == t.steps:
+            if (saves and counters["nonfinite_row"] == 0) or done == t.steps:
                 _save(run, done)
     finally:
         log.close()

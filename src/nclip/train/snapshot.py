@@ -15,7 +15,7 @@ from torch import nn
 
 
 class BufferSnapshot:
-    """``take()`` before a step, ``restore()`` after a skipped one."""
+    """``take()`` before a step, ``restore()`` after a skipped one (or ``restore_where(skip)``)."""
 
     def __init__(self, module: nn.Module):
         self.module = module
@@ -44,6 +44,22 @@ class BufferSnapshot:
                 torch._foreach_copy_(self.saved, [b.detach() for b in tensors])
         elif not same:
             self.names, self.saved = names, [b.detach().clone() for b in tensors]
+
+    @torch.no_grad()
+    def restore_where(self, skip: torch.Tensor) -> None:
+        """Put the buffers back as they were at :meth:`take` where ``skip`` (a 0-d device tensor,
+        1: skip) says so, without reading it on the host (:mod:`nclip.train.gate`). A buffer that
+        the step replaced by one of another shape needs the host's decision: :meth:`restore`."""
+        current = dict(self.module.named_buffers())
+        keep = skip.bool()
+        if any(current.get(n) is None or current[n].shape != s.shape or current[n].dtype != s.dtype
+               for n, s in zip(self.names, self.saved)):
+            if bool(keep):
+                self.restore()
+            return
+        for name, saved in zip(self.names, self.saved):
+            b = current[name]
+            b.copy_(torch.where(keep, saved, b))
 
     @torch.no_grad()
     def restore(self) -> None:
