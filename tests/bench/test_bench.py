@@ -110,3 +110,51 @@ def test_quick_bench_writes_positive_finite_ratios(tmp_path, capsys):
         row = next(r for r in doc["rows"] if r["row"].startswith("nclip clip / open_clip"))
         assert row["value"] is None and row["detail"] == "skipped: open_clip not installed"
     assert not doc["skipped"]  # the default budget holds at --quick
+
+
+def _fake_open_clip():
+    """A stand-in for open_clip (not a dependency, not installed here): its create_model, ClipLoss."""
+    import importlib.machinery
+    import types
+
+    import torch
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.img, self.txt = torch.nn.Linear(3, 8), torch.nn.Embedding(49408, 8)
+            self.logit_scale = torch.nn.Parameter(torch.tensor(2.0))
+
+        def forward(self, images, texts):
+            norm = torch.nn.functional.normalize
+            return norm(self.img(images.mean((2, 3))), dim=-1), norm(self.txt(texts).mean(1), dim=-1), \
+                self.logit_scale.exp()
+
+    def clip_loss():
+        def loss(img, txt, scale):
+            logits = scale * img @ txt.T
+            target = torch.arange(len(img))
+            return (torch.nn.functional.cross_entropy(logits, target)
+                    + torch.nn.functional.cross_entropy(logits.T, target)) / 2
+        return loss
+
+    mod = types.ModuleType("open_clip")
+    mod.__spec__ = importlib.machinery.ModuleSpec("open_clip", None)
+    mod.create_model = lambda name, pretrained=None: Tiny()
+    mod.loss = types.SimpleNamespace(ClipLoss=clip_loss)
+    return mod
+
+
+@pytest.mark.slow
+def test_the_open_clip_row_alternates_one_nclip_run_with_one_open_clip_model(monkeypatch):
+    import sys
+
+    from nclip.bench.objective_cost import config_with_objective
+    from nclip.bench.open_clip_step import nclip_over_open_clip
+
+    monkeypatch.setitem(sys.modules, "open_clip", _fake_open_clip())
+    builds = _count_builds(monkeypatch)
+    cfg = config_with_objective("micro", ["train.threads=1"], "clip")
+    r = nclip_over_open_clip(cfg, repeats=2, window_s=0.01, warmup=1)
+    assert len(builds) == 1 and r["repeats"] == 2 and r["ratio"] > 0
+    assert r["nclip_samples_per_s"] > 0 and r["open_clip_samples_per_s"] > 0 and r["batch_size"] == 16
