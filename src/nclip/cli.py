@@ -116,9 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", action="append", default=[], choices=["open_clip"],
                    help="add another library's training step (where it is installed)")
     p.add_argument("--quick", action="store_true", help="a smoke test: every row, measured briefly")
-    p.add_argument("--budget-s", type=float, default=300.0, metavar="S",
+    from nclip.bench.budget import DEFAULT_BUDGET_S  # light: math and time only
+
+    p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, metavar="S",
                    help="wall seconds for the whole bench; rows that would not fit are skipped and say so "
-                        "(default 300; 0: no limit)")
+                        f"(default {DEFAULT_BUDGET_S:.0f}; 0: no limit)")
 
     from nclip.eval.command import add_eval_parser  # light: the eval machinery loads when it runs
 
