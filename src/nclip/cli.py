@@ -116,6 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", action="append", default=[], choices=["open_clip"],
                    help="add another library's training step (where it is installed)")
     p.add_argument("--quick", action="store_true", help="a smoke test: every row, measured briefly")
+    from nclip.bench.budget import DEFAULT_BUDGET_S  # light: math and time only
+
+    p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, metavar="S",
+                   help="wall seconds for the whole bench; rows that would not fit are skipped and say so "
+                        f"(default {DEFAULT_BUDGET_S:.0f}; 0: no limit)")
 
     from nclip.eval.command import add_eval_parser  # light: the eval machinery loads when it runs
 
@@ -271,7 +276,7 @@ def _cmd_bench(args) -> int:
     from nclip.bench.runner import run_bench, write_json
 
     doc = run_bench(args.preset, args.overrides, quick=args.quick, compare=args.compare,
-                    log=lambda msg: print(msg, file=sys.stderr, flush=True))
+                    log=lambda msg: print(msg, file=sys.stderr, flush=True), budget_s=args.budget_s)
     print(f"device: {doc['device']}; preset {args.preset} {' '.join(args.overrides)}".rstrip())
     print(doc["table"])
     if args.json:

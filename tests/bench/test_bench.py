@@ -7,8 +7,10 @@ import math
 
 import pytest
 
+from nclip.bench import loop_overhead, runner
 from nclip.bench.runner import Report, Sizes
 from nclip.cli import main
+from nclip.config import resolve
 
 
 def test_an_unknown_comparison_is_one_line_and_exit_2(capsys):
@@ -31,16 +33,128 @@ def test_the_table_has_one_line_per_row():
     assert len(lines) == 3 and "1.23e+07" in lines[2]
 
 
+def test_a_skipped_row_has_no_value_and_says_why():
+    rep = Report()
+    rep.skip("open_clip row", "skipped: open_clip not installed")
+    assert rep.rows[0].value is None and rep.table().splitlines()[1].split()[2] == "-"
+
+
+def _count_builds(monkeypatch) -> list:
+    """Every build_model call (the trainer's and the bench's), counted."""
+    calls = []
+    real = loop_overhead.build_model
+
+    def counted(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    import nclip.models
+    import nclip.train.loop
+
+    for module in (loop_overhead, nclip.train.loop, nclip.models):
+        monkeypatch.setattr(module, "build_model", counted)
+    return calls
+
+
+@pytest.mark.slow
+def test_the_trainer_row_builds_each_model_once_whatever_the_repeats(monkeypatch):
+    builds = _count_builds(monkeypatch)
+    cfg = resolve("micro", ["train.threads=1"])
+    out = loop_overhead.trainer_over_hand(cfg, repeats=3, window_s=0.01, warmup=1, count_flops=True)
+    assert out["repeats"] == 3 and len(out["ratios"]) == 3 and out["flops"] > 0
+    assert len(builds) == 2  # the hand loop's model and the trainer's, not one per repeat
+
+
+@pytest.mark.slow
+def test_the_train_path_row_reuses_the_hand_loop_and_builds_one_model(monkeypatch):
+    from nclip.bench.train_path import train_path_over_hand
+
+    cfg = resolve("micro", ["train.threads=1"])
+    hand = loop_overhead.HandLoop(cfg, loop_overhead.one_batch(cfg))
+    builds = _count_builds(monkeypatch)
+    r = train_path_over_hand(cfg, steps=3, repeats=2, hand=hand)
+    assert len(builds) == 1  # the trainer's; the hand loop is the one passed in
+    assert len(r["train_windows"]) == 2 and r["ratio"] > 0 and r["num_workers"] == cfg.data.num_workers
+
+
+@pytest.mark.slow
+def test_a_tiny_budget_skips_rows_and_says_why(monkeypatch):
+    doc = runner.run_bench("micro", [], quick=True, compare=["open_clip"], budget_s=0.001)
+    assert doc["budget_s"] == 0.001
+    skipped = {r["row"]: r for r in doc["rows"] if r["value"] is None}
+    assert "trainer / hand loop speed" in skipped and "nclip train path / hand loop samples/s" in skipped
+    assert all(r["detail"].startswith("skipped: ") for r in skipped.values())
+    assert doc["trainer_over_hand_loop"] is None  # never a made-up figure
+    assert {s["stage"] for s in doc["skipped"]} >= {"loop", "train_path", "eval"}
+    assert all(r["wall_s"] is not None for r in doc["rows"])
+
+
 @pytest.mark.slow
 def test_quick_bench_writes_positive_finite_ratios(tmp_path, capsys):
     out = tmp_path / "bench.json"
     assert main(["bench", "--quick", "--json", str(out), "--compare", "open_clip"]) == 0
     doc = json.loads(out.read_text())
-    for key in ("trainer_over_hand_loop", "xclip_over_clip_time", "xclip_over_clip_memory", "mfu"):
+    for key in ("trainer_over_hand_loop", "xclip_over_clip_time", "xclip_over_clip_memory", "mfu",
+                "train_path_over_hand_loop"):
         assert isinstance(doc[key], float) and math.isfinite(doc[key]) and doc[key] > 0, key
     assert doc["device"].startswith("cpu")
-    assert all(math.isfinite(r["value"]) and r["value"] > 0 for r in doc["rows"])
+    measured = [r for r in doc["rows"] if r["value"] is not None]
+    assert all(math.isfinite(r["value"]) and r["value"] > 0 for r in measured)
+    assert all(isinstance(r["wall_s"], float) and r["wall_s"] >= 0 for r in doc["rows"])  # every row's own wall time
+    assert {"trainer / hand loop speed", "nclip train path / hand loop samples/s"} <= {r["row"] for r in measured}
+    assert set(doc["details"]["objectives"]) == {"clip", "xclip"}
     printed = capsys.readouterr()
-    assert "trainer / hand loop speed" in printed.out
-    if doc["open_clip"] is None:  # not installed here: one line says it is skipped
+    assert "trainer / hand loop speed" in printed.out and "nclip train path / hand loop" in printed.out
+    if doc["open_clip"] is None:  # not installed here: the row says it is skipped
         assert "open_clip skipped" in printed.err
+        row = next(r for r in doc["rows"] if r["row"].startswith("nclip clip / open_clip"))
+        assert row["value"] is None and row["detail"] == "skipped: open_clip not installed"
+    assert not doc["skipped"]  # the default budget holds at --quick
+
+
+def _fake_open_clip():
+    """A stand-in for open_clip (not a dependency, not installed here): its create_model, ClipLoss."""
+    import importlib.machinery
+    import types
+
+    import torch
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.img, self.txt = torch.nn.Linear(3, 8), torch.nn.Embedding(49408, 8)
+            self.logit_scale = torch.nn.Parameter(torch.tensor(2.0))
+
+        def forward(self, images, texts):
+            norm = torch.nn.functional.normalize
+            return norm(self.img(images.mean((2, 3))), dim=-1), norm(self.txt(texts).mean(1), dim=-1), \
+                self.logit_scale.exp()
+
+    def clip_loss():
+        def loss(img, txt, scale):
+            logits = scale * img @ txt.T
+            target = torch.arange(len(img))
+            return (torch.nn.functional.cross_entropy(logits, target)
+                    + torch.nn.functional.cross_entropy(logits.T, target)) / 2
+        return loss
+
+    mod = types.ModuleType("open_clip")
+    mod.__spec__ = importlib.machinery.ModuleSpec("open_clip", None)
+    mod.create_model = lambda name, pretrained=None: Tiny()
+    mod.loss = types.SimpleNamespace(ClipLoss=clip_loss)
+    return mod
+
+
+@pytest.mark.slow
+def test_the_open_clip_row_alternates_one_nclip_run_with_one_open_clip_model(monkeypatch):
+    import sys
+
+    from nclip.bench.objective_cost import config_with_objective
+    from nclip.bench.open_clip_step import nclip_over_open_clip
+
+    monkeypatch.setitem(sys.modules, "open_clip", _fake_open_clip())
+    builds = _count_builds(monkeypatch)
+    cfg = config_with_objective("micro", ["train.threads=1"], "clip")
+    r = nclip_over_open_clip(cfg, repeats=2, window_s=0.01, warmup=1)
+    assert len(builds) == 1 and r["repeats"] == 2 and r["ratio"] > 0
+    assert r["nclip_samples_per_s"] > 0 and r["open_clip_samples_per_s"] > 0 and r["batch_size"] == 16

@@ -1,20 +1,25 @@
 """Trainer over hand loop: the real training loop (:func:`nclip.train.loop.train`, what ``nclip
-train`` runs) against a minimal hand-written loop, on the same model, batch and optimizer.
+train`` runs) against a minimal hand-written loop, on the same model config, batch and optimizer.
 
 Both loops get one real batch of the run's data, built once and kept in memory, so the data loader
-is out of the comparison; what remains is what the trainer adds around forward, backward and the
-optimizer step (the lr schedule, the non-finite guard, the gradient norm, the logged terms,
-metrics.jsonl, the counters). The hand loop is what a user would write:
+is out of the comparison (:mod:`nclip.bench.train_path` puts it back in); what remains is what the
+trainer adds around forward, backward and the optimizer step (the lr schedule, the non-finite guard,
+the gradient norm, the logged terms, metrics.jsonl, the counters). The hand loop is what a user
+would write:
 
     out = model(pixels, ids, mask)            # under the run's autocast
     loss = objective(to_float32(out))["loss"]
     loss.backward(); optimizer.step(); optimizer.zero_grad(set_to_none=True)
 
-Each loop builds its model from the same seed and runs ``warmup + steps`` steps; the timed window
-spans steps ``warmup`` to ``warmup + steps - 1`` (for the trainer: the times at which it asks its
-data source for the next batch, so the model build, the first steps and the final checkpoint are
-outside it). Repeats alternate hand, trainer, hand, trainer, ... and the ratio is the median of the
-per-repeat ratios, which a loaded machine disturbs less than either time alone.
+Each loop builds its model once (a ViT-B/16 xCLIP model has 414 M parameters: building it for
+every repeat took most of the bench's time on an H100). The hand loop (:class:`HandLoop`) is built
+first and warmed up; then one :func:`nclip.train.loop.train` run is fed the batch by a data source
+(:class:`_Windows`) that, after the trainer's warm-up steps, times windows of ``steps`` steps (from
+the request of a window's first batch to the request after its last, so the model build, the
+warm-up and the final save are outside them) and, between two windows, runs a window of the hand
+loop. So the repeats alternate trainer, hand, trainer, hand, ... in one process, and the ratio is
+the median of the per-repeat ratios, which a loaded machine disturbs less than either time alone.
+The data source stops after the last window, before ``train.steps``: no checkpoint is written.
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from nclip.config import RunConfig
 from nclip.data.loader import train_loader
+from nclip.data.tokenization import CaptionTokenizer
 from nclip.models import build_model
 from nclip.objectives import REGISTRY, build_objective
 from nclip.precision import autocast_dtype, to_float32, tower_autocast
@@ -35,12 +42,15 @@ from nclip.train.labels import label_space_for
 from nclip.train.launch import TrainStep
 from nclip.train.optim import build_optimizer
 
+Clock = tuple[float, float]  # (wall, process CPU) seconds
+
 
 def one_batch(cfg: RunConfig) -> tuple[torch.Tensor, ...]:
-    """The run's first training batch (pixels, ids, mask, *rows), as the trainer's loader makes it."""
+    """The run's first training batch (pixels, ids, mask, *rows), as the trainer's loader makes it
+    (with the model's tokenizer, made without building the model)."""
     objective = REGISTRY[cfg.objective.name][1]
-    model = build_model(cfg, pretrained_text=False)
-    data = train_loader(cfg, model.tokenizer, views=objective.views, labels=objective.label_request(cfg))
+    tokenizer = CaptionTokenizer(cfg.data.text_length, cfg.model.text.tokenizer)
+    data = train_loader(cfg, tokenizer, views=objective.views, labels=objective.label_request(cfg))
     return tuple(next(iter(data)))
 
 
@@ -66,81 +76,128 @@ def build_parts(cfg: RunConfig, device: torch.device):
     return model, objective, build_optimizer([model, objective], cfg.train)
 
 
-def hand_loop(cfg: RunConfig, batch: tuple, warmup: int, steps: int) -> tuple[float, float]:
-    """(wall, process CPU) seconds per step of the minimal loop (module docstring)."""
-    device = device_of(cfg)
-    model, objective, optimizer = build_parts(cfg, device)
-    amp = autocast_dtype(cfg.train.precision, device)
-    pixels, ids, mask, *rows = (x.to(device) for x in batch)
-    model.train()
-    objective.train()
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    clip = cfg.train.grad_clip
-    t0 = (0.0, 0.0)
-    for i in range(warmup + steps):
-        if i == warmup:
-            t0 = _now(device)
-        with tower_autocast(device, amp):
-            out = model(pixels, ids, mask)
-        loss = objective(to_float32(out), *rows)["loss"]
+class HandLoop:
+    """The minimal loop (module docstring), built once: :meth:`window` times ``steps`` steps.
+
+    ``count_flops``: the FLOPs of one forward and backward are counted first (eager, before any
+    compilation; ``flops``), so that the MFU row needs no model of its own. With ``train.compile``
+    the towers are compiled as the trainer compiles them, so that both loops run the same code."""
+
+    def __init__(self, cfg: RunConfig, batch: tuple, warmup: int = 1, count_flops: bool = False):
+        self.device = device = device_of(cfg)
+        self.model, self.objective, self.optimizer = build_parts(cfg, device)
+        self.amp = autocast_dtype(cfg.train.precision, device)
+        self.batch = tuple(x.to(device) for x in batch)
+        self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        self.clip = cfg.train.grad_clip
+        self.flops = self._count_flops() if count_flops else None
+        if cfg.train.compile:
+            from nclip.train.compile import compile_towers
+
+            compile_towers(self.model)
+        self.model.train()
+        self.objective.train()
+        self.pilot = self.window(max(warmup, 1))  # the first steps (allocator, autotune, compile) are untimed
+
+    def _count_flops(self) -> int:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        pixels, ids, mask, *rows = self.batch
+        step = TrainStep(self.model, self.objective, self.amp)
+        counter = FlopCounterMode(display=False)
+        with counter:
+            step(pixels, ids, mask, *rows)["loss"].backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        return int(counter.get_total_flops())
+
+    def step(self) -> None:
+        pixels, ids, mask, *rows = self.batch
+        with tower_autocast(self.device, self.amp):
+            out = self.model(pixels, ids, mask)
+        loss = self.objective(to_float32(out), *rows)["loss"]
         loss.backward()
-        if clip:  # part of the recipe, not of the trainer: the hand loop clips as well
-            torch.nn.utils.clip_grad_norm_(params, clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return _per_step(t0, _now(device), steps)
+        if self.clip:  # part of the recipe, not of the trainer: the hand loop clips as well
+            torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def window(self, steps: int) -> Clock:
+        """(wall, process CPU) seconds per step over ``steps`` steps."""
+        t0 = _now(self.device)
+        for _ in range(steps):
+            self.step()
+        return _per_step(t0, _now(self.device), steps)
 
 
-def _now(device: torch.device) -> tuple[float, float]:
+def hand_loop(cfg: RunConfig, batch: tuple, warmup: int, steps: int) -> Clock:
+    """(wall, process CPU) seconds per step of the minimal loop over ``steps`` steps after
+    ``warmup`` (a fresh :class:`HandLoop`; the bench keeps one per row instead)."""
+    return HandLoop(cfg, batch, warmup).window(steps)
+
+
+def _now(device: torch.device) -> Clock:
     """(wall, process CPU) seconds, after the device's queued work."""
     _sync(device)
     return time.perf_counter(), time.process_time()
 
 
-def _per_step(t0: tuple[float, float], t1: tuple[float, float], steps: int) -> tuple[float, float]:
+def _per_step(t0: Clock, t1: Clock, steps: int) -> Clock:
     return (t1[0] - t0[0]) / steps, (t1[1] - t0[1]) / steps
 
 
-class _Stamped:
-    """A data source for :func:`nclip.train.loop.train` that yields one in-memory batch every step
-    and notes the time of every request (the trainer's data-source interface: ``skipped``,
-    ``state()``, iteration)."""
+class _Windows:
+    """A data source for :func:`nclip.train.loop.train` (its interface: ``skipped``, ``state()``,
+    iteration) that yields one in-memory batch every step: ``warmup`` steps, then up to ``repeats``
+    timed windows of ``steps`` steps, ``between()`` after each; it stops early once ``deadline``
+    (``time.perf_counter()``) has passed, after at least one window."""
 
     skipped = 0
 
-    def __init__(self, batch: tuple, steps: int, stamps: list, device: torch.device):
-        self.batch, self.steps, self.stamps, self.device = batch, steps, stamps, device
+    def __init__(self, batch: tuple, device: torch.device, warmup: int, steps: int, repeats: int,
+                 between: Callable[[], None] | None = None, deadline: float = float("inf")):
+        self.batch, self.device, self.warmup, self.steps, self.repeats = batch, device, warmup, steps, repeats
+        self.between, self.deadline = between, deadline
+        self.windows: list[Clock] = []  # (wall, CPU) seconds per step of each window
 
     def state(self) -> dict:
         return {"kind": "map", "skipped": 0}
 
     def __len__(self) -> int:
-        return self.steps
+        return self.warmup + self.steps * self.repeats
 
     def __iter__(self):
-        for _ in range(self.steps):
-            self.stamps.append(_now(self.device))
+        for _ in range(self.warmup):
             yield self.batch
+        for _ in range(self.repeats):
+            t0 = _now(self.device)
+            for _ in range(self.steps):
+                yield self.batch
+            self.windows.append(_per_step(t0, _now(self.device), self.steps))  # at the next request
+            if self.between is not None:
+                self.between()
+            if time.perf_counter() > self.deadline:
+                return
 
 
-def trainer_loop(cfg: RunConfig, batch: tuple, warmup: int, steps: int) -> tuple[float, float]:
-    """(wall, process CPU) seconds per step of :func:`nclip.train.loop.train` over ``batch`` (module docstring)."""
+def trainer_windows(cfg: RunConfig, batch: tuple, warmup: int, steps: int, repeats: int,
+                    between: Callable[[], None] | None = None, deadline: float = float("inf")) -> list[Clock]:
+    """One :func:`nclip.train.loop.train` run (one model build) over ``batch``: (wall, CPU) seconds
+    per step of each timed window, ``between()`` run after each (module docstring)."""
     from nclip.train.loop import train
 
-    total = warmup + steps + 1  # the last step ends with the final checkpoint: outside the window
-    # only the final checkpoint, after the window
+    total = warmup + steps * repeats + 1  # never reached: the source stops first, so no checkpoint
     t = cfg.train.model_copy(update={"steps": total, "schedule_steps": None, "checkpoint_every": total,
                                      "keep_checkpoints": 1})
     run_cfg = cfg.model_copy(update={"train": t})
-    stamps: list[float] = []
-    device = device_of(cfg)
-
-    def source(**kw):
-        return _Stamped(batch, total, stamps, device)
-
+    source = _Windows(batch, device_of(cfg), warmup, steps, repeats, between, deadline)
     with tempfile.TemporaryDirectory(prefix="nclip-bench-") as tmp:
-        train(run_cfg, Path(tmp) / "run", progress=False, evaluate=False, data_source=source)
-    return _per_step(stamps[warmup], stamps[warmup + steps], steps)
+        train(run_cfg, Path(tmp) / "run", progress=False, evaluate=False, data_source=lambda **kw: source)
+    return source.windows
+
+
+def trainer_loop(cfg: RunConfig, batch: tuple, warmup: int, steps: int) -> Clock:
+    """(wall, process CPU) seconds per step of :func:`nclip.train.loop.train` over ``batch``: one window."""
+    return trainer_windows(cfg, batch, warmup, steps, repeats=1)[0]
 
 
 def steps_for(seconds_per_step: float, window_s: float, lo: int = 5, hi: int = 400) -> int:
@@ -148,32 +205,34 @@ def steps_for(seconds_per_step: float, window_s: float, lo: int = 5, hi: int = 4
     return max(lo, min(hi, int(window_s / max(seconds_per_step, 1e-6)) + 1))
 
 
-def trainer_over_hand(cfg: RunConfig, repeats: int = 3, window_s: float = 0.4, warmup: int = 3) -> dict:
+def trainer_over_hand(cfg: RunConfig, repeats: int = 3, window_s: float = 0.4, warmup: int = 3,
+                      deadline: float = float("inf"), keep_hand: bool = False, count_flops: bool = False) -> dict:
     """The trainer's speed as a share of the hand loop's (hand step time / trainer step time: 1 is
-    no overhead), the median over interleaved repeats, with both loops' median step times.
+    no overhead), the median over interleaved repeats, with both loops' median step times. Each
+    loop's model is built once (module docstring); repeats stop early past ``deadline``.
 
     The clock: wall time on a GPU; on the CPU the process's CPU time (``clock: cpu``), since on a
-    shared machine the wall time mostly measures the other processes (both are reported)."""
+    shared machine the wall time mostly measures the other processes (both are reported).
+    ``keep_hand``: the result's ``"hand"`` is the :class:`HandLoop`, for another row to reuse;
+    ``count_flops``: ``"flops"`` is one step's forward and backward FLOPs (:meth:`HandLoop._count_flops`)."""
     batch = one_batch(cfg)
     device = device_of(cfg)
     clock = 0 if device.type == "cuda" else 1
-    # one untimed pass of each loop first: the process's first steps (allocator, lazy init, thread
-    # pools) are several times slower and would land in the first repeat
-    trainer_loop(cfg, batch, warmup=1, steps=1)
-    hand_loop(cfg, batch, warmup=1, steps=1)
-    pilot = hand_loop(cfg, batch, warmup=1, steps=2)
-    steps = steps_for(pilot[0], window_s)
-    hand, trainer = [], []
-    for _ in range(repeats):
-        hand.append(hand_loop(cfg, batch, warmup, steps))
-        trainer.append(trainer_loop(cfg, batch, warmup, steps))
+    hand_loop_ = HandLoop(cfg, batch, warmup, count_flops=count_flops)
+    steps = steps_for(hand_loop_.pilot[0], window_s)
+    hand: list[Clock] = []
+    trainer = trainer_windows(cfg, batch, warmup, steps, repeats,
+                              between=lambda: hand.append(hand_loop_.window(steps)), deadline=deadline)
     ratios = [h[clock] / t[clock] for h, t in zip(hand, trainer)]
     wall = [h[0] / t[0] for h, t in zip(hand, trainer)]
-    return {"ratio": statistics.median(ratios), "clock": ("wall", "cpu")[clock],
-            "ratio_wall": statistics.median(wall), "ratios": ratios,
-            "hand_step_s": statistics.median(h[0] for h in hand),
-            "trainer_step_s": statistics.median(t[0] for t in trainer),
-            "steps": steps, "repeats": repeats}
+    out = {"ratio": statistics.median(ratios), "clock": ("wall", "cpu")[clock],
+           "ratio_wall": statistics.median(wall), "ratios": ratios,
+           "hand_step_s": statistics.median(h[0] for h in hand),
+           "trainer_step_s": statistics.median(t[0] for t in trainer),
+           "steps": steps, "repeats": len(trainer), "flops": hand_loop_.flops}
+    if keep_hand:
+        out["hand"] = hand_loop_
+    return out
 
 
 def step_flops(cfg: RunConfig, batch: tuple) -> int:

@@ -3,6 +3,12 @@ a process of its own so that the peak is not polluted by another objective's: on
 ``torch.cuda.max_memory_allocated``; on the CPU the growth of the process's peak resident set over
 its value once the model is built (activations, gradients, optimizer state).
 
+One process per objective builds its model once, warms up, then times ``repeats`` windows of
+``steps`` steps (``torch.cuda.synchronize`` around each window on CUDA; the step time is the median
+of the windows' means); it stops after the window that passes ``deadline`` (``time.time()``), so a
+time budget cuts repeats, not the whole row. It also reports the model build's and the first
+step's seconds, from which the runner estimates what later rows will cost.
+
 Run by :mod:`nclip.bench.runner` as ``python -m nclip.bench.objective_cost '<json>'``; prints one
 JSON line. The xCLIP paper reports 1.3x the time and 1.27x the memory of CLIP (ViT-B/16, V100s).
 """
@@ -17,23 +23,32 @@ import time
 from pathlib import Path
 
 
-def measure(preset: str, overrides: list[str], objective: str, steps: int, warmup: int) -> dict:
+def config_with_objective(preset: str, overrides: list[str], objective: str):
+    """The run's config with ``objective`` in its paper's defaults (the preset's objective section
+    replaced, so that e.g. xCLIP's weights do not leak into CLIP's config)."""
+    from nclip.config import apply_overrides, load_preset, validate
+
+    raw = apply_overrides(load_preset(preset), overrides)
+    raw["objective"] = {"name": objective}
+    return validate(raw)
+
+
+def measure(preset: str, overrides: list[str], objective: str, steps: int, warmup: int, repeats: int = 1,
+            deadline: float = float("inf")) -> dict:
     import torch
 
     from nclip.bench.loop_overhead import device_of
-    from nclip.config import apply_overrides, load_preset, validate
     from nclip.models import build_model
     from nclip.objectives import build_objective
     from nclip.precision import autocast_dtype, to_float32, tower_autocast
     from nclip.train.optim import build_optimizer
 
-    raw = apply_overrides(load_preset(preset), overrides)
-    raw["objective"] = {"name": objective}  # the paper's defaults for every objective
-    cfg = validate(raw)
+    cfg = config_with_objective(preset, overrides, objective)
     device = device_of(cfg)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     torch.manual_seed(0)
+    t_build = time.perf_counter()
     model = build_model(cfg, pretrained_text=False).to(device).train()
     obj = build_objective(cfg.objective, cfg).to(device)
     opt = build_optimizer([model, obj], cfg.train)
@@ -48,26 +63,40 @@ def measure(preset: str, overrides: list[str], objective: str, steps: int, warmu
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    base_rss = _reset_peak_rss()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    times = []
-    for i in range(warmup + steps):
-        sync()
-        t0 = time.perf_counter()
+    def step():
         with tower_autocast(device, amp):
             out = model(pixels, ids, mask)
         obj(to_float32(out))["loss"].backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+
+    sync()
+    build_s = time.perf_counter() - t_build
+    base_rss = _reset_peak_rss()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    t0 = time.perf_counter()
+    step()  # the first step: allocator, cuDNN/cuBLAS autotune
+    sync()
+    first_step_s = time.perf_counter() - t0
+    for _ in range(warmup - 1):
+        step()
+    windows = []
+    for _ in range(max(repeats, 1)):
         sync()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        sync()
+        windows.append((time.perf_counter() - t0) / steps)
+        if time.time() > deadline:
+            break
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device) / 2**20
     else:
         peak = (_peak_rss_kib() - base_rss) / 1024  # KiB -> MiB
-    return {"objective": objective, "step_s": statistics.median(times), "peak_mib": peak,
+    return {"objective": objective, "step_s": statistics.median(windows), "windows_s": windows,
+            "steps": steps, "peak_mib": peak, "build_s": build_s, "first_step_s": first_step_s,
             "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "device": device.type}
 
 
@@ -102,4 +131,5 @@ def _peak_rss_kib() -> int:
 
 if __name__ == "__main__":
     a = json.loads(sys.argv[1])
-    print(json.dumps(measure(a["preset"], a["overrides"], a["objective"], a["steps"], a["warmup"])))
+    print(json.dumps(measure(a["preset"], a["overrides"], a["objective"], a["steps"], a["warmup"],
+                             a.get("repeats", 1), a.get("deadline", float("inf")))))

@@ -2,18 +2,26 @@
 
 Rows (every figure is measured in this run; a ratio's two sides are measured side by side):
 
-- xCLIP over CLIP: step time and peak memory, each objective in its own subprocess
-  (:mod:`nclip.bench.objective_cost`), alternating clip, xclip, clip, xclip, ...;
+- xCLIP over CLIP: step time and peak memory, each objective in its own subprocess (one per
+  objective: build, warm-up and every repeat; :mod:`nclip.bench.objective_cost`);
 - trainer over hand loop: the real training loop's speed as a share of a minimal hand-written
-  loop's (:mod:`nclip.bench.loop_overhead`);
+  loop's, each built once, their windows alternating in this process (:mod:`nclip.bench.loop_overhead`);
 - MFU: the FLOPs of one training step (``FlopCounterMode``) per trainer step time, over the
   device's peak (a datasheet figure for known GPUs, else a measured matmul peak: float32 on the CPU);
+- the ``nclip train`` path over the hand loop: the trainer with its real data loader
+  (:mod:`nclip.bench.train_path`);
 - synthetic data generation per core at 64 and 224 px, over the 2,000 samples/s target;
 - ProtoCLIP's per-episode K-Means and PBT (the paper's 200k × 128 → 20k on a GPU; scaled down on
   the CPU, as the row says);
 - evaluation feature extraction, images/s;
-- with ``--compare open_clip``: OpenCLIP's ViT-B/16 step next to nclip's CLIP step, where
-  ``open_clip`` imports.
+- with ``--compare open_clip``: nclip's CLIP trainer step over OpenCLIP's ViT-B/16 step, where
+  ``open_clip`` imports (:mod:`nclip.bench.open_clip_step`).
+
+The rows are grouped in stages (:data:`STAGES`: a stage is a function that adds its rows, and the
+names of those rows for when it is skipped); each records its wall time, and a stage that does
+not fit in what is left of ``--budget-s`` is skipped with a stated reason (:mod:`nclip.bench.budget`,
+which also holds the estimate of what the GPU sizes cost at ViT-B/16). A new row: one function
+``_stage_x(b)`` and one line in :data:`STAGES`.
 """
 
 from __future__ import annotations
@@ -21,19 +29,22 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nclip.bench.budget import DEFAULT_BUDGET_S, Budget
 from nclip.errors import NclipError
 
 
 @dataclass
 class Sizes:
-    """How much each row measures: the CPU defaults (≤ 3 minutes on 2 cores), ``--quick`` (a smoke
-    test), or a GPU's."""
+    """How much each row measures: the CPU defaults (about a minute on 2 cores at micro), ``--quick``
+    (a smoke test), or a GPU's (about 2.5 minutes at ViT-B/16 batch 256 on an H100, estimated in
+    :mod:`nclip.bench.budget`)."""
 
     objective_steps: int = 5
     objective_warmup: int = 2
@@ -53,61 +64,275 @@ class Sizes:
                        loop_window_s=0.05, data_64=50, data_224=5, kmeans=(2_000, 50, 3),
                        kmeans_note="a smoke-test scale (--quick)", eval_images=32)
         if cuda:
-            return cls(objective_steps=20, objective_warmup=5, objective_repeats=2, loop_repeats=5,
-                       loop_window_s=1.0, kmeans=(200_000, 20_000, 20), kmeans_note="the paper's scale",
+            # ViT-B/16 xCLIP at batch 256: ~0.17 s a step, so 10-step objective windows and ~12-step
+            # loop windows; each model is built once per row (nclip.bench.budget: ~140 s in all)
+            return cls(objective_steps=10, objective_warmup=3, objective_repeats=3, loop_repeats=3,
+                       loop_window_s=2.0, kmeans=(200_000, 20_000, 20), kmeans_note="the paper's scale",
                        eval_images=4096)
         return cls()
 
 
 @dataclass
+class Row:
+    what: str
+    value: float | None  # None: skipped (the detail says why)
+    detail: str = ""
+    wall_s: float | None = None  # the wall time of the stage that measured it
+
+
+@dataclass
 class Report:
-    rows: list[tuple[str, float, str]] = field(default_factory=list)  # (what, value, detail)
+    rows: list[Row] = field(default_factory=list)
     details: dict = field(default_factory=dict)
 
     def add(self, what: str, value: float, detail: str = "") -> None:
-        self.rows.append((what, float(value), detail))
+        self.rows.append(Row(what, float(value), detail))
+
+    def skip(self, what: str, reason: str) -> None:
+        self.rows.append(Row(what, None, reason))
 
     def table(self) -> str:
-        width = max(len(r[0]) for r in self.rows)
-        lines = [f"{'row':<{width}}  {'value':>10}  detail"]
-        lines += [f"{w:<{width}}  {_fmt(v):>10}  {d}" for w, v, d in self.rows]
+        width = max(len(r.what) for r in self.rows)
+        lines = [f"{'row':<{width}}  {'value':>10}  {'wall s':>7}  detail"]
+        lines += [f"{r.what:<{width}}  {_fmt(r.value):>10}  {_fmt_s(r.wall_s):>7}  {r.detail}" for r in self.rows]
         return "\n".join(lines)
 
 
-def _fmt(v: float) -> str:
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return "-"
     if v != 0 and (abs(v) >= 1e5 or abs(v) < 1e-3):
         return f"{v:.3g}"
     return f"{v:.3f}" if abs(v) < 100 else f"{v:.0f}"
 
 
-def _objective_costs(preset: str, overrides: list[str], sizes: Sizes, log) -> dict:
-    """Each objective's step time and peak memory, one subprocess per measurement."""
-    runs: dict[str, list[dict]] = {"clip": [], "xclip": []}
-    for _ in range(sizes.objective_repeats):
-        for name in runs:
-            arg = json.dumps({"preset": preset, "overrides": overrides, "objective": name,
-                              "steps": sizes.objective_steps, "warmup": sizes.objective_warmup})
+def _fmt_s(s: float | None) -> str:
+    return "" if s is None else f"{s:.1f}"
+
+
+@dataclass
+class _Bench:
+    """What the stages share: the run's config and sizes, the budget, the report, and what one
+    stage measured that a later one uses (the objectives' step costs, the trainer row's results and
+    hand loop)."""
+
+    preset: str
+    overrides: list[str]
+    cfg: object  # RunConfig
+    device: object  # torch.device
+    sizes: Sizes
+    budget: Budget
+    log: Callable[[str], None]
+    rep: Report = field(default_factory=Report)
+    details: dict = field(default_factory=dict)
+    headline: dict = field(default_factory=dict)
+    costs: dict | None = None
+    loop: dict | None = None
+
+    def step_costs(self) -> tuple[float, float, float] | None:
+        """(model build, first step, step) seconds of the costlier objective measured, or None."""
+        if not self.costs:
+            return None
+        c = max(self.costs.values(), key=lambda r: r["step_s"])
+        return c["build_s"], c["first_step_s"], c["step_s"]
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    rows: tuple[str, ...]  # the rows it adds (named when it is skipped)
+    run: Callable[[_Bench], None]
+    estimate: Callable[[_Bench], float | None] = lambda b: None  # one repeat's seconds; None: unknown
+
+
+def _models(b: _Bench, builds: int, steps_per_model: float) -> float | None:
+    """Seconds for ``builds`` models, each with a first step and ``steps_per_model`` windows' steps."""
+    c = b.step_costs()
+    if c is None:
+        return None
+    from nclip.bench.loop_overhead import steps_for
+
+    build_s, first_s, step_s = c
+    return builds * (build_s + first_s + steps_per_model * steps_for(step_s, b.sizes.loop_window_s) * step_s)
+
+
+def _stage_objectives(b: _Bench) -> None:
+    """Each objective's step time and peak memory: one subprocess per objective."""
+    runs = {}
+    for name in ("clip", "xclip"):
+        arg = json.dumps({"preset": b.preset, "overrides": b.overrides, "objective": name,
+                          "steps": b.sizes.objective_steps, "warmup": b.sizes.objective_warmup,
+                          "repeats": b.sizes.objective_repeats, "deadline": b.budget.wall_deadline()})
+        left = b.budget.left()
+        try:
             out = subprocess.run([sys.executable, "-m", "nclip.bench.objective_cost", arg], capture_output=True,
-                                 text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-            if out.returncode:
-                last = (out.stderr.strip().splitlines() or ["no output"])[-1]
-                raise NclipError(f"bench: the {name} step failed: {last}")
-            runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
-            log(f"bench: {name} step {runs[name][-1]['step_s']:.4f} s")
-    med = {n: {"step_s": statistics.median(r["step_s"] for r in rs),
-               "peak_mib": statistics.median(r["peak_mib"] for r in rs), "params_m": rs[0]["params_m"]}
-           for n, rs in runs.items()}
-    return med
+                                 text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                                 timeout=left if math.isfinite(left) else None)
+        except subprocess.TimeoutExpired:
+            raise _OutOfBudget(f"skipped: the {b.budget.limit_s:.0f} s budget ran out in the {name} step") from None
+        if out.returncode:
+            last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+            raise NclipError(f"bench: the {name} step failed: {last}")
+        runs[name] = json.loads(out.stdout.strip().splitlines()[-1])
+        b.log(f"bench: {name} step {runs[name]['step_s']:.4f} s ({len(runs[name]['windows_s'])} windows)")
+    b.costs = runs
+    clip, xclip = runs["clip"], runs["xclip"]
+    b.headline["xclip_over_clip_time"] = xclip["step_s"] / clip["step_s"]
+    b.headline["xclip_over_clip_memory"] = xclip["peak_mib"] / max(clip["peak_mib"], 1e-9)
+    b.rep.add("xclip / clip step time", b.headline["xclip_over_clip_time"],
+              f"clip {clip['step_s']:.4f} s, xclip {xclip['step_s']:.4f} s (paper: 1.3x)")
+    b.rep.add("xclip / clip peak memory", b.headline["xclip_over_clip_memory"],
+              f"clip {clip['peak_mib']:.1f} MiB, xclip {xclip['peak_mib']:.1f} MiB (paper: 1.27x)")
+    b.details["objectives"] = runs
+
+
+def _stage_loop(b: _Bench) -> None:
+    from nclip.bench import loop_overhead
+
+    loop = loop_overhead.trainer_over_hand(b.cfg, repeats=b.sizes.loop_repeats, window_s=b.sizes.loop_window_s,
+                                           deadline=b.budget.deadline(), keep_hand=True, count_flops=True)
+    b.loop = loop
+    b.headline["trainer_over_hand_loop"] = loop["ratio"]
+    b.rep.add("trainer / hand loop speed", loop["ratio"],
+              f"{loop['clock']} time; step {loop['hand_step_s'] * 1e3:.1f} ms hand, "
+              f"{loop['trainer_step_s'] * 1e3:.1f} ms trainer (wall); {loop['steps']} steps x {loop['repeats']}")
+    b.details["loop"] = {k: v for k, v in loop.items() if k != "hand"}
+
+
+def _stage_mfu(b: _Bench) -> None:
+    from nclip.bench import parts
+    from nclip.precision import autocast_dtype
+
+    if b.loop is None:
+        raise _OutOfBudget("skipped: needs the trainer / hand loop row, which did not run")
+    flops = b.loop["flops"]
+    peak = parts.device_peak(b.device, autocast_dtype(b.cfg.train.precision, b.device))
+    achieved = flops / b.loop["trainer_step_s"]
+    b.headline["mfu"] = achieved / peak["peak_flops"]
+    b.rep.add("MFU", b.headline["mfu"], f"{flops / 1e9:.2f} GFLOP/step, {achieved / 1e12:.4f} TFLOP/s over "
+              f"{peak['peak_flops'] / 1e12:.3f} ({peak['source']})")
+    b.details.update(flops_per_step=flops, peak=peak)
+
+
+def _stage_train_path(b: _Bench) -> None:
+    from nclip.bench.train_path import train_path_over_hand
+
+    hand = b.loop.pop("hand", None) if b.loop else None
+    steps = b.loop["steps"] if b.loop else 5
+    r = train_path_over_hand(b.cfg, steps=steps, repeats=b.sizes.loop_repeats, hand=hand)
+    del hand  # the trainer row's model: not needed after this row
+    b.headline["train_path_over_hand_loop"] = r["ratio"]
+    b.rep.add("nclip train path / hand loop samples/s", r["ratio"],
+              f"{r['train_samples_per_s']:.1f} vs {r['hand_samples_per_s']:.1f} samples/s (wall), real loader with "
+              f"data.num_workers={r['num_workers']}; {r['steps']} steps x {len(r['train_windows'])} (target 0.97)")
+    b.details["train_path"] = r
+
+
+def _stage_data(b: _Bench) -> None:
+    from nclip.bench import parts
+
+    data = {s: parts.data_rate(s, n) for s, n in ((64, b.sizes.data_64), (224, b.sizes.data_224))}
+    for s, d in data.items():
+        b.rep.add(f"data {s} px samples/s/core", d["samples_per_s_per_core"],
+                  f"{d['over_target']:.2f}x the {parts.DATA_TARGET:.0f}/s target (CPU time, {d['samples']} samples)")
+    b.details["data"] = data
+
+
+def _stage_kmeans(b: _Bench) -> None:
+    from nclip.bench import parts
+
+    n, k, iters = b.sizes.kmeans
+    km = parts.kmeans_and_pbt(n, k, iters=iters)
+    b.rep.add("K-Means s", km["kmeans_s"], f"{n} x 128 -> {k}, {iters} iterations, {km['method']}; "
+              f"{b.sizes.kmeans_note}")
+    b.rep.add("PBT s", km["pbt_s"],
+              f"same scale; Algorithm 1's loop over clusters ~{km['pbt_loop_over_pbt']:.0f}x slower")
+    b.details.update(kmeans_pbt=km, kmeans_scale=b.sizes.kmeans_note)
+
+
+def _stage_eval(b: _Bench) -> None:
+    from nclip.bench import parts
+
+    ev = parts.eval_rate(b.cfg, b.sizes.eval_images, b.device)
+    b.rep.add("eval features images/s", ev["images_per_s"], f"{ev['images']} images, batch {ev['batch_size']}")
+    b.details["eval"] = ev
+
+
+OPEN_CLIP_ROW = "nclip clip / open_clip ViT-B-16 samples/s"
+
+
+def _stage_open_clip(b: _Bench) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("open_clip") is None:
+        b.details["open_clip"] = None
+        b.rep.skip(OPEN_CLIP_ROW, "skipped: open_clip not installed")
+        b.log("bench: --compare open_clip skipped: open_clip is not installed")
+        return
+    from nclip.bench.objective_cost import config_with_objective
+    from nclip.bench.open_clip_step import nclip_over_open_clip
+
+    r = nclip_over_open_clip(config_with_objective(b.preset, b.overrides, "clip"), repeats=b.sizes.loop_repeats,
+                             window_s=b.sizes.loop_window_s, deadline=b.budget.deadline())
+    b.details["open_clip"] = r
+    b.headline["nclip_over_open_clip"] = r["ratio"]
+    b.rep.add(OPEN_CLIP_ROW, r["ratio"],
+              f"nclip {r['nclip_samples_per_s']:.1f}, open_clip {r['open_clip_samples_per_s']:.1f} samples/s at batch "
+              f"{r['batch_size']} ({r['clock']} time; nclip's CLIP trainer step; compare at --preset vit-b16-xclip; "
+              "target 1.1)")
+
+
+class _OutOfBudget(Exception):
+    """A stage stops without a figure; its message (``skipped: ...``) is the rows' detail."""
+
+
+STAGES = [
+    Stage("objectives", ("xclip / clip step time", "xclip / clip peak memory"), _stage_objectives),
+    Stage("loop", ("trainer / hand loop speed",), _stage_loop, lambda b: _models(b, 2, 2)),
+    Stage("mfu", ("MFU",), _stage_mfu),
+    Stage("train_path", ("nclip train path / hand loop samples/s",), _stage_train_path,
+          lambda b: _models(b, 1, 3)),
+    Stage("data", ("data 64 px samples/s/core", "data 224 px samples/s/core"), _stage_data),
+    Stage("kmeans", ("K-Means s", "PBT s"), _stage_kmeans),
+    Stage("eval", ("eval features images/s",), _stage_eval, lambda b: _models(b, 1, 0)),
+]
+COMPARE = {"open_clip": Stage("open_clip", (OPEN_CLIP_ROW,), _stage_open_clip, lambda b: _models(b, 2, 2))}
+
+
+def _run_stage(b: _Bench, stage: Stage) -> dict:
+    """Run one stage within the budget; its rows get its wall time. Returns its record for the JSON."""
+    first = len(b.rep.rows)
+    t0 = time.perf_counter()
+    reason = b.budget.why_not(stage.estimate(b))
+    if reason is None:
+        b.log(f"bench: {stage.name} ({b.budget.spent():.0f} s so far)")
+        try:
+            stage.run(b)
+        except _OutOfBudget as e:
+            del b.rep.rows[first:]
+            reason = str(e)
+    if reason is not None:
+        for what in stage.rows:
+            b.rep.skip(what, reason)
+        b.log(f"bench: {stage.name}: {reason}")
+    wall = time.perf_counter() - t0
+    for row in b.rep.rows[first:]:
+        row.wall_s = wall
+    return {"stage": stage.name, "wall_s": wall, "rows": [r.what for r in b.rep.rows[first:]], "skipped": reason}
 
 
 def run_bench(preset: str, overrides: list[str], quick: bool = False, compare: list[str] | None = None,
-              log=lambda msg: None) -> dict:
-    """Every row (module docstring); returns the JSON document (``table`` holds the printed table)."""
+              log=lambda msg: None, budget_s: float | None = DEFAULT_BUDGET_S) -> dict:
+    """Every row (module docstring) within ``budget_s`` wall seconds (None or 0: no limit); returns
+    the JSON document (``table`` holds the printed table)."""
+    budget = Budget(budget_s)
+    for name in compare or []:
+        if name not in COMPARE:
+            raise NclipError(f"bench: --compare {name!r} is not known; use {', '.join(COMPARE)}")
     import torch
 
-    from nclip.bench import loop_overhead, parts
+    from nclip.bench import loop_overhead
     from nclip.config import resolve
-    from nclip.precision import autocast_dtype
 
     cfg = resolve(preset, overrides)
     device = loop_overhead.device_of(cfg)
@@ -118,81 +343,33 @@ def run_bench(preset: str, overrides: list[str], quick: bool = False, compare: l
         cfg = resolve(preset, overrides)
         log("bench: CPU: train.threads=1 (set train.threads to change)")
     torch.set_num_threads(cfg.train.threads or torch.get_num_threads())
-    sizes = Sizes.pick(quick, device.type == "cuda")
-    rep = Report()
-
-    costs = _objective_costs(preset, overrides, sizes, log)
-    clip, xclip = costs["clip"], costs["xclip"]
-    rep.add("xclip / clip step time", xclip["step_s"] / clip["step_s"],
-            f"clip {clip['step_s']:.4f} s, xclip {xclip['step_s']:.4f} s (paper: 1.3x)")
-    rep.add("xclip / clip peak memory", xclip["peak_mib"] / max(clip["peak_mib"], 1e-9),
-            f"clip {clip['peak_mib']:.1f} MiB, xclip {xclip['peak_mib']:.1f} MiB (paper: 1.27x)")
-
-    log("bench: trainer vs hand loop")
-    loop = loop_overhead.trainer_over_hand(cfg, repeats=sizes.loop_repeats, window_s=sizes.loop_window_s)
-    rep.add("trainer / hand loop speed", loop["ratio"],
-            f"{loop['clock']} time; step {loop['hand_step_s'] * 1e3:.1f} ms hand, "
-            f"{loop['trainer_step_s'] * 1e3:.1f} ms trainer (wall); {loop['steps']} steps x {loop['repeats']}")
-
-    flops = loop_overhead.step_flops(cfg, loop_overhead.one_batch(cfg))
-    peak = parts.device_peak(device, autocast_dtype(cfg.train.precision, device))
-    achieved = flops / loop["trainer_step_s"]
-    mfu = achieved / peak["peak_flops"]
-    rep.add("MFU", mfu, f"{flops / 1e9:.2f} GFLOP/step, {achieved / 1e12:.4f} TFLOP/s over "
-            f"{peak['peak_flops'] / 1e12:.3f} ({peak['source']})")
-
-    log("bench: data")
-    data = {s: parts.data_rate(s, n) for s, n in ((64, sizes.data_64), (224, sizes.data_224))}
-    for s, d in data.items():
-        rep.add(f"data {s} px samples/s/core", d["samples_per_s_per_core"],
-                f"{d['over_target']:.2f}x the {parts.DATA_TARGET:.0f}/s target (CPU time, {d['samples']} samples)")
-
-    log("bench: K-Means and PBT")
-    n, k, iters = sizes.kmeans
-    km = parts.kmeans_and_pbt(n, k, iters=iters)
-    rep.add("K-Means s", km["kmeans_s"], f"{n} x 128 -> {k}, {iters} iterations, {km['method']}; "
-            f"{sizes.kmeans_note}")
-    rep.add("PBT s", km["pbt_s"],
-            f"same scale; Algorithm 1's loop over clusters ~{km['pbt_loop_over_pbt']:.0f}x slower")
-
-    log("bench: eval features")
-    ev = parts.eval_rate(cfg, sizes.eval_images, device)
-    rep.add("eval features images/s", ev["images_per_s"], f"{ev['images']} images, batch {ev['batch_size']}")
+    b = _Bench(preset, overrides, cfg, device, Sizes.pick(quick, device.type == "cuda"), budget, log)
+    stages = [*STAGES, *(COMPARE[name] for name in compare or [])]
+    records = [_run_stage(b, stage) for stage in stages]
+    if b.loop:
+        b.loop.pop("hand", None)  # the trainer row's hand loop, where the train-path row did not take it
+    skipped = [r for r in records if r["skipped"]]
+    if skipped:
+        log("bench: skipped: " + "; ".join(f"{', '.join(r['rows'])} ({r['skipped']})" for r in skipped))
 
     threads = torch.get_num_threads()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     doc = {
-        "device": peak["name"] if device.type == "cuda" else f"cpu ({threads} thread{'s' * (threads != 1)})",
+        "device": name or f"cpu ({threads} thread{'s' * (threads != 1)})",
         "preset": preset, "overrides": overrides, "quick": quick,
-        "trainer_over_hand_loop": loop["ratio"],
-        "xclip_over_clip_time": xclip["step_s"] / clip["step_s"],
-        "xclip_over_clip_memory": xclip["peak_mib"] / max(clip["peak_mib"], 1e-9),
-        "mfu": mfu,
-        "details": {"objectives": costs, "loop": loop, "flops_per_step": flops, "peak": peak, "data": data,
-                    "kmeans_pbt": km, "eval": ev, "kmeans_scale": sizes.kmeans_note,
-                    "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},
+        "budget_s": budget_s or None, "wall_s": budget.spent(),
+        **{k: b.headline.get(k) for k in ("trainer_over_hand_loop", "xclip_over_clip_time", "xclip_over_clip_memory",
+                                          "mfu", "train_path_over_hand_loop")},
+        "details": {**b.details, "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},
+        "stages": records,
+        "skipped": [{"stage": r["stage"], "rows": r["rows"], "reason": r["skipped"]} for r in skipped],
     }
-    for name in compare or []:
-        _compare(name, cfg, clip, rep, doc, log)
-    doc["rows"] = [{"row": w, "value": v, "detail": d} for w, v, d in rep.rows]
-    doc["table"] = rep.table()
+    if "open_clip" in (compare or []):
+        doc["open_clip"] = b.details.get("open_clip")
+        doc["nclip_over_open_clip"] = b.headline.get("nclip_over_open_clip")
+    doc["rows"] = [{"row": r.what, "value": r.value, "detail": r.detail, "wall_s": r.wall_s} for r in b.rep.rows]
+    doc["table"] = b.rep.table()
     return doc
-
-
-def _compare(name: str, cfg, clip: dict, rep: Report, doc: dict, log) -> None:
-    if name != "open_clip":
-        raise NclipError(f"bench: --compare {name!r} is not known; use open_clip")
-    import importlib.util
-
-    if importlib.util.find_spec("open_clip") is None:
-        log("bench: --compare open_clip skipped: open_clip is not installed")
-        doc["open_clip"] = None
-        return
-    from nclip.bench.open_clip_step import open_clip_step_s
-
-    s = open_clip_step_s(cfg)
-    doc["open_clip"] = {"model": "ViT-B-16", "step_s": s}
-    rep.add("open_clip ViT-B-16 / nclip clip step", s / clip["step_s"],
-            f"open_clip {s:.4f} s at batch {cfg.train.batch_size}, 224 px (compare with --preset vit-b16-xclip)")
 
 
 def check_finite(doc: dict) -> None:
