@@ -241,6 +241,9 @@ class ModelConfig(_Section):
     supcon_hidden: int = Field(2048, ge=1, description="SupCon projection hidden width (Khosla et al.: 2048)")
     supcon_dim: int = Field(128, ge=1, description="SupCon projection output (Khosla et al.: 128)")
     sync_batchnorm: bool = True  # under DDP, BatchNorm statistics over the global batch
+    # recompute the towers' activations in the backward instead of keeping them (per layer or
+    # block; nclip.models.checkpointing): less memory for about one more forward of the towers
+    grad_checkpointing: bool = False
 
     @model_validator(mode="after")
     def _shared(self):

@@ -66,6 +66,9 @@ class DualEncoder(nn.Module):
         self.tokenizer = CaptionTokenizer(cfg.data.text_length, m.text.tokenizer)
         self.vision = build_vision_tower(m.vision, cfg.data.image_size)
         self.text = build_text_tower(m, self.tokenizer, cfg.data.text_length, pretrained_text)
+        if m.grad_checkpointing:  # active while training only; CMSF's target copy runs without grad
+            self.vision.enable_grad_checkpointing()
+            self.text.enable_grad_checkpointing()
         # Tab. 9d: the first #SL hidden layers are shared by the CLIP and nCLIP heads of a modality
         self.shared_layers = m.nclip_shared_layers if {"clip", "nclip"} <= self.heads else 0
         widths = (self.vision.width, self.text.width)  # what the heads read: f, or the shared layers' output

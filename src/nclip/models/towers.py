@@ -31,6 +31,7 @@ from nclip.config import ModelConfig, TextConfig, VisionConfig
 from nclip.data.tokenization import bundled_model_dir
 from nclip.data.transforms import CLIP_MEAN, CLIP_STD
 from nclip.errors import NclipError
+from nclip.models import checkpointing
 
 
 def vision_config(cfg: VisionConfig, image_size: int) -> CLIPVisionConfig:
@@ -136,6 +137,9 @@ class VisionTower(nn.Module):
         """[B, heads, h, w]: the last layer's [CLS] attention over the patch grid."""
         return cls_attention(self.model, self._pixels(pixels))
 
+    def enable_grad_checkpointing(self) -> None:
+        checkpointing.enable_hf(self.model)  # each encoder layer
+
 
 def resnet_config(cfg: VisionConfig) -> ResNetConfig:
     return ResNetConfig(
@@ -162,10 +166,22 @@ class ResNetTower(nn.Module):
         super().__init__()
         self.model = ResNetModel(config)
         self.width = config.hidden_sizes[-1]
+        self.grad_checkpointing = False
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         """pixels [B, 3, H, W] normalised → pooled feature [B, width]."""
-        return self.model(pixel_values=pixels).pooler_output.flatten(1)
+        if not (self.grad_checkpointing and checkpointing.active(self)):
+            return self.model(pixel_values=pixels).pooler_output.flatten(1)
+        # transformers' ResNet has no checkpointing of its own: ResNetModel.forward's path, with the
+        # stem and each residual block checkpointed (the granularity of transformers' layers)
+        x = checkpointing.checkpoint_once(self.model.embedder, pixels)
+        for stage in self.model.encoder.stages:
+            for block in stage.layers:
+                x = checkpointing.checkpoint_once(block, x)
+        return self.model.pooler(x).flatten(1)
+
+    def enable_grad_checkpointing(self) -> None:
+        self.grad_checkpointing = True
 
 
 class ConvNetTower(nn.Module):
@@ -202,6 +218,10 @@ class ConvNetTower(nn.Module):
                 layers += conv(c_in, c_out)
                 c_in = c_out
         self.body = nn.Sequential(*layers)
+        # the checkpointed units: each conv → BN → GELU, a max pool going with the block after it
+        ends = [i + 1 for i, layer in enumerate(layers) if isinstance(layer, nn.GELU)]
+        self._blocks = tuple(zip([0] + ends[:-1], ends))
+        self.grad_checkpointing = False
         side = -(-image_size // 2) // 2 ** (len(cfg.depths) - 1)
         self.width = c_in
         self.position = nn.Parameter(torch.randn(side * side + 1, c_in) / c_in**0.5)
@@ -211,12 +231,27 @@ class ConvNetTower(nn.Module):
     def _tokens(self, pixels: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """pixels → ([B, 1 + h*w, C]: the query token (mean of the map) then the map's positions,
         position embeddings added; (h, w))."""
-        fmap = self.body(pixels)  # [B, C, h, w]
+        fmap = self._body(pixels)  # [B, C, h, w]
         grid = fmap.flatten(2).transpose(1, 2)  # [B, h*w, C]
         if grid.shape[1] + 1 != len(self.position):
             raise NclipError(f"convnet image tower built for {len(self.position) - 1} positions got images of "
                              f"{pixels.shape[-2]}x{pixels.shape[-1]} px ({grid.shape[1]} positions)")
         return torch.cat([grid.mean(dim=1, keepdim=True), grid], dim=1) + self.position, fmap.shape[-2:]
+
+    def _body(self, pixels: torch.Tensor) -> torch.Tensor:
+        if not (self.grad_checkpointing and checkpointing.active(self)):
+            return self.body(pixels)
+        # Per conv block: only each block's input is kept, and the backward recomputes one block at
+        # a time. A stage (several blocks) would keep fewer inputs but hold all of a stage's
+        # activations during its recomputation; at the presets' 1-3 blocks per stage they barely
+        # differ. The attention pool and the norm are small (one token's query) and stay as they are.
+        x = pixels
+        for start, end in self._blocks:
+            x = checkpointing.checkpoint_once(self.body[start:end], x)
+        return x
+
+    def enable_grad_checkpointing(self) -> None:
+        self.grad_checkpointing = True
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         """pixels [B, 3, H, W] normalised → attention-pooled feature [B, width]."""
@@ -264,6 +299,9 @@ class ClipTextTower(nn.Module):
         passes none either."""
         return self.model(input_ids=ids).pooler_output
 
+    def enable_grad_checkpointing(self) -> None:
+        checkpointing.enable_hf(self.model)  # each encoder layer
+
 
 class PretrainedTextTower(nn.Module):
     """Any local ``transformers`` encoder directory (BERT-style), e.g. the bundled MiniLM."""
@@ -290,6 +328,9 @@ class PretrainedTextTower(nn.Module):
             m = mask.unsqueeze(-1).to(out.last_hidden_state.dtype)  # [B, L, 1]
             return (out.last_hidden_state * m).sum(1) / m.sum(1).clamp_min(1)
         return out.last_hidden_state[:, 0]
+
+    def enable_grad_checkpointing(self) -> None:
+        checkpointing.enable_hf(self.model)  # each encoder layer
 
 
 def build_text_tower(cfg: ModelConfig, tokenizer, length: int, pretrained: bool = True) -> nn.Module:
