@@ -95,6 +95,8 @@ class DualEncoder(nn.Module):
             # f starts as a copy of g (BYOL, MSF); "target_" keeps it out of the image tower's
             # param groups and FSDP's head units
             self.target_vision = copy.deepcopy(self.vision).requires_grad_(False)
+            if hasattr(self.target_vision, "patch_dropout"):  # the target encodes the whole (weak) view
+                self.target_vision.patch_dropout = 0.0
             self.target_cmsf_head = copy.deepcopy(self.image_cmsf_head).requires_grad_(False)
         if "supcon" in self.heads:
             self.image_supcon_head = SupconMLP(self.vision.width, m.supcon_hidden, m.supcon_dim)

@@ -32,6 +32,7 @@ from nclip.data.tokenization import bundled_model_dir
 from nclip.data.transforms import CLIP_MEAN, CLIP_STD
 from nclip.errors import NclipError
 from nclip.models import checkpointing
+from nclip.models.patch_dropout import drop_patches
 
 
 def vision_config(cfg: VisionConfig, image_size: int) -> CLIPVisionConfig:
@@ -111,10 +112,13 @@ class VisionTower(nn.Module):
     feature = "the final-norm [CLS] token"
     saliency = "[CLS] attention"
 
-    def __init__(self, config: CLIPVisionConfig, mean=None, std=None):
+    def __init__(self, config: CLIPVisionConfig, mean=None, std=None, patch_dropout: float = 0.0):
         super().__init__()
         self.model = CLIPVisionModel(config)
         self.width = config.hidden_size
+        # FLIP's rate (nclip.models.patch_dropout), a plain attribute the trainer changes between
+        # steps (train.unmasked_steps); not in the state dict
+        self.patch_dropout = patch_dropout
         self.renormalise = mean is not None
         if self.renormalise:  # x_CLIP·σ_CLIP + μ_CLIP = raw pixel → (raw − μ) / σ, as one affine map
             mean, std = torch.tensor(mean).view(1, 3, 1, 1), torch.tensor(std).view(1, 3, 1, 1)
@@ -130,8 +134,19 @@ class VisionTower(nn.Module):
         return pixels * self.pixel_scale.to(pixels.dtype) + self.pixel_shift.to(pixels.dtype)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        """pixels [B, 3, H, W] normalised → final-norm [CLS] feature [B, width]."""
-        return self.model(pixel_values=self._pixels(pixels)).pooler_output
+        """pixels [B, 3, H, W] normalised → final-norm [CLS] feature [B, width]; while training with
+        ``patch_dropout`` p > 0 the encoder sees [CLS] and round((1 − p)·N) random patches."""
+        if not (self.training and self.patch_dropout > 0):
+            return self.model(pixel_values=self._pixels(pixels)).pooler_output
+        return self._encode(self._pixels(pixels), self.patch_dropout)
+
+    def _encode(self, pixels: torch.Tensor, p: float) -> torch.Tensor:
+        """transformers' CLIPVisionModel.forward, step for step, with patch dropout between the
+        embeddings and the pre-norm (at p = 0 bitwise the model's pooler_output; tested)."""
+        vit = getattr(self.model, "vision_model", self.model)  # transformers < 5 nests the transformer
+        tokens = drop_patches(vit.embeddings(pixels), p)  # [B, 1 + K, width]
+        hidden = vit.encoder(inputs_embeds=vit.pre_layrnorm(tokens)).last_hidden_state
+        return vit.post_layernorm(hidden[:, 0])
 
     def attention_maps(self, pixels: torch.Tensor) -> torch.Tensor:
         """[B, heads, h, w]: the last layer's [CLS] attention over the patch grid."""
@@ -278,7 +293,7 @@ def build_vision_tower(cfg: VisionConfig, image_size: int) -> nn.Module:
         return ResNetTower(resnet_config(cfg))
     if cfg.kind == "convnet":
         return ConvNetTower(cfg, image_size)
-    return VisionTower(vision_config(cfg, image_size), cfg.pixel_mean, cfg.pixel_std)
+    return VisionTower(vision_config(cfg, image_size), cfg.pixel_mean, cfg.pixel_std, cfg.patch_dropout)
 
 
 class ClipTextTower(nn.Module):
