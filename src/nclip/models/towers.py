@@ -188,11 +188,12 @@ class ResNetTower(nn.Module):
         if not (self.grad_checkpointing and checkpointing.active(self)):
             return self.model(pixel_values=pixels).pooler_output.flatten(1)
         # transformers' ResNet has no checkpointing of its own: ResNetModel.forward's path, with the
-        # stem and each residual block checkpointed (the granularity of transformers' layers)
+        # stem and each stage checkpointed. Per stage, not per residual block: the stages are the
+        # entries of a ModuleList, which train.strategy fsdp shards as units (nclip.train.launch),
+        # and a stage must be entered through its own call for FSDP's hooks to gather its weights
         x = checkpointing.checkpoint_once(self.model.embedder, pixels)
         for stage in self.model.encoder.stages:
-            for block in stage.layers:
-                x = checkpointing.checkpoint_once(block, x)
+            x = checkpointing.checkpoint_once(stage, x)
         return self.model.pooler(x).flatten(1)
 
     def enable_grad_checkpointing(self) -> None:
