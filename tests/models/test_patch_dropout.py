@@ -102,3 +102,14 @@ def test_schedule_and_setter(micro_overrides):
 def test_config_errors(micro_overrides, overrides, message):
     with pytest.raises(NclipError, match=message):
         resolve("micro", micro_overrides + overrides)
+
+
+@pytest.mark.slow
+def test_a_run_with_patch_dropout_and_checkpointing_trains_and_resumes_exactly(tmp_path, micro_overrides):
+    """The dropped patches come from the trainer's checkpointed RNG state: a resumed run logs the
+    very same metrics."""
+    from conftest import metrics_then_resumed
+
+    cfg = resolve("micro", micro_overrides + ["model.vision.patch_dropout=0.5", "model.grad_checkpointing=true"])
+    first, again = metrics_then_resumed(cfg, tmp_path / "run")
+    assert first == again and len(first) == 3
