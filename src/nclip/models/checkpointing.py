@@ -8,9 +8,10 @@ dropout (and anything else that draws) replays the same numbers and the gradient
 those of the plain forward.
 
 The ``transformers`` towers (CLIP ViT, CLIP text, the pretrained MiniLM) use transformers' own
-per-layer checkpointing. transformers' ResNet has none, and the conv net is ours: both checkpoint
-their blocks here with :func:`checkpoint_once`, which keeps BatchNorm's running statistics to one
-update per forward (the recomputation would otherwise update them a second time). Checkpointing is
+per-layer checkpointing. transformers' ResNet has none (its stem and stages are checkpointed here)
+and the conv net is ours (each conv block): both through :func:`checkpoint_once`, which keeps
+BatchNorm's running statistics to one update per forward (the recomputation would otherwise update
+them a second time). Checkpointing is
 only active while training with gradients on: eval and ``no_grad`` forwards are unchanged.
 """
 

@@ -310,9 +310,9 @@ class ClipTextTower(nn.Module):
         The tower is causal and pools the first end-of-text token, or the largest id (OpenAI CLIP's
         end-of-text, which is also its padding: argmax picks the first). Padding only follows the
         pooled position and causal attention never lets a position see later ones, so a padding
-        mask cannot change the feature. Passing one costs a host sync per forward (transformers inspects the mask on
-        the host to decide whether SDPA may skip it; 3-7 ms/step measured on an H100); OpenCLIP
-        passes none either."""
+        mask cannot change the feature. Passing one costs a host sync per forward (transformers
+        inspects the mask on the host to decide whether SDPA may skip it; 3-7 ms/step measured on
+        an H100); OpenCLIP passes none either."""
         return self.model(input_ids=ids).pooler_output
 
     def enable_grad_checkpointing(self) -> None:
