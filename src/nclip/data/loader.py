@@ -424,16 +424,6 @@ def _worker_message(e: Exception) -> str:
     return last.split("NclipError: ", 1)[-1]
 
 
-
-def loader_generator(seed: int) -> torch.Generator:
-    """A DataLoader's own generator. Starting an iterator draws its workers' base seed from the
-    loader's generator, by default torch's global one, whose state the trainer checkpoints: a
-    resumed run starts its loader again after restoring that state, and the extra draw would shift
-    every later draw of the towers (dropout, patch dropout), so resume would not be exact. No nclip
-    data depends on that seed (samples are functions of (seed, index) or of their own streams)."""
-    return torch.Generator().manual_seed(seed)
-
-
 def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 0,
                  rank: int = 0, world_size: int = 1, state: dict | None = None, views: int = 1,
                  labels: LabelRequest | None = None) -> TrainData:
@@ -450,7 +440,8 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
         raise NclipError(f"data.source webdataset cannot give this objective {need} yet; use a csv or built-in source")
     local = cfg.train.batch_size // world_size
     steps = cfg.train.steps - start_step
-    workers = dict(num_workers=d.num_workers, persistent_workers=False, generator=loader_generator(cfg.seed))
+    own = torch.Generator().manual_seed(cfg.seed)  # iterators seed from it, not from the global RNG: exact resume
+    workers = dict(num_workers=d.num_workers, persistent_workers=False, generator=own)
     if d.source == "webdataset":
         from nclip.data.webdataset import ShardStreamDataset
 

@@ -56,7 +56,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from nclip import distributed as collectives
 from nclip.config import RunConfig
-from nclip.data.loader import build_dataset, loader_generator, tag_captions
+from nclip.data.loader import build_dataset, tag_captions
 from nclip.data.transforms import augment, to_tensor
 from nclip.defaults import MAP_SOURCES, USER_LABEL
 from nclip.errors import NclipError
@@ -250,7 +250,7 @@ class EpisodicData:
     def _loader(self, keys: list[list[tuple]]) -> DataLoader:
         workers = self.cfg.data.num_workers
         return DataLoader(self.dataset, batch_sampler=keys, collate_fn=self.collate, num_workers=workers,
-                          generator=loader_generator(self.cfg.seed))  # no draw from the checkpointed RNG
+                          generator=torch.Generator().manual_seed(self.cfg.seed))  # no draw from the global RNG
 
     @torch.no_grad()
     def _extract(self, episode: int, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
