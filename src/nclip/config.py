@@ -167,9 +167,14 @@ class VisionConfig(_Section):
     # own (a tower started from a model trained with other statistics re-normalises its input)
     pixel_mean: tuple[float, float, float] | None = None
     pixel_std: tuple[float, float, float] | None = None
+    # vit: FLIP's patch dropout, the share of patch tokens each training image drops (eval keeps all;
+    # nclip.models.patch_dropout); train.unmasked_steps trains the last steps with every patch
+    patch_dropout: float = Field(0.0, ge=0, lt=1)
 
     @model_validator(mode="after")
     def _divisible(self):
+        if self.patch_dropout and self.kind != "vit":
+            raise ValueError(f"patch_dropout needs kind vit (got {self.kind})")
         if self.kind in ("resnet", "convnet") and (len(self.depths) != len(self.hidden_sizes) or not self.depths
                                       or min(self.depths) < 1):
             raise ValueError(f"{self.kind} depths {self.depths} and hidden_sizes {self.hidden_sizes} must be "
@@ -241,6 +246,9 @@ class ModelConfig(_Section):
     supcon_hidden: int = Field(2048, ge=1, description="SupCon projection hidden width (Khosla et al.: 2048)")
     supcon_dim: int = Field(128, ge=1, description="SupCon projection output (Khosla et al.: 128)")
     sync_batchnorm: bool = True  # under DDP, BatchNorm statistics over the global batch
+    # recompute the towers' activations in the backward instead of keeping them (per layer or
+    # block; nclip.models.checkpointing): less memory for about one more forward of the towers
+    grad_checkpointing: bool = False
 
     @model_validator(mode="after")
     def _shared(self):
@@ -290,6 +298,8 @@ class TrainConfig(_Section):
     compile: bool = False
     strategy: Literal["ddp", "fsdp"] = "ddp"  # under torchrun: replicate (DDP) or shard (FSDP2)
     max_nonfinite_steps: int = Field(10, ge=1, description="stop after this many skipped steps in a row")
+    # FLIP's unmasked tuning: the last N steps train with every patch (needs model.vision.patch_dropout)
+    unmasked_steps: int = Field(0, ge=0)
     # the scalars of metrics.jsonl also as TensorBoard events in RUN/tensorboard/ (rank 0); needs the
     # optional tensorboard package (pip install nclip[tensorboard])
     tensorboard: bool = False
@@ -320,6 +330,8 @@ class TrainConfig(_Section):
         if self.accumulation > 1 and self.accumulation_mode == "exact" and self.strategy == "fsdp":
             raise ValueError("accumulation_mode exact is not supported with strategy fsdp yet; use strategy ddp, "
                              "or accumulation_mode independent")
+        if self.unmasked_steps > self.steps:
+            raise ValueError(f"unmasked_steps {self.unmasked_steps} exceeds steps {self.steps}")
         if self.schedule_steps is not None and self.schedule_steps > self.steps:
             raise ValueError(f"schedule_steps {self.schedule_steps} exceeds steps {self.steps}")
         if self.min_lr > self.lr:
@@ -362,6 +374,8 @@ class RunConfig(_Section):
                 f"model.vision.patch_size {self.model.vision.patch_size}"
             )
         vision = self.model.vision
+        if self.train.unmasked_steps and not vision.patch_dropout:
+            raise ValueError(f"train.unmasked_steps {self.train.unmasked_steps} needs model.vision.patch_dropout > 0")
         if vision.kind == "convnet" and -(-self.data.image_size // 2) < 2 ** (len(vision.depths) - 1):
             # a stride-2 stem, then a 2×2 max pool before every later stage: the map must keep a pixel
             raise ValueError(f"data.image_size {self.data.image_size} is too small for a convnet of "

@@ -440,7 +440,8 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
         raise NclipError(f"data.source webdataset cannot give this objective {need} yet; use a csv or built-in source")
     local = cfg.train.batch_size // world_size
     steps = cfg.train.steps - start_step
-    workers = dict(num_workers=d.num_workers, persistent_workers=False)
+    own = torch.Generator().manual_seed(cfg.seed)  # iterators seed from it, not from the global RNG: exact resume
+    workers = dict(num_workers=d.num_workers, persistent_workers=False, generator=own)
     if d.source == "webdataset":
         from nclip.data.webdataset import ShardStreamDataset
 

@@ -35,6 +35,8 @@ class FinetuneNet(nn.Module):
             raise ValueError(f"classifier must be one of {CLASSIFIERS}, got {classifier!r}")
         self.kind = classifier
         self.vision = model.vision
+        if hasattr(self.vision, "patch_dropout"):  # pre-training's FLIP patch dropout: fine-tune on every patch
+            self.vision.patch_dropout = 0.0
         if classifier == "cosine":
             if class_emb is None or class_emb.shape[0] != num_classes:
                 raise ValueError("the cosine classifier needs one text embedding per class")

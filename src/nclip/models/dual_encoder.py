@@ -66,6 +66,9 @@ class DualEncoder(nn.Module):
         self.tokenizer = CaptionTokenizer(cfg.data.text_length, m.text.tokenizer)
         self.vision = build_vision_tower(m.vision, cfg.data.image_size)
         self.text = build_text_tower(m, self.tokenizer, cfg.data.text_length, pretrained_text)
+        if m.grad_checkpointing:  # active while training only; CMSF's target copy runs without grad
+            self.vision.enable_grad_checkpointing()
+            self.text.enable_grad_checkpointing()
         # Tab. 9d: the first #SL hidden layers are shared by the CLIP and nCLIP heads of a modality
         self.shared_layers = m.nclip_shared_layers if {"clip", "nclip"} <= self.heads else 0
         widths = (self.vision.width, self.text.width)  # what the heads read: f, or the shared layers' output
@@ -92,6 +95,8 @@ class DualEncoder(nn.Module):
             # f starts as a copy of g (BYOL, MSF); "target_" keeps it out of the image tower's
             # param groups and FSDP's head units
             self.target_vision = copy.deepcopy(self.vision).requires_grad_(False)
+            if hasattr(self.target_vision, "patch_dropout"):  # the target encodes the whole (weak) view
+                self.target_vision.patch_dropout = 0.0
             self.target_cmsf_head = copy.deepcopy(self.image_cmsf_head).requires_grad_(False)
         if "supcon" in self.heads:
             self.image_supcon_head = SupconMLP(self.vision.width, m.supcon_hidden, m.supcon_dim)

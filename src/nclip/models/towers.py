@@ -31,6 +31,8 @@ from nclip.config import ModelConfig, TextConfig, VisionConfig
 from nclip.data.tokenization import bundled_model_dir
 from nclip.data.transforms import CLIP_MEAN, CLIP_STD
 from nclip.errors import NclipError
+from nclip.models import checkpointing
+from nclip.models.patch_dropout import drop_patches
 
 
 def vision_config(cfg: VisionConfig, image_size: int) -> CLIPVisionConfig:
@@ -110,10 +112,13 @@ class VisionTower(nn.Module):
     feature = "the final-norm [CLS] token"
     saliency = "[CLS] attention"
 
-    def __init__(self, config: CLIPVisionConfig, mean=None, std=None):
+    def __init__(self, config: CLIPVisionConfig, mean=None, std=None, patch_dropout: float = 0.0):
         super().__init__()
         self.model = CLIPVisionModel(config)
         self.width = config.hidden_size
+        # FLIP's rate (nclip.models.patch_dropout), a plain attribute the trainer changes between
+        # steps (train.unmasked_steps); not in the state dict
+        self.patch_dropout = patch_dropout
         self.renormalise = mean is not None
         if self.renormalise:  # x_CLIP·σ_CLIP + μ_CLIP = raw pixel → (raw − μ) / σ, as one affine map
             mean, std = torch.tensor(mean).view(1, 3, 1, 1), torch.tensor(std).view(1, 3, 1, 1)
@@ -129,12 +134,26 @@ class VisionTower(nn.Module):
         return pixels * self.pixel_scale.to(pixels.dtype) + self.pixel_shift.to(pixels.dtype)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        """pixels [B, 3, H, W] normalised → final-norm [CLS] feature [B, width]."""
-        return self.model(pixel_values=self._pixels(pixels)).pooler_output
+        """pixels [B, 3, H, W] normalised → final-norm [CLS] feature [B, width]; while training with
+        ``patch_dropout`` p > 0 the encoder sees [CLS] and round((1 − p)·N) random patches."""
+        if not (self.training and self.patch_dropout > 0):
+            return self.model(pixel_values=self._pixels(pixels)).pooler_output
+        return self._encode(self._pixels(pixels), self.patch_dropout)
+
+    def _encode(self, pixels: torch.Tensor, p: float) -> torch.Tensor:
+        """transformers' CLIPVisionModel.forward, step for step, with patch dropout between the
+        embeddings and the pre-norm (at p = 0 bitwise the model's pooler_output; tested)."""
+        vit = getattr(self.model, "vision_model", self.model)  # transformers < 5 nests the transformer
+        tokens = drop_patches(vit.embeddings(pixels), p)  # [B, 1 + K, width]
+        hidden = vit.encoder(inputs_embeds=vit.pre_layrnorm(tokens)).last_hidden_state
+        return vit.post_layernorm(hidden[:, 0])
 
     def attention_maps(self, pixels: torch.Tensor) -> torch.Tensor:
         """[B, heads, h, w]: the last layer's [CLS] attention over the patch grid."""
         return cls_attention(self.model, self._pixels(pixels))
+
+    def enable_grad_checkpointing(self) -> None:
+        checkpointing.enable_hf(self.model)  # each encoder layer
 
 
 def resnet_config(cfg: VisionConfig) -> ResNetConfig:
@@ -162,10 +181,23 @@ class ResNetTower(nn.Module):
         super().__init__()
         self.model = ResNetModel(config)
         self.width = config.hidden_sizes[-1]
+        self.grad_checkpointing = False
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         """pixels [B, 3, H, W] normalised → pooled feature [B, width]."""
-        return self.model(pixel_values=pixels).pooler_output.flatten(1)
+        if not (self.grad_checkpointing and checkpointing.active(self)):
+            return self.model(pixel_values=pixels).pooler_output.flatten(1)
+        # transformers' ResNet has no checkpointing of its own: ResNetModel.forward's path, with the
+        # stem and each stage checkpointed. Per stage, not per residual block: the stages are the
+        # entries of a ModuleList, which train.strategy fsdp shards as units (nclip.train.launch),
+        # and a stage must be entered through its own call for FSDP's hooks to gather its weights
+        x = checkpointing.checkpoint_once(self.model.embedder, pixels)
+        for stage in self.model.encoder.stages:
+            x = checkpointing.checkpoint_once(stage, x)
+        return self.model.pooler(x).flatten(1)
+
+    def enable_grad_checkpointing(self) -> None:
+        self.grad_checkpointing = True
 
 
 class ConvNetTower(nn.Module):
@@ -202,6 +234,10 @@ class ConvNetTower(nn.Module):
                 layers += conv(c_in, c_out)
                 c_in = c_out
         self.body = nn.Sequential(*layers)
+        # the checkpointed units: each conv → BN → GELU, a max pool going with the block after it
+        ends = [i + 1 for i, layer in enumerate(layers) if isinstance(layer, nn.GELU)]
+        self._blocks = tuple(zip([0] + ends[:-1], ends))
+        self.grad_checkpointing = False
         side = -(-image_size // 2) // 2 ** (len(cfg.depths) - 1)
         self.width = c_in
         self.position = nn.Parameter(torch.randn(side * side + 1, c_in) / c_in**0.5)
@@ -211,12 +247,27 @@ class ConvNetTower(nn.Module):
     def _tokens(self, pixels: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """pixels → ([B, 1 + h*w, C]: the query token (mean of the map) then the map's positions,
         position embeddings added; (h, w))."""
-        fmap = self.body(pixels)  # [B, C, h, w]
+        fmap = self._body(pixels)  # [B, C, h, w]
         grid = fmap.flatten(2).transpose(1, 2)  # [B, h*w, C]
         if grid.shape[1] + 1 != len(self.position):
             raise NclipError(f"convnet image tower built for {len(self.position) - 1} positions got images of "
                              f"{pixels.shape[-2]}x{pixels.shape[-1]} px ({grid.shape[1]} positions)")
         return torch.cat([grid.mean(dim=1, keepdim=True), grid], dim=1) + self.position, fmap.shape[-2:]
+
+    def _body(self, pixels: torch.Tensor) -> torch.Tensor:
+        if not (self.grad_checkpointing and checkpointing.active(self)):
+            return self.body(pixels)
+        # Per conv block: only each block's input is kept, and the backward recomputes one block at
+        # a time. A stage (several blocks) would keep fewer inputs but hold all of a stage's
+        # activations during its recomputation; at the presets' 1-3 blocks per stage they barely
+        # differ. The attention pool and the norm are small (one token's query) and stay as they are.
+        x = pixels
+        for start, end in self._blocks:
+            x = checkpointing.checkpoint_once(self.body[start:end], x)
+        return x
+
+    def enable_grad_checkpointing(self) -> None:
+        self.grad_checkpointing = True
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         """pixels [B, 3, H, W] normalised → attention-pooled feature [B, width]."""
@@ -243,7 +294,7 @@ def build_vision_tower(cfg: VisionConfig, image_size: int) -> nn.Module:
         return ResNetTower(resnet_config(cfg))
     if cfg.kind == "convnet":
         return ConvNetTower(cfg, image_size)
-    return VisionTower(vision_config(cfg, image_size), cfg.pixel_mean, cfg.pixel_std)
+    return VisionTower(vision_config(cfg, image_size), cfg.pixel_mean, cfg.pixel_std, cfg.patch_dropout)
 
 
 class ClipTextTower(nn.Module):
@@ -259,10 +310,13 @@ class ClipTextTower(nn.Module):
         The tower is causal and pools the first end-of-text token, or the largest id (OpenAI CLIP's
         end-of-text, which is also its padding: argmax picks the first). Padding only follows the
         pooled position and causal attention never lets a position see later ones, so a padding
-        mask cannot change the feature. Passing one costs a host sync per forward (transformers inspects the mask on
-        the host to decide whether SDPA may skip it; 3-7 ms/step measured on an H100); OpenCLIP
-        passes none either."""
+        mask cannot change the feature. Passing one costs a host sync per forward (transformers
+        inspects the mask on the host to decide whether SDPA may skip it; 3-7 ms/step measured on
+        an H100); OpenCLIP passes none either."""
         return self.model(input_ids=ids).pooler_output
+
+    def enable_grad_checkpointing(self) -> None:
+        checkpointing.enable_hf(self.model)  # each encoder layer
 
 
 class PretrainedTextTower(nn.Module):
@@ -290,6 +344,9 @@ class PretrainedTextTower(nn.Module):
             m = mask.unsqueeze(-1).to(out.last_hidden_state.dtype)  # [B, L, 1]
             return (out.last_hidden_state * m).sum(1) / m.sum(1).clamp_min(1)
         return out.last_hidden_state[:, 0]
+
+    def enable_grad_checkpointing(self) -> None:
+        checkpointing.enable_hf(self.model)  # each encoder layer
 
 
 def build_text_tower(cfg: ModelConfig, tokenizer, length: int, pretrained: bool = True) -> nn.Module:

@@ -249,7 +249,8 @@ class EpisodicData:
 
     def _loader(self, keys: list[list[tuple]]) -> DataLoader:
         workers = self.cfg.data.num_workers
-        return DataLoader(self.dataset, batch_sampler=keys, collate_fn=self.collate, num_workers=workers)
+        return DataLoader(self.dataset, batch_sampler=keys, collate_fn=self.collate, num_workers=workers,
+                          generator=torch.Generator().manual_seed(self.cfg.seed))  # no draw from the global RNG
 
     @torch.no_grad()
     def _extract(self, episode: int, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:

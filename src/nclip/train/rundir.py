@@ -43,6 +43,7 @@ RESUME_MAY_CHANGE = (
     "train.keep_checkpoints",
     "train.threads",  # the same math; float rounding may differ, as it would on another machine
     "train.compile",  # the same math, compiled; float rounding may differ (fused kernels)
+    "model.grad_checkpointing",  # the same ops, some run again in the backward: the same numbers
     "train.max_nonfinite_steps",  # when to stop on non-finite steps, not what a step does
     "train.tensorboard",  # a copy of metrics.jsonl's scalars
     "data.max_bad_fraction", "data.bad_window",  # when to stop on bad samples, not which are skipped
