@@ -90,7 +90,11 @@ class DataConfig(_Section):
     # synthetic: scenes per hard-negative group (same scene, other shapes; kept whole in a batch)
     hard_negative_group: int = Field(1, ge=1, le=64)
     text_length: int = Field(32, ge=4, le=512, description="tokens per caption, [CLS]/[SEP] included")
-    num_workers: int = Field(0, ge=0)
+    # loader worker processes per rank; None (auto): 0 on the CPU, as the step needs the same cores;
+    # on CUDA the cores this process may use (os.sched_getaffinity) per local rank, less one for the
+    # process that drives the GPU, at most 8 (nclip.data.loader.loader_workers). WebDataset: the count
+    # sets the stream order, so set it explicitly for a run that may resume on another machine
+    num_workers: int | None = Field(None, ge=0)
     augment: AugmentConfig = AugmentConfig()
     # --- real data (source: webdataset | csv); see nclip.data.webdataset / nclip.data.csv_source
     shards: str | list[str] | None = None  # e.g. "/data/cc3m/{00000..00331}.tar" (one source)

@@ -56,7 +56,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from nclip import distributed as collectives
 from nclip.config import RunConfig
-from nclip.data.loader import build_dataset, tag_captions
+from nclip.data.loader import build_dataset, loader_workers, tag_captions
 from nclip.data.transforms import augment, to_tensor
 from nclip.defaults import MAP_SOURCES, USER_LABEL
 from nclip.errors import NclipError
@@ -248,8 +248,9 @@ class EpisodicData:
     # ---- the three steps --------------------------------------------------------------------
 
     def _loader(self, keys: list[list[tuple]]) -> DataLoader:
-        workers = self.cfg.data.num_workers
-        return DataLoader(self.dataset, batch_sampler=keys, collate_fn=self.collate, num_workers=workers)
+        workers = loader_workers(self.cfg, self.device)  # a loader per phase: workers are not kept
+        return DataLoader(self.dataset, batch_sampler=keys, collate_fn=self.collate, num_workers=workers,
+                          pin_memory=self.device.type == "cuda")
 
     @torch.no_grad()
     def _extract(self, episode: int, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:

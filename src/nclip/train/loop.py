@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from nclip import distributed as collectives
 from nclip.config import RunConfig
+from nclip.data.device_feed import DeviceFeed
 from nclip.data.loader import train_loader
 from nclip.defaults import BUILTIN_SOURCES
 from nclip.errors import NclipError
@@ -146,7 +147,7 @@ class _Run:
     optimizer: torch.optim.Optimizer
     start: int  # the step to continue from (0 for a new run)
     counters: dict = field(default_factory=lambda: {"nonfinite_total": 0, "nonfinite_row": 0})
-    data: object = None  # the batches: train_loader or a data source such as EpisodicData
+    data: DeviceFeed = None  # the batches of train_loader or of a data source such as EpisodicData
     snapshot: BufferSnapshot = None  # the step module's buffers before the current step
 
     def __post_init__(self):
@@ -190,9 +191,15 @@ def _restore(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool) -> t
     return run, _data_state_for_rank(state.get("data") or [], ctx)
 
 
-def _open_data(run: _Run, data_source, data_state: dict | None):
-    """The run's batches from its start step: :func:`train_loader`, or ``data_source`` (e.g.
-    :class:`nclip.train.episodic.EpisodicData`: the same interface, built with the run's objects)."""
+def _open_data(run: _Run, data_source, data_state: dict | None) -> DeviceFeed:
+    """The run's batches from its start step, on the run's device (:class:`DeviceFeed`: pixels
+    normalised there, the next batch's copy overlapping the step on CUDA, the data wait measured):
+    :func:`train_loader`, or ``data_source`` (e.g. :class:`nclip.train.episodic.EpisodicData`: the
+    same interface, built with the run's objects)."""
+    return DeviceFeed(_open_source(run, data_source, data_state), run.ctx.device)
+
+
+def _open_source(run: _Run, data_source, data_state: dict | None):
     cfg, ctx = run.cfg, run.ctx
     if data_source is None:
         objective = REGISTRY[cfg.objective.name][1]  # what it needs: views per image, per-row labels
@@ -202,7 +209,8 @@ def _open_data(run: _Run, data_source, data_state: dict | None):
 
             run.step_module.objective.attach_frozen_embedding(frozen_table(cfg, request.frozen, ctx.device))
         return train_loader(cfg, run.model.tokenizer, start_step=run.start, rank=ctx.rank,
-                            world_size=ctx.world_size, state=data_state, views=objective.views, labels=request)
+                            world_size=ctx.world_size, state=data_state, views=objective.views, labels=request,
+                            device=ctx.device)
     return data_source(cfg=cfg, run_dir=run.run_dir, model=run.model, objective=run.step_module.objective,
                        optimizer=run.optimizer, ctx=ctx, start=run.start, state=data_state)
 
