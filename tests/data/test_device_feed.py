@@ -14,7 +14,7 @@ from nclip.data.device_feed import DeviceFeed
 from nclip.data.loader import _AUG_STREAM, build_dataset, train_loader
 from nclip.data.tokenization import CaptionTokenizer
 from nclip.data.transforms import augment, normalize_pixels, random_resized_crop, to_tensor, to_uint8_tensor
-from nclip.data.workers import AUTO_WORKERS_CAP, loader_options, loader_workers
+from nclip.data.workers import AUTO_WORKERS_CAP, init_worker, loader_options, loader_workers
 from nclip.errors import NclipError
 
 from conftest import micro_sizes
@@ -137,7 +137,7 @@ def test_num_workers_auto_is_0_on_the_cpu_and_explicit_values_stay(monkeypatch):
     assert loader_workers(_cfg("data.num_workers=3"), "cuda") == 3
     assert loader_options(0, "cpu") == {"num_workers": 0, "pin_memory": False}
     assert loader_options(2, "cuda") == {"num_workers": 2, "pin_memory": True, "persistent_workers": True,
-                                         "prefetch_factor": 2}
+                                         "prefetch_factor": 2, "worker_init_fn": init_worker}
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(32)), raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     assert loader_workers(cfg, "cuda") == AUTO_WORKERS_CAP
@@ -151,3 +151,19 @@ def test_a_bad_worker_count_is_a_one_line_config_error():
     with pytest.raises(NclipError) as e:
         _cfg("data.num_workers=-1")
     assert "data.num_workers" in str(e.value) and len(str(e.value).splitlines()) == 1
+
+
+def test_a_worker_gives_the_in_process_batches(tokenizer):
+    cfg = _cfg(*JITTER)
+    here = list(train_loader(cfg, tokenizer))
+    worker = list(train_loader(_cfg(*JITTER, "data.num_workers=1"), tokenizer))
+    assert all(torch.equal(a, b) for x, y in zip(here, worker) for a, b in zip(x, y)) and len(worker) == 4
+
+
+def test_the_epoch_permutation_kept_between_steps_changes_no_batch():
+    from nclip.data.loader import StepBatches
+
+    steps = [0, 1, 9, 10, 3, 25, 2]  # epochs of 8 steps, visited out of order
+    kept = StepBatches(64, 8, 40, seed=3)
+    for step in steps:
+        assert np.array_equal(kept.global_batch(step), StepBatches(64, 8, 40, seed=3).global_batch(step))

@@ -7,10 +7,8 @@ uninterrupted run would have. Under distribution, rank r takes the r-th contiguo
 global batch, so gathering the ranks' rows restores the global batch in order.
 
 Streamed sources (webdataset tar shards) are endless per-rank, per-worker streams; see
-:mod:`nclip.data.webdataset` for how they split, shuffle, mix and resume exactly.
-
-Pixels are uint8 [B, 3, S, S], normalised where the step runs (:mod:`nclip.data.device_feed`);
-the two views below stay float. Workers and pinning: :mod:`nclip.data.workers`.
+:mod:`nclip.data.webdataset` for how they split, shuffle, mix and resume exactly. Pixels are uint8,
+normalised where the step runs (:mod:`nclip.data.device_feed`); workers: :mod:`nclip.data.workers`.
 
 What an objective needs beyond (pixels, ids, mask) comes from its class (``Objective.views``,
 ``Objective.label_request``), passed by the trainer:
@@ -302,6 +300,7 @@ class StepBatches(torch.utils.data.Sampler):
             raise NclipError(f"batch size {batch_size} is not divisible by the group size {group}")
         self.length, self.batch, self.steps, self.seed = length, batch_size, steps, seed
         self.start, self.rank, self.world, self.group = start_step, rank, world_size, group
+        self._perm: tuple[int, np.ndarray | None] = (-1, None)  # (epoch, its permutation)
 
     def epoch(self, step: int) -> int:
         """The epoch of ``step``: the permutation its global batch is a slice of (an epoch is
@@ -318,7 +317,9 @@ class StepBatches(torch.utils.data.Sampler):
             picked = np.random.default_rng([self.seed, step]).integers(0, max(units, 1), per_batch)
         else:
             epoch, pos = self.epoch(step), step % (units // per_batch)
-            perm = np.random.default_rng([self.seed, epoch]).permutation(units)
+            if self._perm[0] != epoch:  # one permutation per epoch, not per step (1M rows: ~10 ms)
+                self._perm = epoch, np.random.default_rng([self.seed, epoch]).permutation(units)
+            perm = self._perm[1]
             picked = perm[pos * per_batch : (pos + 1) * per_batch]
         if g == 1:
             return picked
@@ -341,10 +342,9 @@ class Collate:
     ``index`` the sample's dataset index (appended when ``with_index``).
 
     ``views``: a :class:`nclip.data.views.TwoViews`; the images are then un-augmented and pixels
-    become float32 [B, 2, 3, S, S] (online/strong view, target/weak view), normalised, with the
-    parameters of this rank's rows of the step's global batch (``world_size`` × B rows), seeded by
-    (seed, step). They stay float: kornia crops, jitters and blurs off the 1/255 grid, so uint8 views
-    would round every pixel again (an unmeasured change of CMSF's data)."""
+    become normalised float [B, 2, 3, S, S] (online/strong view, target/weak view; kornia's views are
+    off the 1/255 grid: uint8 would round them again) with the parameters of this rank's rows of the
+    step's global batch (``world_size`` × B rows), seeded by (seed, step)."""
 
     def __init__(self, tokenizer: CaptionTokenizer, views=None, seed: int = 0, rank: int = 0, world_size: int = 1,
                  with_index: bool = False):

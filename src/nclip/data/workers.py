@@ -33,10 +33,18 @@ def loader_workers(cfg: RunConfig, device: torch.device | str | None = None) -> 
 
 def loader_options(workers: int, device: torch.device | str | None = None) -> dict:
     """DataLoader keyword arguments: ``workers`` processes kept for the whole run with two batches
-    each in flight, and pinned batches on CUDA (the copy to the GPU can then be asynchronous)."""
+    each in flight (:func:`init_worker` in each), and pinned batches on CUDA (the copy to the GPU can
+    then be asynchronous)."""
     cuda = device is not None and torch.device(device).type == "cuda"
-    more = dict(persistent_workers=True, prefetch_factor=2) if workers > 0 else {}
+    more = dict(persistent_workers=True, prefetch_factor=2, worker_init_fn=init_worker) if workers > 0 else {}
     return dict(num_workers=workers, pin_memory=cuda, **more)
+
+
+def init_worker(worker_id: int) -> None:
+    """One thread per worker: the workers are the parallelism. torch already sets one intra-op
+    thread in a DataLoader worker; the tokenizer's own thread pool (one thread per core, in every
+    worker) is turned off here, as ``tokenizers`` reads this variable at every batch."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
 def worker_message(e: Exception) -> str:
