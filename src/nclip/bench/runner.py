@@ -147,6 +147,12 @@ def run_bench(preset: str, overrides: list[str], quick: bool = False, compare: l
         rep.add(f"data {s} px samples/s/core", d["samples_per_s_per_core"],
                 f"{d['over_target']:.2f}x the {parts.DATA_TARGET:.0f}/s target (CPU time, {d['samples']} samples)")
 
+    from nclip.bench.loader_rate import loader_over_generator  # the loader's rate per worker, same config
+
+    feed = loader_over_generator(cfg, sizes.data_64, workers=1)
+    rep.add("generator / loader per worker", feed["ratio"], f"generator {feed['generator_samples_per_s_per_core']:.0f}"
+            f"/s/core, loader {feed['samples_per_s_per_worker']:.0f}/s per worker (CPU time; target <= 1.5)")
+
     log("bench: K-Means and PBT")
     n, k, iters = sizes.kmeans
     km = parts.kmeans_and_pbt(n, k, iters=iters)
