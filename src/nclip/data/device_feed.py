@@ -82,7 +82,10 @@ class DeviceFeed:
 
     def __iter__(self) -> Iterator[tuple]:
         batches = iter(self.source)
-        stream = torch.cuda.Stream(self.device) if self.cuda else None
+        stream = None
+        if self.cuda:
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))  # self.stats' copy, made on that stream
         t0 = time.perf_counter()
         ahead = self._read(batches, stream)
         while ahead is not None:
