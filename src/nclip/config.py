@@ -92,7 +92,7 @@ class DataConfig(_Section):
     text_length: int = Field(32, ge=4, le=512, description="tokens per caption, [CLS]/[SEP] included")
     # loader worker processes per rank; None (auto): 0 on the CPU, as the step needs the same cores;
     # on CUDA the cores this process may use (os.sched_getaffinity) per local rank, less one for the
-    # process that drives the GPU, at most 8 (nclip.data.loader.loader_workers). WebDataset: the count
+    # process that drives the GPU, at most 8 (nclip.data.workers.loader_workers). WebDataset: the count
     # sets the stream order, so set it explicitly for a run that may resume on another machine
     num_workers: int | None = Field(None, ge=0)
     augment: AugmentConfig = AugmentConfig()

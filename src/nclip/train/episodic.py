@@ -56,8 +56,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from nclip import distributed as collectives
 from nclip.config import RunConfig
-from nclip.data.loader import build_dataset, loader_workers, tag_captions
+from nclip.data.loader import build_dataset, tag_captions
 from nclip.data.transforms import augment, to_tensor
+from nclip.data.workers import loader_workers
 from nclip.defaults import MAP_SOURCES, USER_LABEL
 from nclip.errors import NclipError
 from nclip.jsonio import truncate_jsonl

@@ -147,7 +147,7 @@ class _Run:
     optimizer: torch.optim.Optimizer
     start: int  # the step to continue from (0 for a new run)
     counters: dict = field(default_factory=lambda: {"nonfinite_total": 0, "nonfinite_row": 0})
-    data: DeviceFeed = None  # the batches of train_loader or of a data source such as EpisodicData
+    data: object = None  # the batches: train_loader or a data source such as EpisodicData
     snapshot: BufferSnapshot = None  # the step module's buffers before the current step
 
     def __post_init__(self):
