@@ -54,12 +54,14 @@ def metrics_then_resumed(cfg, run: Path) -> tuple[list[dict], list[dict]]:
     import shutil
 
     from nclip.train.checkpoint import list_checkpoints
+    from nclip.train.logbook import WALL_CLOCK
     from nclip.train.loop import train
 
     def rows() -> list[dict]:
         out = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         for r in out:
-            r.pop("samples_per_s")
+            for key in WALL_CLOCK:
+                r.pop(key)
         return out
 
     train(cfg, run, progress=False, evaluate=False)

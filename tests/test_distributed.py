@@ -17,6 +17,7 @@ import torch
 
 from nclip import distributed as collectives
 from nclip.objectives import functional
+from nclip.train.logbook import WALL_CLOCK
 
 from conftest import micro_sizes
 from distributed_utils import combine_ranks, loss_and_grads, run_ranks, split_rows
@@ -260,7 +261,8 @@ def _loop_rank(rank: int, world: int, root: str):
 def _metrics(text: str) -> list[dict]:
     rows = [json.loads(line) for line in text.splitlines()]
     for r in rows:
-        r.pop("samples_per_s")
+        for key in WALL_CLOCK:
+            r.pop(key)
     return rows
 
 

@@ -90,7 +90,11 @@ class DataConfig(_Section):
     # synthetic: scenes per hard-negative group (same scene, other shapes; kept whole in a batch)
     hard_negative_group: int = Field(1, ge=1, le=64)
     text_length: int = Field(32, ge=4, le=512, description="tokens per caption, [CLS]/[SEP] included")
-    num_workers: int = Field(0, ge=0)
+    # loader worker processes per rank; None (auto): 0 on the CPU, as the step needs the same cores;
+    # on CUDA the cores this process may use (os.sched_getaffinity) per local rank, less one for the
+    # process that drives the GPU, at most 8 (nclip.data.workers.loader_workers). WebDataset: the count
+    # sets the stream order, so set it explicitly for a run that may resume on another machine
+    num_workers: int | None = Field(None, ge=0)
     augment: AugmentConfig = AugmentConfig()
     # --- real data (source: webdataset | csv); see nclip.data.webdataset / nclip.data.csv_source
     shards: str | list[str] | None = None  # e.g. "/data/cc3m/{00000..00331}.tar" (one source)
@@ -246,8 +250,7 @@ class ModelConfig(_Section):
     supcon_hidden: int = Field(2048, ge=1, description="SupCon projection hidden width (Khosla et al.: 2048)")
     supcon_dim: int = Field(128, ge=1, description="SupCon projection output (Khosla et al.: 128)")
     sync_batchnorm: bool = True  # under DDP, BatchNorm statistics over the global batch
-    # recompute the towers' activations in the backward instead of keeping them (per layer or
-    # block; nclip.models.checkpointing): less memory for about one more forward of the towers
+    # recompute the towers' activations in the backward (nclip.models.checkpointing): less memory
     grad_checkpointing: bool = False
 
     @model_validator(mode="after")
@@ -272,9 +275,7 @@ class TrainConfig(_Section):
     schedule_steps: int | None = Field(None, ge=1)
     batch_size: int = Field(64, ge=2, description="global batch (pairs per optimizer step)")
     accumulation: int = Field(1, ge=1, description="micro-batches per optimizer step")
-    # exact: the towers run micro-batch by micro-batch, the heads and the objective once on the whole
-    # global batch (gradient caching, nclip.train.accumulate); independent: each micro-batch is its own
-    # contrastive batch (the objective changes with k)
+    # exact: the whole global batch's objective (nclip.train.accumulate); independent: one per micro-batch
     accumulation_mode: Literal["exact", "independent"] = "exact"
     # adamw (betas, eps) or SGD with (heavy-ball) momentum, CMSF's recipe (Sec. 3: lr 0.05,
     # momentum 0.9, weight decay 1e-4, cosine); both decay matrices only (nclip.train.optim).
@@ -298,8 +299,7 @@ class TrainConfig(_Section):
     compile: bool = False
     strategy: Literal["ddp", "fsdp"] = "ddp"  # under torchrun: replicate (DDP) or shard (FSDP2)
     max_nonfinite_steps: int = Field(10, ge=1, description="stop after this many skipped steps in a row")
-    # FLIP's unmasked tuning: the last N steps train with every patch (needs model.vision.patch_dropout)
-    unmasked_steps: int = Field(0, ge=0)
+    unmasked_steps: int = Field(0, ge=0, description="FLIP's unmasked tuning: the last N steps keep every patch")
     # the scalars of metrics.jsonl also as TensorBoard events in RUN/tensorboard/ (rank 0); needs the
     # optional tensorboard package (pip install nclip[tensorboard])
     tensorboard: bool = False
@@ -328,8 +328,7 @@ class TrainConfig(_Section):
                 f"batch_size {self.batch_size} is not divisible by accumulation {self.accumulation}"
             )
         if self.accumulation > 1 and self.accumulation_mode == "exact" and self.strategy == "fsdp":
-            raise ValueError("accumulation_mode exact is not supported with strategy fsdp yet; use strategy ddp, "
-                             "or accumulation_mode independent")
+            raise ValueError("accumulation_mode exact is not supported with strategy fsdp yet (use ddp or independent)")
         if self.unmasked_steps > self.steps:
             raise ValueError(f"unmasked_steps {self.unmasked_steps} exceeds steps {self.steps}")
         if self.schedule_steps is not None and self.schedule_steps > self.steps:

@@ -23,6 +23,7 @@ from nclip.objectives.cmsf import (
     XentConfig,
     XentObjective,
 )
+from nclip.train.logbook import WALL_CLOCK
 
 from conftest import train_and_kill
 from distributed_utils import combine_ranks, loss_and_grads, only_leaves, run_ranks, split_rows
@@ -277,7 +278,8 @@ def test_noisy_labels_have_the_exact_rate_and_keep_the_clean_ones():
 def _rows(path) -> list[dict]:
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     for r in rows:
-        r.pop("samples_per_s", None)
+        for key in WALL_CLOCK:
+            r.pop(key, None)
     return rows
 
 

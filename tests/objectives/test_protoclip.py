@@ -18,6 +18,7 @@ from nclip.objectives.base import EncoderOutput
 from nclip.objectives.protoclip import ProtoclipConfig, ProtoclipObjective
 from nclip.train import episodic, teacher
 from nclip.train import kmeans as km
+from nclip.train.logbook import WALL_CLOCK
 
 # ---- straight transcriptions of Algorithm 1, in float64 with loops ---------------------------
 
@@ -451,7 +452,7 @@ def test_resume_in_the_middle_of_an_episode_is_exact(tmp_path, shared_cache):
     train(cfg, run, resume=True, progress=False, evaluate=False)
 
     def rows(text):
-        return [{k: v for k, v in json.loads(x).items() if k != "samples_per_s"} for x in text.splitlines()]
+        return [{k: v for k, v in json.loads(x).items() if k not in WALL_CLOCK} for x in text.splitlines()]
 
     assert rows((run / "metrics.jsonl").read_text()) == rows(full)
     eps = [json.loads(x) for x in (run / "episodes.jsonl").read_text().splitlines()]

@@ -23,6 +23,7 @@ from nclip.objectives.supcon import (
     SupconConfig,
     SupconObjective,
 )
+from nclip.train.logbook import WALL_CLOCK
 
 from distributed_utils import combine_ranks, loss_and_grads, only_leaves, run_ranks, split_rows
 from references import assert_loss_and_grads_close, ref_clip, ref_paco, ref_reco, ref_supcon
@@ -416,7 +417,8 @@ TRAIN = ["data.image_size=16", "model.supcon_hidden=32", "model.supcon_dim=16", 
 def _rows(path) -> list[dict]:
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     for r in rows:
-        r.pop("samples_per_s", None)
+        for key in WALL_CLOCK:
+            r.pop(key, None)
     return rows
 
 

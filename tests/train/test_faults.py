@@ -38,7 +38,7 @@ def _poison_batches(monkeypatch, bad_steps):
         def __iter__(self):
             for step, (pixels, ids, mask) in enumerate(self.data, start=self.start):
                 if step in bad_steps:
-                    pixels = torch.full_like(pixels, float("nan"))
+                    pixels = torch.full(pixels.shape, float("nan"))  # float: the feed passes it as it is
                 yield pixels, ids, mask
 
     def fake(cfg, tokenizer, start_step=0, **kw):

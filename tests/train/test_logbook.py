@@ -25,6 +25,7 @@ def test_step_line_names_step_loss_terms_and_speed():
     assert main_terms(row) == ["clip/loss", "nclip/L_CE"]  # losses, not statistics
     assert step_line(row, 100) == ("step 20/100  loss 1.5000  clip/loss 2.0000  nclip/L_CE 5.2500  lr 0.001  "
                                    "123 samples/s")
+    assert step_line({**row, "data_wait_s": 0.0125}, 100).endswith("123 samples/s  data wait 12.5 ms/step")
 
 
 @pytest.mark.slow
@@ -46,16 +47,17 @@ def test_startup_block_and_a_line_per_log_step(tmp_path, capsys):
     assert block["output"].endswith(str(out))
     lines = [line for line in err if line.startswith("step ")]
     assert [line.split()[1] for line in lines] == ["2/4", "4/4"]
-    assert all("loss " in line and "nclip/L_CE " in line and line.endswith("samples/s") for line in lines)
+    assert all("loss " in line and "nclip/L_CE " in line and "samples/s  data wait " in line for line in lines)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["data_wait_s"] >= 0 for r in rows)  # the mean host wait for a batch, per step
 
     if not HAVE_TENSORBOARD:
         return
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     events = EventAccumulator(str(out / "tensorboard"))
     events.Reload()
-    for key in ("loss", "lr", "nclip/L_CE", "clip/loss", "samples_per_s", "grad_norm"):
+    for key in ("loss", "lr", "nclip/L_CE", "clip/loss", "samples_per_s", "data_wait_s", "grad_norm"):
         got = [(e.step, e.value) for e in events.Scalars(key)]
         assert got == [(r["step"], pytest.approx(r[key], rel=1e-6)) for r in rows], key
 

@@ -12,6 +12,7 @@ import torch
 from nclip.cli import main
 from nclip.config import resolve
 from nclip.train.checkpoint import list_checkpoints, read_checkpoint
+from nclip.train.logbook import WALL_CLOCK
 from nclip.train.loop import train
 
 from conftest import micro_sizes, train_and_kill
@@ -23,7 +24,6 @@ OVERRIDES = micro_sizes() + [
     "train.steps=30", "train.batch_size=16", "train.warmup_steps=3", "train.log_every=1",
     "train.checkpoint_every=4", "train.keep_checkpoints=3", "train.threads=1", "data.train_length=256",
 ]
-WALL_CLOCK = ("samples_per_s",)
 
 
 def _rows(path) -> list[dict]:

@@ -238,6 +238,16 @@ def _stage_data(b: _Bench) -> None:
     b.details["data"] = data
 
 
+def _stage_loader(b: _Bench) -> None:
+    from nclip.bench.loader_rate import loader_over_generator  # the loader's rate per worker, same config
+
+    feed = loader_over_generator(b.cfg, b.sizes.data_64, workers=1)
+    b.rep.add("generator / loader per worker", feed["ratio"],
+              f"generator {feed['generator_samples_per_s_per_core']:.0f}/s/core, loader "
+              f"{feed['samples_per_s_per_worker']:.0f}/s per worker (CPU time; target <= 1.5)")
+    b.details["loader"] = feed
+
+
 def _stage_kmeans(b: _Bench) -> None:
     from nclip.bench import parts
 
@@ -293,6 +303,7 @@ STAGES = [
     Stage("train_path", ("nclip train path / hand loop samples/s",), _stage_train_path,
           lambda b: _models(b, 1, 3)),
     Stage("data", ("data 64 px samples/s/core", "data 224 px samples/s/core"), _stage_data),
+    Stage("loader", ("generator / loader per worker",), _stage_loader),
     Stage("kmeans", ("K-Means s", "PBT s"), _stage_kmeans),
     Stage("eval", ("eval features images/s",), _stage_eval, lambda b: _models(b, 1, 0)),
 ]

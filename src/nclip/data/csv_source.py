@@ -25,7 +25,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from nclip.config import RunConfig
-from nclip.data.transforms import augment, to_tensor
+from nclip.data.transforms import augment, to_uint8_tensor
 from nclip.errors import NclipError
 
 _AUG_STREAM = 0xA06
@@ -148,6 +148,6 @@ class CsvTrainPairs(Dataset):
             aug = self.cfg.data.augment
             rng = np.random.default_rng([self.cfg.seed, _AUG_STREAM, index])
             crop = augment(image, self.cfg.data.image_size, aug, rng)
-            return to_tensor(crop), caption, bad, row
+            return to_uint8_tensor(crop), caption, bad, row
         raise NclipError(f"{self.file}: {len(bad)} unusable rows in a row from row {index + 2} "
                          f"(e.g. {bad[0][0]}: {bad[0][1]})")

@@ -7,7 +7,8 @@ uninterrupted run would have. Under distribution, rank r takes the r-th contiguo
 global batch, so gathering the ranks' rows restores the global batch in order.
 
 Streamed sources (webdataset tar shards) are endless per-rank, per-worker streams; see
-:mod:`nclip.data.webdataset` for how they split, shuffle, mix and resume exactly.
+:mod:`nclip.data.webdataset` for how they split, shuffle, mix and resume exactly. Pixels are uint8,
+normalised where the step runs (:mod:`nclip.data.device_feed`); workers: :mod:`nclip.data.workers`.
 
 What an objective needs beyond (pixels, ids, mask) comes from its class (``Objective.views``,
 ``Objective.label_request``), passed by the trainer:
@@ -47,8 +48,9 @@ from nclip.config import RunConfig
 from nclip.data.shards import Bad
 from nclip.data.tagging import TagCaptions
 from nclip.data.tokenization import CaptionTokenizer
-from nclip.data.transforms import augment, resize_center_crop, to_tensor
+from nclip.data.transforms import augment, resize_center_crop, to_tensor, to_uint8_tensor
 from nclip.data.types import LabelSpace, Sample
+from nclip.data.workers import loader_options, loader_workers, worker_message
 from nclip.defaults import BUILTIN_SOURCES, USER_LABEL, has_labels
 from nclip.errors import NclipError
 from nclip.objectives.base import LabelRequest
@@ -195,7 +197,7 @@ class Tagged:
 
 
 class TrainPairs(Dataset):
-    """Key (step, index) → (augmented image tensor [3, S, S], caption, bad, labels, step, index); see
+    """Key (step, index) → (augmented image, uint8 [3, S, S], caption, bad, labels, step, index); see
     :class:`Collate`.
 
     ``raw``: the un-augmented image (:func:`view_source`, of side ``raw_side``), for the two views
@@ -218,7 +220,7 @@ class TrainPairs(Dataset):
             image = view_source(s.image, self.raw_side)  # built-in images are S × S
         else:
             rng = np.random.default_rng([self.cfg.seed, _AUG_STREAM, index])
-            image = to_tensor(augment(s.image, self.cfg.data.image_size, self.cfg.data.augment, rng))
+            image = to_uint8_tensor(augment(s.image, self.cfg.data.image_size, self.cfg.data.augment, rng))
         labels = self.labels(index, s.labels[self.label_key]) if self.labels is not None else None
         caption = self.tags(step, index, s.labels[self.tags.key]) if self.tags is not None else s.caption
         return image, caption, [], labels, step, index  # built-in samples are never bad (a folder's: an error)
@@ -298,6 +300,7 @@ class StepBatches(torch.utils.data.Sampler):
             raise NclipError(f"batch size {batch_size} is not divisible by the group size {group}")
         self.length, self.batch, self.steps, self.seed = length, batch_size, steps, seed
         self.start, self.rank, self.world, self.group = start_step, rank, world_size, group
+        self._perm: tuple[int, np.ndarray | None] = (-1, None)  # (epoch, its permutation)
 
     def epoch(self, step: int) -> int:
         """The epoch of ``step``: the permutation its global batch is a slice of (an epoch is
@@ -314,7 +317,9 @@ class StepBatches(torch.utils.data.Sampler):
             picked = np.random.default_rng([self.seed, step]).integers(0, max(units, 1), per_batch)
         else:
             epoch, pos = self.epoch(step), step % (units // per_batch)
-            perm = np.random.default_rng([self.seed, epoch]).permutation(units)
+            if self._perm[0] != epoch:  # one permutation per epoch, not per step (1M rows: ~10 ms)
+                self._perm = epoch, np.random.default_rng([self.seed, epoch]).permutation(units)
+            perm = self._perm[1]
             picked = perm[pos * per_batch : (pos + 1) * per_batch]
         if g == 1:
             return picked
@@ -331,14 +336,15 @@ class StepBatches(torch.utils.data.Sampler):
 
 
 class Collate:
-    """List of (image, caption, bad[, labels, step, index]) → (pixels [B, 3, S, S], ids [B, L],
+    """List of (image, caption, bad[, labels, step, index]) → (pixels uint8 [B, 3, S, S], ids [B, L],
     mask [B, L], [labels [B], true_labels [B], [index [B]]] info), where ``bad`` lists the (where,
     reason) of samples skipped in favour of this one, ``labels`` is (train, true) or None and
     ``index`` the sample's dataset index (appended when ``with_index``).
 
     ``views``: a :class:`nclip.data.views.TwoViews`; the images are then un-augmented and pixels
-    become [B, 2, 3, S, S] (online/strong view, target/weak view) with the parameters of this rank's
-    rows of the step's global batch (``world_size`` × B rows), seeded by (seed, step)."""
+    become normalised float [B, 2, 3, S, S] (online/strong view, target/weak view; kornia's views are
+    off the 1/255 grid: uint8 would round them again) with the parameters of this rank's rows of the
+    step's global batch (``world_size`` × B rows), seeded by (seed, step)."""
 
     def __init__(self, tokenizer: CaptionTokenizer, views=None, seed: int = 0, rank: int = 0, world_size: int = 1,
                  with_index: bool = False):
@@ -365,6 +371,8 @@ class Collate:
 class TrainData:
     """This rank's batches from ``start_step`` to ``train.steps``, the count of bad samples skipped
     (restored on resume) and the data position (:meth:`state`) for checkpoints."""
+
+    lookahead = True  # a batch depends on its step alone: the next may be read before a step runs
 
     def __init__(self, loader: DataLoader, kind: str, steps: int, cfg: RunConfig, world_size: int,
                  what: str, skipped: int = 0, streams: list[list[int]] | None = None):
@@ -399,7 +407,7 @@ class TrainData:
             except StopIteration:
                 return
             except NclipError as e:  # raised in a loader worker: keep the one-line message
-                raise NclipError(_worker_message(e)) from None
+                raise NclipError(worker_message(e)) from None
             if self.kind == "map":
                 self._account_map(pixels.shape[0], info["bad"])
             else:
@@ -415,21 +423,14 @@ class TrainData:
             self._window.add(None, self.what)
 
 
-def _worker_message(e: Exception) -> str:
-    """The original one-line message of an error re-raised by a DataLoader worker."""
-    text = str(e)
-    if "Original Traceback" not in text:
-        return text
-    last = [line for line in text.strip().splitlines() if line.strip()][-1]
-    return last.split("NclipError: ", 1)[-1]
-
-
 def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 0,
                  rank: int = 0, world_size: int = 1, state: dict | None = None, views: int = 1,
-                 labels: LabelRequest | None = None) -> TrainData:
+                 labels: LabelRequest | None = None, device: torch.device | str | None = None) -> TrainData:
     """This rank's training data from ``start_step`` on; ``state`` is the data position saved in
     the checkpoint being resumed (see :meth:`TrainData.state`); ``views`` and ``labels``: what the
-    objective needs (module docstring)."""
+    objective needs (module docstring); ``device``: where the batches go (CUDA: pinned, auto workers)."""
+    workers = {"num_workers": loader_workers(cfg, device)}  # resolved once: the webdataset streams see it
+    cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update=workers)})
     d = cfg.data
     if cfg.train.batch_size % world_size:
         raise NclipError(f"train.batch_size {cfg.train.batch_size} is not divisible by the world size {world_size}")
@@ -440,8 +441,7 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
         raise NclipError(f"data.source webdataset cannot give this objective {need} yet; use a csv or built-in source")
     local = cfg.train.batch_size // world_size
     steps = cfg.train.steps - start_step
-    own = torch.Generator().manual_seed(cfg.seed)  # iterators seed from it, not from the global RNG: exact resume
-    workers = dict(num_workers=d.num_workers, persistent_workers=False, generator=own)
+    workers = loader_options(d.num_workers, device, seed=cfg.seed)
     if d.source == "webdataset":
         from nclip.data.webdataset import ShardStreamDataset
 

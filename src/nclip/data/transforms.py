@@ -3,6 +3,13 @@
 Randomness comes from an explicit ``numpy.random.Generator`` so that the augmentation of sample i
 is a pure function of (seed, i): runs are reproducible whatever the number of loader workers, and a
 resumed run sees exactly the crops an uninterrupted one would have.
+
+Training pixels travel as uint8 (:func:`to_uint8_tensor`, a quarter of float32's bytes through the
+loader's shared memory and the host-to-device copy) and are normalised where the step runs
+(:func:`normalize_pixels`, on the GPU by :mod:`nclip.data.device_feed`). This changes no pixel:
+:func:`augment` already returns uint8 (its float colour steps round to uint8 as they end, as
+OpenCLIP's PIL pipeline is uint8 until ``ToTensor``), and :func:`normalize_pixels` of those bytes is
+bitwise :func:`to_tensor` of them on the CPU. Evaluation keeps :func:`to_tensor`.
 """
 
 from __future__ import annotations
@@ -51,6 +58,8 @@ def random_resized_crop(
 ) -> np.ndarray:
     """uint8 [H, W, 3] → uint8 [size, size, 3]: a random crop (see above) resized bilinearly."""
     box = random_resized_crop_box(image.shape[0], image.shape[1], scale, ratio, rng)
+    if box == (0, 0, image.shape[1], image.shape[0]) and image.shape[:2] == (size, size):
+        return image  # Pillow returns a copy for this resize: skip its two conversions (tiny's no-crop)
     return np.asarray(Image.fromarray(image).resize((size, size), Image.BILINEAR, box=box))
 
 
@@ -149,3 +158,22 @@ def to_tensor(image: np.ndarray) -> torch.Tensor:
     """uint8 [H, W, 3] → float32 [3, H, W], normalised with CLIP's mean and std."""
     x = (image.astype(np.float32) / 255.0 - CLIP_MEAN) / CLIP_STD
     return torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))
+
+
+def to_uint8_tensor(image: np.ndarray) -> torch.Tensor:
+    """uint8 [H, W, 3] → uint8 [3, H, W], for :func:`normalize_pixels` where the batch is used."""
+    return torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1)))
+
+
+def clip_stats(device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """CLIP's (mean, std) as float32 [3, 1, 1] tensors on ``device``."""
+    return (torch.as_tensor(CLIP_MEAN, device=device).view(3, 1, 1),
+            torch.as_tensor(CLIP_STD, device=device).view(3, 1, 1))
+
+
+def normalize_pixels(pixels: torch.Tensor, stats: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """uint8 [..., 3, H, W] → float32, normalised with CLIP's mean and std on the pixels' device;
+    on the CPU bitwise :func:`to_tensor` (the same float32 operations in the same order). ``stats``:
+    :func:`clip_stats` made once on that device (on a GPU, building them is a blocking copy)."""
+    mean, std = stats if stats is not None else clip_stats(pixels.device)
+    return (pixels.float() / 255.0 - mean) / std

@@ -50,7 +50,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from nclip.config import RunConfig
 from nclip.data.shards import Bad, Record, check_shards, decode, expand_shards, iter_records
-from nclip.data.transforms import augment, to_tensor
+from nclip.data.transforms import augment, to_uint8_tensor
 from nclip.errors import NclipError
 
 _STREAM_TAG = 0x5EED5  # separates the shard/mix/shuffle draws from other users of the seed
@@ -295,7 +295,7 @@ class ShardStreamDataset(IterableDataset):
                 yield pixels, ids, mask, {"stream": stream, "consumed": consumed, "skipped": skipped}
 
     def _decode(self, rec: Record | Bad, stream: int, index: int, window: BadWindow):
-        """(pixels [3, S, S], caption, []) of the stream's ``index``-th raw record, augmented with
+        """(pixels, uint8 [3, S, S], caption, []) of the stream's ``index``-th raw record, augmented with
         randomness seeded by (seed, rank, stream, index); None for a bad record (counted in ``window``)."""
         out = decode(rec)
         window.add(out if isinstance(out, Bad) else None, rec.url)
@@ -304,7 +304,7 @@ class ShardStreamDataset(IterableDataset):
         image, caption, _ = out
         d = self.cfg.data
         rng = np.random.default_rng([self.cfg.seed, _AUG_TAG, self.reseed, self.rank, stream, index])
-        return to_tensor(augment(image, d.image_size, d.augment, rng)), caption, []
+        return to_uint8_tensor(augment(image, d.image_size, d.augment, rng)), caption, []
 
     def _per_source_batches(self, worker: int, workers: int, stream: int, slot: int, slots: int,
                             position: list[int], window: BadWindow):

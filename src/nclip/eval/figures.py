@@ -247,7 +247,8 @@ def curve_panels(keys: list[str]) -> list[tuple[str, list[str]]]:
         ("learning rate", ["lr"]),
         ("gradient norm", ["grad_norm"]),
     ]
-    used = {k for _, ks in panels for k in ks} | {"step", "samples_per_s", "nonfinite_steps", "nclip/loss"}
+    used = {k for _, ks in panels for k in ks} | {"step", "samples_per_s", "data_wait_s", "nonfinite_steps",
+                                                   "nclip/loss"}
     rest: dict[str, list[str]] = defaultdict(list)
     for k in keys:
         if k not in used:

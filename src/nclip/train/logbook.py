@@ -18,6 +18,8 @@ from tqdm.auto import tqdm
 from nclip.train.monitors import CollapseMonitor
 
 METRICS = "metrics.jsonl"
+# metrics.jsonl's wall-clock fields: they differ between runs of the same steps (resume tests drop them)
+WALL_CLOCK = ("samples_per_s", "data_wait_s")
 TENSORBOARD = "tensorboard"  # RUN/tensorboard/: the event files of train.tensorboard
 
 
@@ -92,10 +94,11 @@ def main_terms(row: dict) -> list[str]:
 
 
 def step_line(row: dict, total: int) -> str:
-    """One log step as one line: step, loss, the objective's main terms, lr, samples/s."""
+    """One log step as one line: step, loss, the objective's main terms, lr, samples/s, data wait."""
     terms = "  ".join(f"{k} {row[k]:.4f}" for k in main_terms(row)[:8])
+    wait = f"  data wait {row['data_wait_s'] * 1e3:.1f} ms/step" if "data_wait_s" in row else ""
     return (f"step {row['step']}/{total}  loss {row.get('loss', float('nan')):.4f}" + (f"  {terms}" if terms else "")
-            + f"  lr {row['lr']:.3g}  {row['samples_per_s']:.0f} samples/s")
+            + f"  lr {row['lr']:.3g}  {row['samples_per_s']:.0f} samples/s" + wait)
 
 
 def tensorboard_writer(run_dir: Path):
@@ -133,6 +136,9 @@ class Log:
         row = {"step": done, "lr": result.lr, **result.terms, "grad_norm": result.grad_norm,
                "nonfinite_steps": self.run.counters["nonfinite_total"], "data/skipped": result.skipped_samples,
                "samples_per_s": self.window_samples / max(now - self.window_t, 1e-9)}
+        if hasattr(self.run.data, "pop_wait"):  # this rank's host wait for its batches, per step
+            waited, steps = self.run.data.pop_wait()
+            row["data_wait_s"] = waited / max(steps, 1)
         if self.monitor is not None and self.run.ctx.is_main:
             for warning in self.monitor.update(done, row):
                 row.setdefault("monitor/warnings", []).append(warning)
@@ -148,8 +154,9 @@ class Log:
         if self.lines:
             print(step_line(row, self.run.cfg.train.steps), file=sys.stderr, flush=True)
         self.window_t, self.window_samples, self.last = now, 0, row
+        wait = {"data_wait_ms": f"{row['data_wait_s'] * 1e3:.1f}"} if "data_wait_s" in row else {}
         self.bar.set_postfix(loss=f"{row.get('loss', float('nan')):.3f}", samples_s=f"{row['samples_per_s']:.0f}",
-                             refresh=False)
+                             **wait, refresh=False)
 
     def close(self) -> None:
         if self.file is not None:

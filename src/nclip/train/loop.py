@@ -42,6 +42,7 @@ import torch.distributed as dist
 
 from nclip import distributed as collectives
 from nclip.config import RunConfig
+from nclip.data.device_feed import DeviceFeed
 from nclip.data.loader import train_loader
 from nclip.defaults import BUILTIN_SOURCES
 from nclip.errors import NclipError
@@ -49,6 +50,7 @@ from nclip.jsonio import truncate_jsonl
 from nclip.models import build_model
 from nclip.models.hf_import import init_config, load_init_weights
 from nclip.models.io import save_model
+from nclip.models.patch_dropout import patch_dropout_at, set_patch_dropout
 from nclip.objectives import REGISTRY, build_objective
 from nclip.precision import autocast_dtype
 from nclip.train.accumulate import cached_step, online_towers
@@ -225,9 +227,15 @@ def _note_tower_statistics(run: _Run) -> None:
               f"micro-batch of {t.batch_size // (run.ctx.world_size * t.accumulation)} rows (docs/runs.md)")
 
 
-def _open_data(run: _Run, data_source, data_state: dict | None):
-    """The run's batches from its start step: :func:`train_loader`, or ``data_source`` (e.g.
-    :class:`nclip.train.episodic.EpisodicData`: the same interface, built with the run's objects)."""
+def _open_data(run: _Run, data_source, data_state: dict | None) -> DeviceFeed:
+    """The run's batches from its start step, on the run's device (:class:`DeviceFeed`: pixels
+    normalised there, the next batch's copy overlapping the step on CUDA, the data wait measured):
+    :func:`train_loader`, or ``data_source`` (e.g. :class:`nclip.train.episodic.EpisodicData`: the
+    same interface, built with the run's objects)."""
+    return DeviceFeed(_open_source(run, data_source, data_state), run.ctx.device)
+
+
+def _open_source(run: _Run, data_source, data_state: dict | None):
     cfg, ctx = run.cfg, run.ctx
     if data_source is None:
         objective = REGISTRY[cfg.objective.name][1]  # what it needs: views per image, per-row labels
@@ -237,7 +245,8 @@ def _open_data(run: _Run, data_source, data_state: dict | None):
 
             run.step_module.objective.attach_frozen_embedding(frozen_table(cfg, request.frozen, ctx.device))
         return train_loader(cfg, run.model.tokenizer, start_step=run.start, rank=ctx.rank,
-                            world_size=ctx.world_size, state=data_state, views=objective.views, labels=request)
+                            world_size=ctx.world_size, state=data_state, views=objective.views, labels=request,
+                            device=ctx.device)
     return data_source(cfg=cfg, run_dir=run.run_dir, model=run.model, objective=run.step_module.objective,
                        optimizer=run.optimizer, ctx=ctx, start=run.start, state=data_state)
 
@@ -291,6 +300,7 @@ def _step(run: _Run, step: int, batch: tuple) -> _StepResult:
         set_lr(group, lr * group.get("lr_scale", 1.0))  # lr_scale: e.g. 0 for a locked tower
     run.snapshot.take()  # the buffers, put back if the step is skipped
     run.step_module.objective.before_step(step, t.steps)  # e.g. a loss weight scheduled by the step
+    set_patch_dropout(run.model, patch_dropout_at(run.cfg, step))  # FLIP: 0 in train.unmasked_steps' tail
     batch = tuple(x.to(device, non_blocking=True) for x in batch)
     if run.passes is not None:  # exact accumulation: the whole batch's objective in k tower passes
         terms = cached_step(*run.passes, batch, t.accumulation, run.tower_buffers, device)

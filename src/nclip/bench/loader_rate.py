@@ -1,0 +1,88 @@
+"""The training loader's samples/s per worker next to the data generator's samples/s per core.
+
+Both sides run the same data config (the bench's preset's; synthetic for a preset of CSV or shard
+data) at batches of :data:`BATCH`, a GPU's batch per rank (at micro's 16, per-batch costs such as
+a tokenizer call and a shared-memory segment per tensor outweigh the samples): the generator is
+``build_dataset(cfg, "train")[i]`` alone in this process; the loader is
+:func:`nclip.data.loader.train_loader` with ``workers`` worker processes (generation, augmentation,
+collation and tokenisation in the workers, batches through shared memory). Rates are per second of
+CPU time, the workers' summed (``os.times`` once they are joined), as
+:func:`nclip.bench.parts.data_rate` counts the generator's: on a shared machine wall time mostly
+measures the other processes. The loader's wall-clock rate and the main process's CPU time per
+sample are reported beside it.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import time
+
+from nclip.config import RunConfig
+from nclip.defaults import BUILTIN_SOURCES
+
+BATCH = 256
+
+
+def generator_rate(cfg: RunConfig, n: int) -> float:
+    """Training samples generated per second of this process's CPU time."""
+    from nclip.data.loader import build_dataset
+
+    samples = build_dataset(cfg, "train")
+    for i in range(min(20, len(samples))):  # imports and caches
+        samples[i]
+    c0 = time.process_time()
+    for i in range(n):
+        samples[(20 + i) % len(samples)]
+    return n / max(time.process_time() - c0, 1e-9)
+
+
+def _pass(cfg: RunConfig, tokenizer, steps: int) -> tuple[int, float, float, float]:
+    """One pass of the loader over ``steps`` batches: (samples after the first batch, their wall
+    seconds, the main process's CPU seconds for them, the workers' CPU seconds in all)."""
+    from nclip.data.loader import train_loader
+
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"steps": steps})})
+    before = os.times()
+    data = train_loader(cfg, tokenizer)
+    it = iter(data)
+    next(it)  # worker start-up and the first batch: outside the wall-clock window
+    t0, c0 = time.perf_counter(), time.process_time()
+    count = sum(b[0].shape[0] for b in it)
+    wall, main_cpu = time.perf_counter() - t0, time.process_time() - c0
+    del it, data
+    gc.collect()  # the DataLoader joins its workers: their CPU time lands in os.times' children
+    after = os.times()
+    workers = after.children_user - before.children_user + after.children_system - before.children_system
+    return count, wall, main_cpu, workers
+
+
+def loader_rate(cfg: RunConfig, n: int, workers: int = 1) -> dict:
+    """Samples/s per worker (CPU time) of the real training loader over about ``n`` samples after
+    its first batch, its wall-clock rate, and the main process's CPU seconds per sample. The
+    workers' CPU time is that of a pass of ``n`` samples less that of a pass of one batch: a forked
+    worker's start-up (copying the parent's touched pages) is not a per-sample cost."""
+    from nclip.data.tokenization import CaptionTokenizer
+
+    batch = cfg.train.batch_size
+    cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"num_workers": workers})})
+    tokenizer = CaptionTokenizer(cfg.data.text_length, cfg.model.text.tokenizer)
+    count, wall, main_cpu, worker_cpu = _pass(cfg, tokenizer, math.ceil(n / batch) + 1)
+    per_worker = count / max(main_cpu, 1e-9)
+    if workers:
+        one = _pass(cfg, tokenizer, 1)[3]
+        per_worker = count / max(worker_cpu - one, 1e-9)  # per second of one worker's CPU, summed over them
+    return {"workers": workers, "samples": count, "batch_size": batch, "samples_per_s_per_worker": per_worker,
+            "wall_samples_per_s": count / max(wall, 1e-9), "main_cpu_us_per_sample": 1e6 * main_cpu / max(count, 1)}
+
+
+def loader_over_generator(cfg: RunConfig, n: int, workers: int = 1) -> dict:
+    """The generator's per-core rate over the loader's per-worker rate (1: the loader adds nothing)."""
+    data = cfg.data if cfg.data.source in BUILTIN_SOURCES else cfg.data.model_copy(update={"source": "synthetic"})
+    train = cfg.train.model_copy(update={"batch_size": BATCH})
+    cfg = cfg.model_copy(update={"data": data, "train": train})
+    gen = generator_rate(cfg, n)
+    loader = loader_rate(cfg, n, workers)
+    return {"generator_samples_per_s_per_core": gen, **loader,
+            "ratio": gen / max(loader["samples_per_s_per_worker"], 1e-9)}
