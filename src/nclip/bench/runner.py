@@ -47,7 +47,7 @@ from nclip.errors import NclipError
 @dataclass
 class Sizes:
     """How much each row measures: the CPU defaults (about a minute on 2 cores at micro), ``--quick``
-    (a smoke test), or a GPU's (about 2.5 minutes at ViT-B/16 batch 256 on an H100, estimated in
+    (a smoke test), or a GPU's (about 3 minutes at ViT-B/16 batch 256 on an H100, estimated in
     :mod:`nclip.bench.budget`)."""
 
     objective_steps: int = 5
