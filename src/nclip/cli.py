@@ -116,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", action="append", default=[], choices=["open_clip"],
                    help="add another library's training step (where it is installed)")
     p.add_argument("--quick", action="store_true", help="a smoke test: every row, measured briefly")
+    p.add_argument("--memory-gib", type=float, metavar="G",
+                   help="the largest-batch rows' memory limit (default: a GPU's free memory; 8 on the CPU)")
     from nclip.bench.budget import DEFAULT_BUDGET_S  # light: math and time only
 
     p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, metavar="S",
@@ -276,7 +278,8 @@ def _cmd_bench(args) -> int:
     from nclip.bench.runner import run_bench, write_json
 
     doc = run_bench(args.preset, args.overrides, quick=args.quick, compare=args.compare,
-                    log=lambda msg: print(msg, file=sys.stderr, flush=True), budget_s=args.budget_s)
+                    log=lambda msg: print(msg, file=sys.stderr, flush=True), budget_s=args.budget_s,
+                    memory_gib=args.memory_gib)
     print(f"device: {doc['device']}; preset {args.preset} {' '.join(args.overrides)}".rstrip())
     print(doc["table"])
     if args.json:

@@ -26,10 +26,13 @@ nclip train path (1 build, 4 windows of ~12 steps with
   3 hand windows                                         ~30
 data rates, K-Means + PBT at 200k x 128 -> 20k, eval     ~25
 --compare open_clip (2 builds, 3 x 2 windows)            ~15
-total                                                    ~140
+largest batch (10 trainer runs of 2 steps at 64-256
+  rows, each a build)                                    ~40
+patch dropout 0 / 0.5 / 0.75 (1 build, 3 x 3 windows)    ~10
+total                                                    ~190
 =====================================================  ==========
 
-So about 2.5 minutes, under the 3-minute goal. ``train.compile=true`` adds one compilation of the
+So about 3 minutes (2.5 without the last two stages). ``train.compile=true`` adds one compilation of the
 towers per model built in the main process (tens of seconds for the first, less for the later ones,
 which reuse Dynamo's cache where the graphs match), about 1-2 minutes more: that run can need
 ``--budget-s 300`` to keep every row; the objective subprocesses run eagerly either way.

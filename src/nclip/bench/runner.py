@@ -14,6 +14,10 @@ Rows (every figure is measured in this run; a ratio's two sides are measured sid
 - ProtoCLIP's per-episode K-Means and PBT (the paper's 200k × 128 → 20k on a GPU; scaled down on
   the CPU, as the row says);
 - evaluation feature extraction, images/s;
+- the largest global batch under a memory limit, plain, with gradient checkpointing and with exact
+  accumulation: a linear fit of the peak memory of measured trainer steps (:mod:`nclip.bench.batch_memory`);
+- trainer samples/s at FLIP patch dropout 0, 0.5 and 0.75 and the ratios to 0, ViT towers only
+  (:mod:`nclip.bench.patch_dropout_rate`);
 - with ``--compare open_clip``: nclip's CLIP trainer step over OpenCLIP's ViT-B/16 step, where
   ``open_clip`` imports (:mod:`nclip.bench.open_clip_step`).
 
@@ -43,7 +47,7 @@ from nclip.errors import NclipError
 @dataclass
 class Sizes:
     """How much each row measures: the CPU defaults (about a minute on 2 cores at micro), ``--quick``
-    (a smoke test), or a GPU's (about 2.5 minutes at ViT-B/16 batch 256 on an H100, estimated in
+    (a smoke test), or a GPU's (about 3 minutes at ViT-B/16 batch 256 on an H100, estimated in
     :mod:`nclip.bench.budget`)."""
 
     objective_steps: int = 5
@@ -56,19 +60,26 @@ class Sizes:
     kmeans: tuple[int, int, int] = (20_000, 2_000, 20)  # N, K, iterations
     kmeans_note: str = "1/10 of the paper's N and K (CPU default)"
     eval_images: int = 512
+    # largest batch per device (nclip.bench.batch_memory): plain and checkpointed steps at these
+    # batches (None: a quarter, half and all of the run's), exact accumulation at micro-batch
+    # mem_micro (None: an eighth of the run's batch) with each k of mem_ks
+    mem_batches: tuple[int, ...] | None = (64, 128, 256)
+    mem_micro: int | None = 32
+    mem_ks: tuple[int, ...] = (2, 4, 8)
 
     @classmethod
     def pick(cls, quick: bool, cuda: bool) -> Sizes:
         if quick:
             return cls(objective_steps=2, objective_warmup=1, objective_repeats=1, loop_repeats=2,
                        loop_window_s=0.05, data_64=50, data_224=5, kmeans=(2_000, 50, 3),
-                       kmeans_note="a smoke-test scale (--quick)", eval_images=32)
+                       kmeans_note="a smoke-test scale (--quick)", eval_images=32, mem_batches=(32, 128),
+                       mem_micro=16, mem_ks=(2, 8))
         if cuda:
             # ViT-B/16 xCLIP at batch 256: ~0.17 s a step, so 10-step objective windows and ~12-step
             # loop windows; each model is built once per row (nclip.bench.budget: ~140 s in all)
             return cls(objective_steps=10, objective_warmup=3, objective_repeats=3, loop_repeats=3,
                        loop_window_s=2.0, kmeans=(200_000, 20_000, 20), kmeans_note="the paper's scale",
-                       eval_images=4096)
+                       eval_images=4096, mem_batches=None, mem_micro=None)
         return cls()
 
 
@@ -128,6 +139,7 @@ class _Bench:
     headline: dict = field(default_factory=dict)
     costs: dict | None = None
     loop: dict | None = None
+    memory_gib: float | None = None  # --memory-gib: the largest-batch rows' limit
 
     def step_costs(self) -> tuple[float, float, float] | None:
         """(model build, first step, step) seconds of the costlier objective measured, or None."""
@@ -292,6 +304,88 @@ def _stage_open_clip(b: _Bench) -> None:
               "target 1.1)")
 
 
+BATCH_ROWS = {"none": "largest batch (plain)", "grad checkpointing": "largest batch (grad checkpointing)",
+              "exact accumulation": "largest batch (exact accumulation)"}
+
+
+def _memory_points(b: _Bench) -> tuple[list, int]:
+    from nclip.bench.batch_memory import plan
+
+    n = b.cfg.train.batch_size
+    sizes = b.sizes.mem_batches or tuple(sorted({max(1, n // 4), max(2, n // 2), n}))
+    m0 = b.sizes.mem_micro or max(1, n // 8)
+    return plan(sizes, m0, b.sizes.mem_ks), m0
+
+
+def _stage_batch_memory(b: _Bench) -> None:
+    """The largest global batch under a memory limit per setting: a linear fit of measured steps."""
+    from nclip.bench import batch_memory as bm
+
+    points, m0 = _memory_points(b)
+    limit, source = bm.limit_bytes(b.device, b.memory_gib)
+    left = b.budget.left()
+    try:
+        measured = bm.run(b.preset, b.overrides, b.device, points, left if math.isfinite(left) else None)
+    except subprocess.TimeoutExpired:
+        raise _OutOfBudget(f"skipped: the {b.budget.limit_s:.0f} s budget ran out in the memory steps") from None
+    fits = bm.largest_batches(measured, m0, limit)
+    mib, gib = 2**20, 2**30
+    for setting, row in BATCH_ROWS.items():
+        f = fits[setting]
+        at = ",".join(str(n) for n, _, _ in f["points"])
+        if f["batch"] is None:
+            b.rep.skip(row, f"no figure: the measured peak does not grow with the batch (steps at B={at})")
+            continue
+        if setting == "exact accumulation":
+            how = (f"micro-batch {f['micro']} (k={f['batch'] // max(f['micro'], 1)}): "
+                   f"{f['per_sample'] / mib:.4f} MiB/sample of the batch + {f['tower_per_sample'] / mib:.4f} "
+                   f"of the micro-batch + {f['fixed'] / gib:.3f} GiB; steps at micro {m0}, B={at}")
+        else:
+            how = f"{f['b'] / mib:.4f} MiB/sample + {f['a'] / gib:.3f} GiB fixed; steps at B={at}"
+        b.rep.add(row, f["batch"], f"{how} (residual {f['residual']:.1%}); under {source}; "
+                  "a linear fit of measured steps, not a run at that batch")
+    b.details["batch_memory"] = {"limit_bytes": limit, "limit": source, "fits": fits, "micro": m0,
+                                 "memory": "allocated (CUDA)" if b.device.type == "cuda" else "peak RSS growth"}
+
+
+PATCH_ROWS = ("trainer samples/s at patch dropout 0", "patch dropout 0.5 / 0 samples/s",
+              "patch dropout 0.75 / 0 samples/s")
+
+
+def _stage_patch_dropout(b: _Bench) -> None:
+    from nclip.bench.loop_overhead import steps_for
+    from nclip.bench.patch_dropout_rate import samples_per_s
+
+    if b.cfg.model.vision.kind != "vit":
+        why = f"skipped: patch dropout needs a ViT tower (model.vision.kind is {b.cfg.model.vision.kind})"
+        for row in PATCH_ROWS:
+            b.rep.skip(row, why)
+        b.details["patch_dropout"] = None
+        return
+    c = b.step_costs()
+    steps = steps_for(b.loop["trainer_step_s"] if b.loop else (c[2] if c else 0.05), b.sizes.loop_window_s)
+    r = samples_per_s(b.cfg, steps, b.sizes.loop_repeats, deadline=b.budget.deadline())
+    rate = r["samples_per_s"]
+    where = f"batch {r['batch_size']}, {r['clock']} time, {r['steps']} steps x {r['repeats']}"
+    b.rep.add(PATCH_ROWS[0], rate[0.0], f"samples/s at p = 0; {where}")
+    for row, p in zip(PATCH_ROWS[1:], (0.5, 0.75)):
+        target = " (GPU target at ViT-B/16: 1.6)" if p == 0.5 else ""
+        b.rep.add(row, r["over_p0"][p], f"{rate[p]:.1f} vs {rate[0.0]:.1f} samples/s{target}; {where}")
+    b.details["patch_dropout"] = r
+
+
+def _memory_estimate(b: _Bench) -> float | None:
+    """Every memory point: a build, a first and a second step at its batch (a step's cost scaled by
+    the batch), one discarded point, and on the CPU the subprocess's start (~10 s loaded)."""
+    c = b.step_costs()
+    if c is None:
+        return None
+    build_s, first_s, step_s = c
+    points, _ = _memory_points(b)
+    scale = [max(1.0, n / b.cfg.train.batch_size) for _, n, _ in [points[0], *points]]
+    return (0 if b.device.type == "cuda" else 10) + sum(build_s + (first_s + step_s) * x for x in scale)
+
+
 class _OutOfBudget(Exception):
     """A stage stops without a figure; its message (``skipped: ...``) is the rows' detail."""
 
@@ -306,6 +400,8 @@ STAGES = [
     Stage("loader", ("generator / loader per worker",), _stage_loader),
     Stage("kmeans", ("K-Means s", "PBT s"), _stage_kmeans),
     Stage("eval", ("eval features images/s",), _stage_eval, lambda b: _models(b, 1, 0)),
+    Stage("batch_memory", tuple(BATCH_ROWS.values()), _stage_batch_memory, _memory_estimate),
+    Stage("patch_dropout", PATCH_ROWS, _stage_patch_dropout, lambda b: _models(b, 1, 3)),
 ]
 COMPARE = {"open_clip": Stage("open_clip", (OPEN_CLIP_ROW,), _stage_open_clip, lambda b: _models(b, 2, 2))}
 
@@ -333,9 +429,10 @@ def _run_stage(b: _Bench, stage: Stage) -> dict:
 
 
 def run_bench(preset: str, overrides: list[str], quick: bool = False, compare: list[str] | None = None,
-              log=lambda msg: None, budget_s: float | None = DEFAULT_BUDGET_S) -> dict:
+              log=lambda msg: None, budget_s: float | None = DEFAULT_BUDGET_S, memory_gib: float | None = None) -> dict:
     """Every row (module docstring) within ``budget_s`` wall seconds (None or 0: no limit); returns
-    the JSON document (``table`` holds the printed table)."""
+    the JSON document (``table`` holds the printed table). ``memory_gib``: the largest-batch rows'
+    limit (default: a GPU's free memory, 8 GiB on the CPU)."""
     budget = Budget(budget_s)
     for name in compare or []:
         if name not in COMPARE:
@@ -354,7 +451,8 @@ def run_bench(preset: str, overrides: list[str], quick: bool = False, compare: l
         cfg = resolve(preset, overrides)
         log("bench: CPU: train.threads=1 (set train.threads to change)")
     torch.set_num_threads(cfg.train.threads or torch.get_num_threads())
-    b = _Bench(preset, overrides, cfg, device, Sizes.pick(quick, device.type == "cuda"), budget, log)
+    b = _Bench(preset, overrides, cfg, device, Sizes.pick(quick, device.type == "cuda"), budget, log,
+               memory_gib=memory_gib)
     stages = [*STAGES, *(COMPARE[name] for name in compare or [])]
     records = [_run_stage(b, stage) for stage in stages]
     if b.loop:
