@@ -215,6 +215,10 @@ def test_presets_reproduce_what_they_say():
             paper.train.weight_decay) == ("sgd", 0.05, 0.9, 1e-4)
     assert (paper.train.batch_size, paper.objective.bank_size, paper.objective.momentum) == (256, 128_000, 0.99)
     assert (paper.model.vision.kind, paper.model.cmsf_hidden, paper.model.cmsf_dim) == ("resnet", 4096, 512)
+    # Sec. 2's supervised CMSF on ImageNet's class folders (issue 27.1), 200 epochs of 1,281,167 images
+    assert (paper.objective.constraint, paper.data.source, paper.objective.momentum_schedule) == (
+        "labels", "folder", "constant")
+    assert paper.train.steps == 200 * (1_281_167 // 256)  # the schedule is cosine (nclip has no other)
     assert resolve("cmsf-noisy-tiny").objective.label_noise == 0.5
     xmodal = resolve("cmsf-xmodal-tiny").objective  # Tab. 3's n = 10, k = 5, captions by the bundled MiniLM
     assert (xmodal.constraint, xmodal.k_prime, xmodal.k, xmodal.constraint_encoder) == ("cross_modal", 10, 5, None)
