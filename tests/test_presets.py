@@ -104,6 +104,10 @@ def test_preset_configures_the_method_it_claims(name):
     assert _tower(cfg.model.vision) == facts["tower"]
     assert objective_cls.episodic == facts.get("episodic", False)
     assert getattr(obj, "constraint", None) == facts.get("constraint")
+    # issue 27.2: the L_CLIP reading (mean of the two InfoNCE directions, or Algorithm 1's sum), said in the header
+    assert getattr(obj, "clip_reduction", None) == facts.get("clip_reduction")
+    if facts.get("clip_reduction"):
+        assert "clip_reduction" in header, f"{name}: its header comment does not say which L_CLIP it uses"
     if facts.get("labels"):
         assert has_labels(cfg.data), f"{name}: claims labels, data.source {cfg.data.source} has none"
     if facts.get("constraint") == "noisy_labels":

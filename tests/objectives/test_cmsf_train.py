@@ -27,7 +27,7 @@ from nclip.train.logbook import WALL_CLOCK
 
 from conftest import train_and_kill
 from distributed_utils import combine_ranks, loss_and_grads, only_leaves, run_ranks, split_rows
-from references import assert_loss_and_grads_close, ref_clip, ref_cmsf
+from references import assert_loss_and_grads_close, ref_clip, ref_clip_algorithm1, ref_cmsf
 
 B, D, N, CLASSES = 8, 6, 12, 3
 
@@ -97,6 +97,10 @@ REFERENCES = {  # name -> (config, reference of the loss)
     "clip_cmsf": ({"k": 4, "w_clip": 0.7, "w_cmsf": 1.3},
                   lambda x: 0.7 * ref_clip(x["img"], x["txt"], x["scale"])
                   + 1.3 * ref_cmsf(x["v"], x["u"], x["bank"], 4, x["labels"], x["bank_labels"])),
+    # issue 27.2: L_CLIP as Algorithm 1 writes it, the sum of both InfoNCE directions
+    "clip_cmsf-sum": ({"k": 4, "w_clip": 0.7, "w_cmsf": 1.3, "clip_reduction": "sum"},
+                      lambda x: 0.7 * ref_clip_algorithm1(x["img"], x["txt"], x["scale"])
+                      + 1.3 * ref_cmsf(x["v"], x["u"], x["bank"], 4, x["labels"], x["bank_labels"])),
     "cmsf-cross-modal": ({"k": 3, "k_prime": 6, "constraint": "cross_modal"},
                          lambda x: ref_cmsf(x["v"], x["u"], x["bank"], 3,
                                             mask=ref_cross_modal_mask(x["frozen"], x["index"], x["bank_index"], 6))),
