@@ -194,6 +194,25 @@ def test_clip_reduction_sum_is_algorithm1s_l_clip():
         torch.testing.assert_close(ours, theirs, rtol=1e-9, atol=1e-11)
 
 
+def test_ablation_runs_use_the_soft_targets_docs_protoclip_states():
+    """docs/protoclip.md's ablation table was measured by benchmarks/protoclip_ablation.py with soft
+    targets from the teacher's own prototypes (issue 27.7: the doc said both that and `translated`)."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("protoclip_ablation", root / "benchmarks" / "protoclip_ablation.py")
+    ablation = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ablation)
+    for name, (preset, extra) in ablation.RUNS.items():
+        objective = resolve(preset, ablation.COMMON + extra).objective
+        if objective.name == "protoclip":
+            assert objective.soft_targets_from == "teacher", name
+    doc = " ".join((root / "docs" / "protoclip.md").read_text().split())
+    assert "soft targets from the teacher's own centroids (the default)" in doc
+    assert "the measurements below were made with it" not in doc
+
+
 # ---- episodes, K-Means, teacher, augmentation ---------------------------------------------
 
 
