@@ -93,3 +93,38 @@ def test_compare_flags_runs_that_differ_in_steps_data_or_eval_settings(tmp_path,
         "training steps", "training data", "eval test samples"]
     assert "differs: training steps (a (clip, clip head): 100; b (clip, clip head): 300)" in out.out
     assert "not comparable" in out.out
+
+
+def test_tsne_runs_the_papers_iterations_by_default_and_the_option_sets_them(monkeypatch):
+    """App. G: perplexity 20, learning rate 200, 5,000 iterations (issue 27.7: the figure ran 1,000);
+    `nclip eval --tsne-iters N` reaches the figure through EvalSettings.tsne_iters."""
+    import argparse
+
+    import numpy as np
+    import sklearn.manifold
+
+    from nclip.errors import NclipError
+    from nclip.eval.command import _option, add_eval_parser
+    from nclip.eval.settings import EvalSettings
+
+    seen = []
+
+    class FakeTSNE:
+        def __init__(self, **kw):
+            seen.append(kw)
+
+        def fit_transform(self, dist):
+            return np.zeros((dist.shape[0], 2))
+
+    monkeypatch.setattr(sklearn.manifold, "TSNE", FakeTSNE)
+    dist = np.ones((100, 100)) - np.eye(100)  # enough points for the uncapped perplexity 20
+    figures.tsne_2d(dist)
+    figures.tsne_2d(dist, max_iter=300)
+    assert [s["max_iter"] for s in seen] == [5000, 300]
+    assert (seen[0]["perplexity"], seen[0]["learning_rate"]) == (20.0, 200.0)
+    assert EvalSettings().tsne_iters == 5000
+    sub = argparse.ArgumentParser().add_subparsers()
+    parser = add_eval_parser(sub)
+    assert parser.parse_args([]).tsne_iters == 5000 and parser.parse_args(["--tsne-iters", "400"]).tsne_iters == 400
+    with pytest.raises(NclipError, match="--tsne-iters"):
+        EvalSettings().updated(_option, tsne_iters=100)

@@ -23,6 +23,21 @@ def ref_clip(g_i, g_t, scale):
     return (ref_infonce(u, v, scale) + ref_infonce(v, u, scale)) / 2
 
 
+def ref_clip_algorithm1(f_i, f_t, scale):
+    """The xCLIP paper's Algorithm 1 L_CLIP, literally: u = normalize(f, p=2, dim=1) per modality,
+    L = INCE(U_IᵀU_T/σ) + INCE(U_TᵀU_I/σ) with INCE Eq. (1), returned without halving (Sec. 3.1's
+    prose averages the two; ``clip_reduction: sum``)."""
+    u_i = f_i / torch.sqrt((f_i * f_i).sum(dim=1, keepdim=True))
+    u_t = f_t / torch.sqrt((f_t * f_t).sum(dim=1, keepdim=True))
+    b = u_i.shape[0]
+    loss = 0.0
+    for query, keys in ((u_i, u_t), (u_t, u_i)):  # U_IᵀU_T/σ, then U_TᵀU_I/σ
+        for i in range(b):
+            row = torch.stack([scale * (query[i] * keys[j]).sum() for j in range(b)])
+            loss = loss - torch.log(torch.exp(row[i]) / torch.exp(row).sum()) / b
+    return loss
+
+
 def ref_nclip(h_i, h_t, lam1, lam2):
     """Algorithm 1, literally: sums over modalities, L / 2."""
     p_i = torch.softmax(h_i, dim=1)

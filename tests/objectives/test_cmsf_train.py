@@ -27,7 +27,7 @@ from nclip.train.logbook import WALL_CLOCK
 
 from conftest import train_and_kill
 from distributed_utils import combine_ranks, loss_and_grads, only_leaves, run_ranks, split_rows
-from references import assert_loss_and_grads_close, ref_clip, ref_cmsf
+from references import assert_loss_and_grads_close, ref_clip, ref_clip_algorithm1, ref_cmsf
 
 B, D, N, CLASSES = 8, 6, 12, 3
 
@@ -97,6 +97,10 @@ REFERENCES = {  # name -> (config, reference of the loss)
     "clip_cmsf": ({"k": 4, "w_clip": 0.7, "w_cmsf": 1.3},
                   lambda x: 0.7 * ref_clip(x["img"], x["txt"], x["scale"])
                   + 1.3 * ref_cmsf(x["v"], x["u"], x["bank"], 4, x["labels"], x["bank_labels"])),
+    # issue 27.2: L_CLIP as Algorithm 1 writes it, the sum of both InfoNCE directions
+    "clip_cmsf-sum": ({"k": 4, "w_clip": 0.7, "w_cmsf": 1.3, "clip_reduction": "sum"},
+                      lambda x: 0.7 * ref_clip_algorithm1(x["img"], x["txt"], x["scale"])
+                      + 1.3 * ref_cmsf(x["v"], x["u"], x["bank"], 4, x["labels"], x["bank_labels"])),
     "cmsf-cross-modal": ({"k": 3, "k_prime": 6, "constraint": "cross_modal"},
                          lambda x: ref_cmsf(x["v"], x["u"], x["bank"], 3,
                                             mask=ref_cross_modal_mask(x["frozen"], x["index"], x["bank_index"], 6))),
@@ -215,6 +219,10 @@ def test_presets_reproduce_what_they_say():
             paper.train.weight_decay) == ("sgd", 0.05, 0.9, 1e-4)
     assert (paper.train.batch_size, paper.objective.bank_size, paper.objective.momentum) == (256, 128_000, 0.99)
     assert (paper.model.vision.kind, paper.model.cmsf_hidden, paper.model.cmsf_dim) == ("resnet", 4096, 512)
+    # Sec. 2's supervised CMSF on ImageNet's class folders (issue 27.1), 200 epochs of 1,281,167 images
+    assert (paper.objective.constraint, paper.data.source, paper.objective.momentum_schedule) == (
+        "labels", "folder", "constant")
+    assert paper.train.steps == 200 * (1_281_167 // 256)  # the schedule is cosine (nclip has no other)
     assert resolve("cmsf-noisy-tiny").objective.label_noise == 0.5
     xmodal = resolve("cmsf-xmodal-tiny").objective  # Tab. 3's n = 10, k = 5, captions by the bundled MiniLM
     assert (xmodal.constraint, xmodal.k_prime, xmodal.k, xmodal.constraint_encoder) == ("cross_modal", 10, 5, None)

@@ -20,6 +20,8 @@ from nclip.train import episodic, teacher
 from nclip.train import kmeans as km
 from nclip.train.logbook import WALL_CLOCK
 
+from references import ref_clip_algorithm1
+
 # ---- straight transcriptions of Algorithm 1, in float64 with loops ---------------------------
 
 
@@ -172,6 +174,43 @@ def test_objective_combines_eq6_terms_and_warmup():
     fresh = ProtoclipObjective(cfg).double()
     fresh.load_state_dict(obj.state_dict())
     torch.testing.assert_close(fresh(_out(hi, ht, zi, zt), rows)["loss"], t["loss"])
+
+
+def test_clip_reduction_sum_is_algorithm1s_l_clip():
+    """objective.clip_reduction sum (issue 27.2): L_CLIP is the sum of both InfoNCE directions, as the
+    xCLIP paper's Algorithm 1 writes it (ProtoCLIP's own Eq. 1 is the mean, the default), logged and
+    weighted as such; values and gradients in float64."""
+    cfg = ProtoclipConfig(episode_size=40, clusters=6, warmup_episodes=1, w_clip=0.5, clip_reduction="sum")
+    obj = ProtoclipObjective(cfg).double()
+    obj.set_episode(0)  # warm-up: L_CLIP only
+    hi, ht = _unit(8, 5, seed=7), _unit(8, 5, seed=8)
+    leaves = [_unit(8, 3, seed=s).requires_grad_() for s in (9, 10, 9, 10)]
+    t = obj(_out(hi, ht, leaves[0], leaves[1]), torch.arange(8))
+    want = ref_clip_algorithm1(leaves[2], leaves[3], torch.tensor(14.0, dtype=torch.float64))
+    torch.testing.assert_close(t["clip/loss"], want, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(t["loss"], 0.5 * want, rtol=1e-10, atol=1e-12)
+    grads = torch.autograd.grad(t["loss"], leaves[:2])
+    for ours, theirs in zip(grads, torch.autograd.grad(0.5 * want, leaves[2:])):
+        torch.testing.assert_close(ours, theirs, rtol=1e-9, atol=1e-11)
+
+
+def test_ablation_runs_use_the_soft_targets_docs_protoclip_states():
+    """docs/protoclip.md's ablation table was measured by benchmarks/protoclip_ablation.py with soft
+    targets from the teacher's own prototypes (issue 27.7: the doc said both that and `translated`)."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("protoclip_ablation", root / "benchmarks" / "protoclip_ablation.py")
+    ablation = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ablation)
+    for name, (preset, extra) in ablation.RUNS.items():
+        objective = resolve(preset, ablation.COMMON + extra).objective
+        if objective.name == "protoclip":
+            assert objective.soft_targets_from == "teacher", name
+    doc = " ".join((root / "docs" / "protoclip.md").read_text().split())
+    assert "soft targets from the teacher's own centroids (the default)" in doc
+    assert "the measurements below were made with it" not in doc
 
 
 # ---- episodes, K-Means, teacher, augmentation ---------------------------------------------

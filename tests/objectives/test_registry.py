@@ -14,10 +14,18 @@ import importlib
 import pytest
 import torch
 
-from nclip.objectives import REGISTRY, EncoderOutput
+from nclip.objectives import REGISTRY, EncoderOutput, functional
 
 from distributed_utils import combine_ranks, loss_and_grads, run_ranks, split_rows
-from references import assert_loss_and_grads_close, ref_clip, ref_nclip, ref_siglip, ref_unified, ref_yclip
+from references import (
+    assert_loss_and_grads_close,
+    ref_clip,
+    ref_clip_algorithm1,
+    ref_nclip,
+    ref_siglip,
+    ref_unified,
+    ref_yclip,
+)
 
 B, DIM, K = 8, 6, 5
 ROW_KEYS = ("img", "txt", "img_logits", "txt_logits")
@@ -34,6 +42,18 @@ REFERENCES = {
     "siglip": lambda x, c: ref_siglip(x["img"], x["txt"], x["scale"], c.bias_init),
     "xsiglip": lambda x, c: (c.w_clip * ref_siglip(x["img"], x["txt"], x["scale"], c.bias_init)
                              + c.w_nclip * ref_nclip(x["img_logits"], x["txt_logits"], c.lambda1, c.lambda2)),
+}
+
+# the objectives with CLIP's InfoNCE term (functional.clip_terms), i.e. objective.clip_reduction
+# (issue 27.2); SigLIP's loss is one sum over all B·B pairs, with no two directions to reduce, and
+# yCLIP's InfoNCE is over its own score S (Appendix B.2), not CLIP's head
+WITH_CLIP_TERM = {"clip", "xclip", "protoclip", "clip_cmsf", "clip_supcon"}
+# Algorithm 1's L_CLIP (the sum of both directions): the objectives covered here; protoclip, clip_cmsf
+# and clip_supcon check clip_reduction sum in their own files (test_protoclip, test_cmsf_train, test_supcon)
+SUM_REFERENCES = {
+    "clip": lambda x, c: ref_clip_algorithm1(x["img"], x["txt"], x["scale"]),
+    "xclip": lambda x, c: (c.w_clip * ref_clip_algorithm1(x["img"], x["txt"], x["scale"])
+                           + c.w_nclip * ref_nclip(x["img_logits"], x["txt_logits"], c.lambda1, c.lambda2)),
 }
 
 # episodic objectives need an episode's prototypes: their float64 and 2-rank checks live beside them
@@ -60,12 +80,12 @@ def _inputs() -> dict[str, torch.Tensor]:
             "scale": torch.tensor(7.0, dtype=torch.float64)}
 
 
-def _module_loss(name: str):
-    """The registered module with its default config, as a loss of the inputs (float64)."""
+def _module_loss(name: str, **cfg):
+    """The registered module with its default config (``cfg`` overrides), as a loss of the inputs."""
     config_cls, objective_cls = REGISTRY[name]
 
     def loss(x: dict[str, torch.Tensor]) -> torch.Tensor:
-        objective = objective_cls(config_cls()).double()
+        objective = objective_cls(config_cls(**cfg)).double()
         out = EncoderOutput(image_features=x["img"], text_features=x["txt"], image_emb=x["img"], text_emb=x["txt"],
                             image_logits=x["img_logits"], text_logits=x["txt_logits"], logit_scale=x["scale"])
         return objective(out)["loss"]
@@ -91,9 +111,43 @@ def test_every_registered_objective_has_a_float64_reference(name):
                                 list(inputs), name)
 
 
+def test_clip_reduction_is_on_every_objective_with_a_clip_term():
+    assert {name for name, (config, _) in REGISTRY.items() if "clip_reduction" in config.model_fields} == WITH_CLIP_TERM
+    assert set(SUM_REFERENCES) == WITH_CLIP_TERM & set(_covered_here())
+    for name in WITH_CLIP_TERM:
+        field = REGISTRY[name][0].model_fields["clip_reduction"]
+        assert field.default == "mean" and set(field.annotation.__args__) == set(functional.CLIP_REDUCTIONS)
+
+
+@pytest.mark.parametrize("name", sorted(SUM_REFERENCES))
+def test_clip_reduction_sum_matches_algorithm1(name):
+    config = REGISTRY[name][0](clip_reduction="sum")
+    inputs, ref_inputs = ({k: v.clone().requires_grad_() for k, v in _inputs().items()} for _ in range(2))
+    ours = _module_loss(name, clip_reduction="sum")(inputs)
+    assert_loss_and_grads_close(ours, SUM_REFERENCES[name](ref_inputs, config), inputs, ref_inputs, list(inputs), name)
+
+
+def test_clip_reduction_sum_logs_the_term_as_it_enters_eq5():
+    x = _inputs()
+    out = EncoderOutput(image_features=x["img"], text_features=x["txt"], image_emb=x["img"], text_emb=x["txt"],
+                        image_logits=x["img_logits"], text_logits=x["txt_logits"], logit_scale=x["scale"])
+    config_cls, objective_cls = REGISTRY["xclip"]
+    mean, summed = (objective_cls(config_cls(clip_reduction=r)).double()(out) for r in ("mean", "sum"))
+    torch.testing.assert_close(summed["clip/loss"], 2 * mean["clip/loss"])
+    torch.testing.assert_close(summed["clip/loss"], ref_clip_algorithm1(x["img"], x["txt"], x["scale"]))
+    torch.testing.assert_close(summed["loss"] - mean["loss"], 0.2 * mean["clip/loss"])  # λ_CLIP·(sum − mean)
+    torch.testing.assert_close(summed["clip/acc_i2t"], mean["clip/acc_i2t"])
+    with pytest.raises(ValueError, match="clip reduction 'max'"):
+        functional.clip_loss(x["img"], x["txt"], x["scale"], reduction="max")
+
+
 def _rank(rank: int, world: int) -> dict:
-    return {name: loss_and_grads(_module_loss(name), split_rows(_inputs(), ROW_KEYS, rank, world))
-            for name in _covered_here()}
+    out = {name: loss_and_grads(_module_loss(name), split_rows(_inputs(), ROW_KEYS, rank, world))
+           for name in _covered_here()}
+    out.update({f"{name}:sum": loss_and_grads(_module_loss(name, clip_reduction="sum"),
+                                              split_rows(_inputs(), ROW_KEYS, rank, world))
+                for name in SUM_REFERENCES})
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -102,9 +156,11 @@ def two_rank_results():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", _covered_here())
+@pytest.mark.parametrize("name", _covered_here() + [f"{name}:sum" for name in sorted(SUM_REFERENCES)])
 def test_every_registered_objective_matches_single_process_on_two_ranks(two_rank_results, name):
-    ref_loss, ref_grads = loss_and_grads(_module_loss(name), split_rows(_inputs(), ROW_KEYS, 0, 1))
+    base, _, reduction = name.partition(":")
+    cfg = {"clip_reduction": reduction} if reduction else {}
+    ref_loss, ref_grads = loss_and_grads(_module_loss(base, **cfg), split_rows(_inputs(), ROW_KEYS, 0, 1))
     loss, grads = combine_ranks([r[name] for r in two_rank_results], ROW_KEYS)
     torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12)
     for k in ref_grads:

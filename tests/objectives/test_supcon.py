@@ -26,7 +26,7 @@ from nclip.objectives.supcon import (
 from nclip.train.logbook import WALL_CLOCK
 
 from distributed_utils import combine_ranks, loss_and_grads, only_leaves, run_ranks, split_rows
-from references import assert_loss_and_grads_close, ref_clip, ref_paco, ref_reco, ref_supcon
+from references import assert_loss_and_grads_close, ref_clip, ref_clip_algorithm1, ref_paco, ref_reco, ref_supcon
 
 F64 = torch.float64
 B, V, D, C, Q = 8, 2, 5, 3, 6
@@ -238,6 +238,10 @@ MODULES = {  # case -> (name, config, reference)
     "clip_supcon": ("clip_supcon", {"w_clip": 0.7, "w_supcon": 1.3},
                     lambda x: 0.7 * ref_clip(x["img"], x["txt"], x["scale"])
                     + 1.3 * ref_supcon(x["z"][:, :1], x["labels"])),
+    # issue 27.2: L_CLIP as Algorithm 1 writes it, the sum of both InfoNCE directions
+    "clip_supcon-sum": ("clip_supcon", {"w_clip": 0.7, "w_supcon": 1.3, "clip_reduction": "sum"},
+                        lambda x: 0.7 * ref_clip_algorithm1(x["img"], x["txt"], x["scale"])
+                        + 1.3 * ref_supcon(x["z"][:, :1], x["labels"])),
 }
 LEAVES = ("z", "centers", "img", "txt", "scale")
 ROWS = ("z", "img", "txt", "labels")

@@ -5,6 +5,7 @@
                [--features backbone|clip|nclip|proto] [--baseline RUN_DIR] [--hierarchy FILE|builtin]
                [--cache-dir DIR | --no-cache]
                [--classnames FILE] [--templates FILE|imagenet80] [--topk 3,5,10,20] [--no-report]
+               [--tsne-iters N]
     nclip eval compare EVAL_A EVAL_B ... [--out FILE.md]
 """
 
@@ -58,6 +59,8 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", type=Path, help="feature cache (default: OUT/../.nclip-cache)")
     p.add_argument("--no-cache", action="store_true", help="extract features afresh and store nothing")
     p.add_argument("--no-report", action="store_true", help="write results.json only")
+    p.add_argument("--tsne-iters", type=int, default=d.tsne_iters,
+                   help="t-SNE iterations of the report's figure (default: the xCLIP paper's 5,000, App. G)")
     p.add_argument("--samples", type=int, default=d.test_samples, help="synthetic test scenes")
     p.add_argument("--train-samples", type=int, default=d.train_samples, help="synthetic scenes to train probes on")
     p.add_argument("--sts-pairs", type=int, default=d.sts_pairs, help="built-in STS sentence pairs")
@@ -100,6 +103,7 @@ def run_eval_command(args) -> int:
         image_key=args.image_key, caption_key=args.caption_key,
         test_samples=args.samples, train_samples=args.train_samples,
         sts_pairs=args.sts_pairs, mask_samples=args.mask_samples, batch_size=args.batch_size, seed=args.seed,
+        tsne_iters=args.tsne_iters,
         device=args.device, **({"nclip_score": args.nclip_score} if args.nclip_score else {}))
     cache = None if args.no_cache else (args.cache_dir if args.cache_dir else "default")
     log = None if args.quiet else (lambda msg: print(f"eval: {msg}", file=sys.stderr, flush=True))

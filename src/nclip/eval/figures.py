@@ -18,6 +18,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from nclip.eval.settings import TSNE_ITERS
+
 
 def png(fig) -> str:
     """A matplotlib figure as base64 PNG (the figure is closed)."""
@@ -85,17 +87,19 @@ def pairwise_distance(x: torch.Tensor, head: str) -> np.ndarray:
     return d.numpy()
 
 
-def tsne_2d(dist: np.ndarray, seed: int = 0) -> np.ndarray:
+def tsne_2d(dist: np.ndarray, seed: int = 0, max_iter: int = TSNE_ITERS) -> np.ndarray:
+    """2-d t-SNE of an [N, N] distance matrix with App. G's settings (perplexity 20, learning rate
+    200, ``max_iter`` iterations: the paper's 5,000 by default, ``nclip eval --tsne-iters``)."""
     from sklearn.manifold import TSNE
 
     n = dist.shape[0]
     # the paper's 20, capped for few points (scikit-learn needs perplexity < n)
     perplexity = float(min(20.0, max(2.0, (n - 1) / 3), n - 1))
     return TSNE(n_components=2, perplexity=perplexity, metric="precomputed", init="random",
-                learning_rate=200.0, max_iter=1000, random_state=seed).fit_transform(dist)
+                learning_rate=200.0, max_iter=max_iter, random_state=seed).fit_transform(dist)
 
 
-def tsne_figure(t: dict, max_images: int = 500) -> str:
+def tsne_figure(t: dict, max_images: int = 500, max_iter: int = TSNE_ITERS) -> str:
     import matplotlib.pyplot as plt
 
     head = t["head"]
@@ -112,7 +116,7 @@ def tsne_figure(t: dict, max_images: int = 500) -> str:
     colour = [cmap(c % cmap.N) for c in range(n_cls)]
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 5.6))
-    pts = tsne_2d(pairwise_distance(img, head))
+    pts = tsne_2d(pairwise_distance(img, head), max_iter=max_iter)
     ax = axes[0]
     for c in range(n_cls):
         m = (lab == c).numpy()
@@ -122,7 +126,7 @@ def tsne_figure(t: dict, max_images: int = 500) -> str:
             ax.scatter(*cen, s=80, color=colour[c], edgecolor="black", linewidths=1.0, zorder=3)
     ax.set_title(f"image embeddings ({len(idx)} test images; ● centre of each class)", fontsize=10)
 
-    xy = tsne_2d(pairwise_distance(torch.cat([prompts.double(), t["classes"][key].double()]), head))
+    xy = tsne_2d(pairwise_distance(torch.cat([prompts.double(), t["classes"][key].double()]), head), max_iter=max_iter)
     pts, cen = xy[: prompts.shape[0]], xy[prompts.shape[0]:]
     ax = axes[1]
     for c in range(n_cls):

@@ -235,6 +235,7 @@ def render(doc: dict, artifacts: dict, ck=None) -> str:
         realms_figure,
         tsne_figure,
     )
+    from nclip.eval.settings import TSNE_ITERS
 
     matplotlib.use("Agg", force=True)
 
@@ -258,7 +259,7 @@ def render(doc: dict, artifacts: dict, ck=None) -> str:
                      + img_tag(confusion_figure(cm, names), "confusion", "fig small")))
     if tsne:
         figs.append(("tsne", "t-SNE of class embeddings (App. G, Figs. G3-G6)",
-                     img_tag(tsne_figure(tsne), "t-SNE", "fig")))
+                     img_tag(tsne_figure(tsne, max_iter=doc["config"].get("tsne_iters", TSNE_ITERS)), "t-SNE", "fig")))
     fails = artifacts.get("failures", {})
     if fails:
         body = '<p class="note">Images whose top-ranked caption belongs to another image, most confident ' \

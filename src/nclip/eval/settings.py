@@ -18,6 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from nclip.defaults import EVAL_BATCH_SIZE, PROBE_FEATURES
 from nclip.errors import NclipError
 
+# t-SNE iterations of the report's figure: the xCLIP paper's App. G (perplexity 20, lr 200, 5,000
+# iterations); scikit-learn's own minimum is 250
+TSNE_ITERS = 5000
+
 TASKS = ("zeroshot", "retrieval", "multilabel", "linear", "knn", "cluster", "realms", "sts", "masks", "diagnostics")
 # the zero-shot scores: "clip" (cosine of the CLIP head), "nclip" (nCLIP's −L_CE on the nCLIP head,
 # direction set by ``nclip_score``), "yclip" (yCLIP's S of App. B.2 Eq. 2 on the nCLIP head)
@@ -55,6 +59,7 @@ class EvalSettings(BaseModel):
     mask_samples: int = Field(500, ge=1, description="test scenes for mask probing")
     mask_threshold: float = Field(MASK_THRESHOLD, gt=0, le=1)
     knn_k: int = Field(20, ge=1)
+    tsne_iters: int = Field(TSNE_ITERS, ge=250, description="t-SNE iterations of the report's figure (App. G: 5,000)")
     knn_temperature: float = Field(0.07, gt=0)
     l2_grid: tuple[Annotated[float, Field(ge=0, allow_inf_nan=False)], ...] = Field(L2_GRID, min_length=1)
     seed: int = 0

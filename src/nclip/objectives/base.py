@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -69,6 +69,15 @@ class EntropyWeights(ObjectiveConfig):
 
     lambda1: float = Field(0.5, ge=0, title="λ1", description="weight of L_EH (Eq. 4)")
     lambda2: float = Field(1.5, ge=0, title="λ2", description="weight of L_HE (Eq. 4); λ1 = λ2 − 1 is stable")
+
+
+class ClipReduction(ObjectiveConfig):
+    """Mixin of every objective with CLIP's InfoNCE term: how L_CLIP joins its two directions (xCLIP
+    paper Sec. 3.1's prose: their mean; Algorithm 1: their sum, twice the weight under Eq. 5's λ_CLIP).
+    See :mod:`nclip.objectives.functional.clip`."""
+
+    clip_reduction: Literal["mean", "sum"] = Field(
+        "mean", title="L_CLIP reduction", description="InfoNCE's two directions: mean (Sec. 3.1) or sum (Algorithm 1)")
 
 
 class BranchWeights(ObjectiveConfig):

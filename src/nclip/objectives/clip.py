@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Literal
 
 from nclip.objectives import functional
-from nclip.objectives.base import EncoderOutput, Objective, ObjectiveConfig
+from nclip.objectives.base import ClipReduction, EncoderOutput, Objective
 
 
-class ClipConfig(ObjectiveConfig):
+class ClipConfig(ClipReduction):
     name: Literal["clip"] = "clip"
 
 
@@ -21,5 +21,7 @@ class ClipObjective(Objective):
         self.cfg = cfg
 
     def forward(self, out: EncoderOutput):
-        terms = functional.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=self.cfg.global_batch)
+        cfg = self.cfg
+        terms = functional.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch,
+                                      reduction=cfg.clip_reduction)
         return {"loss": terms["loss"], **{f"clip/{k}": v for k, v in terms.items()}}

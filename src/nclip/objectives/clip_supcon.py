@@ -34,6 +34,7 @@ from pydantic import Field, model_validator
 from nclip.objectives import functional
 from nclip.objectives.base import (
     BranchWeights,
+    ClipReduction,
     CollapseWatch,
     EncoderOutput,
     EntropyWeights,
@@ -71,7 +72,7 @@ _ONLY_FOR = {
 }
 
 
-class ClipSupconConfig(SupconFields, EntropyWeights):
+class ClipSupconConfig(SupconFields, EntropyWeights, ClipReduction):
     name: Literal["clip_supcon"] = "clip_supcon"
     contrastive: Literal["clip", "xclip"] = Field("clip", title="base", description="the contrastive objective "
                                                   "beside the auxiliary term: clip (InfoNCE) or xclip (Eq. 5)")
@@ -203,7 +204,8 @@ class ClipSupconObjective(Objective):
         cfg = self.cfg
         if labels is None:
             raise ValueError("clip_supcon needs the batch's labels")
-        clip = functional.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch)
+        clip = functional.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch,
+                                      reduction=cfg.clip_reduction)
         loss = cfg.clip_weight * clip["loss"]
         logged = {f"clip/{k}": v for k, v in clip.items()}
         if cfg.contrastive == "xclip":

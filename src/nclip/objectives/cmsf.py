@@ -49,6 +49,7 @@ from pydantic import Field, model_validator
 from nclip.defaults import MAP_SOURCES, has_labels
 from nclip.objectives import functional
 from nclip.objectives.base import (
+    ClipReduction,
     EncoderOutput,
     FrozenEmbedding,
     LabelRequest,
@@ -135,7 +136,7 @@ class CmsfConfig(CmsfFields):
     name: Literal["cmsf"] = "cmsf"
 
 
-class ClipCmsfConfig(CmsfFields):
+class ClipCmsfConfig(CmsfFields, ClipReduction):
     name: Literal["clip_cmsf"] = "clip_cmsf"
     w_clip: float = Field(1.0, ge=0, title="w_CLIP", description="weight of InfoNCE")
     w_cmsf: float = Field(1.0, ge=0, title="w_CMSF", description="weight of the image-side CMSF loss")
@@ -251,7 +252,8 @@ class ClipCmsfObjective(CmsfObjective):
     def forward(self, out: EncoderOutput, labels: torch.Tensor | None = None,
                 true_labels: torch.Tensor | None = None, index: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         cfg = self.cfg
-        clip = functional.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch)
+        clip = functional.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch,
+                                      reduction=cfg.clip_reduction)
         terms = self.cmsf_terms(out, labels, true_labels, index)
         loss = cfg.w_clip * clip["loss"] + cfg.w_cmsf * terms["cmsf/loss"]
         return {"loss": loss, **{f"clip/{k}": v for k, v in clip.items()}, **terms}

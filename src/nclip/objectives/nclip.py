@@ -7,7 +7,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from nclip.objectives.base import BranchWeights, EncoderOutput, EntropyWeights, Objective
+from nclip.objectives.base import BranchWeights, ClipReduction, EncoderOutput, EntropyWeights, Objective
 from nclip.objectives.functional import clip_terms, distribution_diagnostics, nclip_terms
 
 
@@ -15,7 +15,7 @@ class NclipConfig(EntropyWeights):
     name: Literal["nclip"] = "nclip"
 
 
-class XclipConfig(BranchWeights, NclipConfig):
+class XclipConfig(BranchWeights, ClipReduction, NclipConfig):
     name: Literal["xclip"] = "xclip"  # type: ignore[assignment]
     # Tab. 9f "warm-up on L_nCLIP": λ_nCLIP is 0 for the first nclip_warmup_start optimizer steps,
     # then ramps linearly to w_nclip over nclip_warmup_steps (nclip_weight_at); 0, 0: off (Eq. 5)
@@ -93,7 +93,8 @@ class XclipObjective(Objective):
 
     def forward(self, out: EncoderOutput):
         cfg = self.cfg
-        clip = clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch)
+        clip = clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch,
+                          reduction=cfg.clip_reduction)
         nclip = nclip_head_terms(out, cfg)
         w_nclip = nclip_weight_at(self.step, cfg.w_nclip, cfg.nclip_warmup_start, cfg.nclip_warmup_steps)
         loss = cfg.w_clip * clip["loss"] + w_nclip * nclip["loss"]

@@ -49,12 +49,12 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from nclip.objectives import functional
-from nclip.objectives.base import EncoderOutput, Objective, ObjectiveConfig
+from nclip.objectives.base import ClipReduction, EncoderOutput, Objective
 
 LOG_SCALE_MAX = math.log(100.0)
 
 
-class ProtoclipConfig(ObjectiveConfig):
+class ProtoclipConfig(ClipReduction):
     name: Literal["protoclip"] = "protoclip"
     # loss weights, Eq. 6 and Sec. 3.2 (the authors' code: w_clip, w_proto, w_proto_external)
     w_clip: float = Field(1.0, ge=0, description="weight of L_CLIP (Eq. 1)")
@@ -190,7 +190,8 @@ class ProtoclipObjective(Objective):
     def forward(self, out: EncoderOutput, rows: torch.Tensor | None = None):
         """``rows``: [B] int64 episode positions of the batch's rows (given by the episodic data)."""
         cfg = self.cfg
-        clip = functional.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch)
+        clip = functional.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch,
+                                      reduction=cfg.clip_reduction)
         logged = {f"clip/{k}": v for k, v in clip.items()}
         loss = cfg.w_clip * clip["loss"]
         h_i = F.normalize(_at_least_float32(out.image_proto), dim=-1)  # [B, d_h]

@@ -21,7 +21,7 @@ Numerics: distributions are handled in log space (``log_softmax``; log p̄ throu
 every function is finite in float32 for logits of magnitude 1e4 and for a batch of one.
 """
 
-from nclip.objectives.functional.clip import clip_loss, clip_terms
+from nclip.objectives.functional.clip import CLIP_REDUCTIONS, clip_loss, clip_terms
 from nclip.objectives.functional.cmsf import (
     UNLABELLED,
     cmsf_candidates,
@@ -67,7 +67,7 @@ from nclip.objectives.functional.unified import (
 from nclip.objectives.functional.yclip import yclip_loss, yclip_similarity, yclip_terms
 
 __all__ = [
-    "clip_loss", "clip_terms",
+    "clip_loss", "clip_terms", "CLIP_REDUCTIONS",
     "nclip_loss", "nclip_terms", "xclip_loss", "nclip_similarity", "NCLIP_SCORES", "batch_mean_log_prob",
     "distribution_diagnostics",
     "sinkhorn", "batch_moments", "ema_moments", "unified_target_log_prob", "unified_terms", "unified_loss",

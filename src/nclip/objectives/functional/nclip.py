@@ -97,13 +97,15 @@ def xclip_loss(
     lambda2: float = 1.5,
     *,
     global_batch: bool = True,
+    clip_reduction: str = "mean",
 ) -> torch.Tensor:
     """xCLIP, Eq. (5): λ_CLIP·L_CLIP(g_I, g_T, σ) + λ_nCLIP·L_nCLIP(h_I, h_T, λ1, λ2).
 
     image_emb, text_emb: [B, D] CLIP-head outputs; image_logits, text_logits: [B, K] nCLIP-head
-    outputs (the two heads are separate, Algorithm 1); logit_scale: the multiplier 1/σ.
+    outputs (the two heads are separate, Algorithm 1); logit_scale: the multiplier 1/σ;
+    clip_reduction: L_CLIP's two directions averaged (Sec. 3.1) or summed (Algorithm 1).
     """
-    clip = clip_loss(image_emb, text_emb, logit_scale, global_batch=global_batch)
+    clip = clip_loss(image_emb, text_emb, logit_scale, global_batch=global_batch, reduction=clip_reduction)
     nclip = nclip_loss(image_logits, text_logits, lambda1, lambda2, global_batch=global_batch)
     return w_clip * clip + w_nclip * nclip
 
