@@ -11,7 +11,8 @@ copied with ``non_blocking=True`` on a side stream. With a source that allows it
 :class:`TrainData`'s batches depend on their step alone) the *next* batch is read and its copy
 enqueued before the current one is handed out, so the copy of batch t + 1 overlaps step t even
 when step t ends with a host read (a log step; the other steps read nothing, nclip.train.gate).
-The consumer's stream waits on an event recorded after each batch's copy (not on the whole side stream, which by then holds the next batch's copy too),
+The consumer's stream waits on an event recorded after each batch's copy (not on the whole side
+stream, which by then holds the next batch's copy too),
 and ``record_stream`` keeps the caching allocator from reusing a batch's memory until the steps that
 read it are done. EpisodicData reads ahead of nothing: a batch at an episode boundary runs the
 model, which must have taken the step before.
