@@ -38,7 +38,8 @@ def test_startup_block_and_a_line_per_log_step(tmp_path, capsys):
     block = {line.split()[0]: line for line in err[1:11]}
     assert err[0] == "nclip train"
     assert "micro" in block["preset"]
-    assert "xclip (λ1=0.5, λ2=1.5, λ_CLIP=0.2, λ_nCLIP=1.0, nCLIP start=0, nCLIP ramp=0)" in block["objective"]
+    assert ("xclip (λ1=0.5, λ2=1.5, L_CLIP reduction=mean, λ_CLIP=0.2, λ_nCLIP=1.0, nCLIP start=0, nCLIP ramp=0)"
+            in block["objective"])
     assert "vit, width 32, 1 layers, patch 4 (" in block["image"] and "params)" in block["image"]
     assert "transformer, width 32, 1 layers (" in block["text"] and "params)" in block["text"]
     assert "synthetic, 64 samples, 16 px" in block["data"]
