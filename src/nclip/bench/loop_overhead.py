@@ -123,16 +123,21 @@ class HandLoop:
 
     def window(self, steps: int) -> Clock:
         """(wall, process CPU) seconds per step over ``steps`` steps."""
-        t0 = _now(self.device)
-        for _ in range(steps):
-            self.step()
-        return _per_step(t0, _now(self.device), steps)
+        return timed_steps(self.step, self.device, steps)
 
 
 def hand_loop(cfg: RunConfig, batch: tuple, warmup: int, steps: int) -> Clock:
     """(wall, process CPU) seconds per step of the minimal loop over ``steps`` steps after
     ``warmup`` (a fresh :class:`HandLoop`; the bench keeps one per row instead)."""
     return HandLoop(cfg, batch, warmup).window(steps)
+
+
+def timed_steps(step, device: torch.device, steps: int) -> Clock:
+    """(wall, process CPU) seconds per call of ``step`` over ``steps`` calls (synchronised on CUDA)."""
+    t0 = _now(device)
+    for _ in range(steps):
+        step()
+    return _per_step(t0, _now(device), steps)
 
 
 def _now(device: torch.device) -> Clock:

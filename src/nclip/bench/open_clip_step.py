@@ -19,7 +19,7 @@ import statistics
 
 import torch
 
-from nclip.bench.loop_overhead import Clock, _now, _per_step, device_of, one_batch, steps_for, trainer_windows
+from nclip.bench.loop_overhead import Clock, device_of, one_batch, steps_for, timed_steps, trainer_windows
 
 
 class OpenClipStep:
@@ -45,10 +45,7 @@ class OpenClipStep:
         self.opt.zero_grad(set_to_none=True)
 
     def window(self, steps: int) -> Clock:
-        t0 = _now(self.device)
-        for _ in range(steps):
-            self.step()
-        return _per_step(t0, _now(self.device), steps)
+        return timed_steps(self.step, self.device, steps)
 
 
 def nclip_over_open_clip(clip_cfg, repeats: int, window_s: float, warmup: int = 3,
