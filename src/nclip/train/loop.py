@@ -290,7 +290,8 @@ def _term_vector(terms: dict, keys: list[str], device: torch.device) -> torch.Te
 
 
 def _step(run: _Run, step: int, batch: tuple) -> _StepResult:
-    """One optimizer step on one global batch ``(pixels, ids, mask, *rows)`` (a data source may add
+    """One optimizer step on one global batch ``(pixels, ids, mask, *rows)``, already on the device
+    (:class:`nclip.data.device_feed.DeviceFeed`; a data source may add
     per-row tensors, such as ProtoCLIP's episode positions, split like the batch and passed on to
     the objective). A step whose loss or gradient is not finite on any rank is skipped on all,
     decided on the device (:mod:`nclip.train.gate`): nothing here waits on the host."""
@@ -301,7 +302,6 @@ def _step(run: _Run, step: int, batch: tuple) -> _StepResult:
     run.snapshot.take()  # the buffers, put back if the step is skipped
     run.step_module.objective.before_step(step, t.steps)  # e.g. a loss weight scheduled by the step
     set_patch_dropout(run.model, patch_dropout_at(run.cfg, step))  # FLIP: 0 in train.unmasked_steps' tail
-    batch = tuple(x.to(device, non_blocking=True) for x in batch)
     if run.passes is not None:  # exact accumulation: the whole batch's objective in k tower passes
         terms = cached_step(*run.passes, batch, t.accumulation, run.tower_buffers, device)
         keys = list(terms)
