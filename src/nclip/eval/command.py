@@ -40,6 +40,14 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--features", help="image features of the linear, k-NN, clustering and realm probes: "
                                       "backbone | clip | nclip | proto (default: the objective's paper protocol, "
                                       "ProtoCLIP: clip = z, App. B; the others: backbone)")
+    p.add_argument("--probe", choices=["lbfgs", "sgd"], default=d.probe,
+                   help="linear probe: lbfgs (CLIP App. A.3, L2 chosen on a validation split; default) or sgd "
+                        "(the papers' SGD recipes, see --probe-recipe)")
+    p.add_argument("--probe-recipe", choices=["xclip", "cmsf", "protoclip"],
+                   help="SGD probe recipe: xclip (Sec. 4.2, lr sweep, no momentum), cmsf (CompRess: lr 0.01, "
+                        "steps at 15/30 of 40 epochs), protoclip (App. B: lr 0.3, cosine, 100 epochs); "
+                        "default: the objective's paper")
+    p.add_argument("--probe-epochs", type=int, help="SGD probe epochs (default: the recipe's)")
     p.add_argument("--classnames", metavar="FILE", help="class names of folder:/multilabel: data: one per line in "
                                                         "sorted folder (label) order, or a JSON map folder -> name")
     p.add_argument("--templates", metavar="FILE|imagenet80",
@@ -98,7 +106,8 @@ def run_eval_command(args) -> int:
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
     settings = EvalSettings().updated(
         _option, tasks=tasks, datasets=tuple(args.datasets or EvalSettings().datasets), head=args.head,
-        features=args.features, classnames=args.classnames, templates=args.templates,
+        features=args.features, probe=args.probe, probe_recipe=args.probe_recipe, probe_epochs=args.probe_epochs,
+        classnames=args.classnames, templates=args.templates,
         multilabel_topk=_ints(args.topk, "--topk"), baseline=args.baseline, hierarchy=args.hierarchy,
         image_key=args.image_key, caption_key=args.caption_key,
         test_samples=args.samples, train_samples=args.train_samples,

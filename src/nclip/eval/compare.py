@@ -53,7 +53,7 @@ def _cell(metric: str, value, base) -> str:
     if value is None:
         return "–"
     text = fmt(metric, value)
-    if base is None or metric in ("l2", "best_head"):
+    if base is None or metric in ("l2", "lr", "best_head"):
         return text
     if metric.startswith(("erank", "align", "unif", "proto")):  # raw numbers, not percentages
         return f"{text} ({value - base:+.3g})"

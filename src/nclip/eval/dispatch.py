@@ -209,8 +209,11 @@ def _eval_probes(st: EvalState, data: EvalData, test: dict, image: dict, tasks: 
         ytr, yte = train[f"label.{kind}"], test[f"label.{kind}"]
         if "linear" in tasks:
             t = time.perf_counter()
-            st.put("linear", f"{data.name}-{kind}",
-                   probe.linear(xtr, ytr, xte, yte, n_cls, l2_grid=s.l2_grid, seed=s.seed))
+            if s.probe == "sgd":
+                r = probe.sgd_linear(xtr, ytr, xte, yte, n_cls, s.probe_recipe, epochs=s.probe_epochs, seed=s.seed)
+            else:
+                r = probe.linear(xtr, ytr, xte, yte, n_cls, l2_grid=s.l2_grid, seed=s.seed)
+            st.put("linear", f"{data.name}-{kind}", r)
             st.timing[f"linear/{data.name}-{kind}_s"] = time.perf_counter() - t
         if "knn" in tasks:
             st.put("knn", f"{data.name}-{kind}",

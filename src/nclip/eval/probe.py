@@ -1,11 +1,12 @@
 """Protocols 4-6 on frozen image backbone features ("features": the final-norm [CLS] token, not
 a head output -- xCLIP Sec. 4.2.1 "We use [CLS] token for classification").
 
-4. Linear probe (CLIP App. A.3): multinomial logistic regression by full-batch L-BFGS; the L2
-   strength is chosen on a stratified validation split of the training set, then the model is
-   refit on the whole training set (:func:`metrics.linear_probe`). Deviation from xCLIP Sec. 4.2.1,
-   which sweeps SGD learning rates (after MAE): L-BFGS on a closed-form objective has no schedule
-   to tune, is deterministic, and takes seconds on CPU.
+4. Linear probe (CLIP App. A.3, the default): multinomial logistic regression by full-batch L-BFGS;
+   the L2 strength is chosen on a stratified validation split of the training set, then the model
+   is refit on the whole training set (:func:`metrics.linear_probe`). L-BFGS on a closed-form
+   objective has no schedule to tune, is deterministic, and takes seconds on CPU. ``--probe sgd``
+   runs the papers' own SGD recipes instead (xCLIP Sec. 4.2.1's learning-rate sweep, CMSF's
+   CompRess protocol, ProtoCLIP App. B; :func:`metrics.sgd_linear_probe`).
 5. Weighted k-NN (InstDisc / DINO): k = 20 neighbours by cosine, votes exp(cos / T), T = 0.07.
 6. Clustering (ProtoCLIP App. E, Tab. A.12c): K-Means with K = number of classes on the test
    features, compared with the classes by ARI and AMI.
@@ -17,7 +18,7 @@ from contextlib import contextmanager
 
 import torch
 
-from nclip.eval.metrics import cluster_scores, knn_predict, linear_probe, mean_per_class_recall
+from nclip.eval.metrics import cluster_scores, knn_predict, linear_probe, mean_per_class_recall, sgd_linear_probe
 from nclip.eval.settings import L2_GRID
 
 SMALL = 5e7  # below this many multiply-adds per gradient step, one thread is fastest
@@ -58,6 +59,15 @@ def linear(train_x, train_y, test_x, test_y, num_classes: int, l2_grid=L2_GRID, 
         r = linear_probe(train_x, train_y, test_x, test_y, num_classes, l2_grid=l2_grid, val_fraction=0.2,
                          seed=seed, max_iter=max_iter)
     return {"top1": r["top1"], "mean_per_class": r["mean_per_class"], "l2": r["l2"]}
+
+
+def sgd_linear(train_x, train_y, test_x, test_y, num_classes: int, recipe: str, epochs: int | None = None,
+               seed: int = 0) -> dict[str, float]:
+    """{"top1", "mean_per_class", "lr"} of a paper's SGD linear probe (:mod:`.metrics.sgd_linear`)."""
+    with threads(1 if torch.as_tensor(train_x).numel() * num_classes < SMALL else None):
+        r = sgd_linear_probe(train_x, train_y, test_x, test_y, num_classes, recipe=recipe, epochs=epochs,
+                             val_fraction=0.2, seed=seed)
+    return {"top1": r["top1"], "mean_per_class": r["mean_per_class"], "lr": r["lr"]}
 
 
 def knn(train_x, train_y, test_x, test_y, num_classes: int, k: int = 20, temperature: float = 0.07) -> dict[str, float]:

@@ -77,6 +77,8 @@ def run_eval(checkpoint: str | Path, out: str | Path | None = None, *, tasks=Non
         raise NclipError(f"head {head_name!r} is not in this checkpoint: objective {ck.cfg.objective.name!r} "
                          f"has {', '.join(sorted(objective.heads_for(ck.cfg.objective)))}")
     settings = settings.updated(features=probe_features(settings.features, ck.cfg.objective))
+    if settings.probe == "sgd" and settings.probe_recipe is None:  # the objective's paper recipe
+        settings = settings.updated(probe_recipe=objective.sgd_probe_recipe)
     st = EvalState(ck, settings, head_name, FeatureCache(settings.cache_dir, ck.sha256), _device(settings.device),
                    log or (lambda msg: None))
     st.skipped.update(text_skipped)
@@ -192,6 +194,7 @@ def _document(st: EvalState, objective) -> dict:
         "config": {**st.settings.model_dump(),
                    "probe_features": f"{st.settings.features}: "
                                      + PROBE_FEATURES_DETAIL[st.settings.features].format(tower=tower.feature),
+                   "linear_probe": linear_protocol(st.settings),
                    "mask_maps": tower.saliency,
                    "sts_features": "text backbone features ([EOS]/pooled, no projection)"},
         "results": dict(sorted(st.results.items())),
@@ -199,6 +202,16 @@ def _document(st: EvalState, objective) -> dict:
         "timing": st.timing,
         "cache": {"dir": st.settings.cache_dir, "hits": sorted(st.cache.hits), "misses": sorted(st.cache.misses)},
     }
+
+
+def linear_protocol(settings: EvalSettings) -> dict:
+    """How the linear probe was trained (results.json ``config.linear_probe``)."""
+    if settings.probe == "lbfgs":
+        return {"optimizer": "L-BFGS (CLIP App. A.3)", "l2_grid": list(settings.l2_grid), "val_fraction": 0.2}
+    from nclip.eval.metrics.sgd_linear import SGD_RECIPES
+
+    return {"optimizer": "SGD", "recipe": settings.probe_recipe,
+            **SGD_RECIPES[settings.probe_recipe].summary(settings.probe_epochs)}
 
 
 def checkpoint_info(ck, objective, head: str | None) -> dict:

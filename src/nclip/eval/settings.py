@@ -32,6 +32,10 @@ FEATURES = get_args(Features)
 assert FEATURES == tuple(PROBE_FEATURES)
 MODEL_HEAD = {"clip": "clip", "nclip": "nclip", "yclip": "nclip"}  # the projection head a score reads
 NclipScore = Literal["symmetric", "image_to_text"]  # = nclip.objectives.functional.NCLIP_SCORES
+# the linear probe's optimiser: "lbfgs" (CLIP App. A.3, validated L2) or "sgd" (a paper's SGD recipe,
+# nclip.eval.metrics.sgd_linear.SGD_RECIPES, whose names SgdRecipe repeats)
+Probe = Literal["lbfgs", "sgd"]
+SgdRecipeName = Literal["xclip", "cmsf", "protoclip"]
 L2_GRID = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 1e-5, 1e-6)  # linear-probe L2 strengths (validated)
 MASK_THRESHOLD = 0.6  # DINO: keep the patches holding 60% of the [CLS] attention mass
 MULTILABEL_TOPK = (3, 5, 10, 20)  # xCLIP Tab. 3: F1@3, F1@5 (NUS-WIDE), F1@10, F1@20 (OpenImages)
@@ -62,6 +66,10 @@ class EvalSettings(BaseModel):
     tsne_iters: int = Field(TSNE_ITERS, ge=250, description="t-SNE iterations of the report's figure (App. G: 5,000)")
     knn_temperature: float = Field(0.07, gt=0)
     l2_grid: tuple[Annotated[float, Field(ge=0, allow_inf_nan=False)], ...] = Field(L2_GRID, min_length=1)
+    probe: Probe = "lbfgs"
+    # the SGD probe's paper recipe; None: the objective's (Objective.sgd_probe_recipe) under --probe sgd
+    probe_recipe: SgdRecipeName | None = None
+    probe_epochs: int | None = Field(None, ge=1, description="the SGD probe's epochs (None: the recipe's)")
     seed: int = 0
     batch_size: int = Field(EVAL_BATCH_SIZE, ge=1)  # the same default as the run config's eval.batch_size
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -111,6 +119,13 @@ class EvalSettings(BaseModel):
         if n == 1:
             raise ValueError("a Spearman correlation needs 0 (no STS) or at least 2 sentence pairs, got 1")
         return n
+
+    @field_validator("probe_recipe", "probe_epochs")
+    @classmethod
+    def _sgd_only(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and info.data.get("probe") == "lbfgs":
+            raise ValueError("applies to the SGD probe only: add --probe sgd")
+        return value
 
     @field_validator("hierarchy")
     @classmethod

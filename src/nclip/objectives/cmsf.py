@@ -146,6 +146,7 @@ class CmsfObjective(Objective):
     """Image-only CMSF: L = Eq. (1) on v (online + predictor, strong view) and u (target, weak view)."""
 
     heads = frozenset({"cmsf"})
+    sgd_probe_recipe = "cmsf"  # CMSF Sec. 4 "Linear IN-1k" (CompRess)
     zero_shot_head = None  # no text-aligned head: evaluated by k-NN and linear probes
     views = 2
 
@@ -271,6 +272,7 @@ class XentObjective(Objective):
     ``xent/clean_acc`` against the clean ones."""
 
     heads = frozenset({"xent"})
+    sgd_probe_recipe = "cmsf"  # the CMSF paper's baseline, probed as CMSF is
     zero_shot_head = None
 
     def __init__(self, cfg: XentConfig):

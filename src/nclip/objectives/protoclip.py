@@ -127,6 +127,7 @@ class ProtoclipObjective(Objective):
     # linear probing"; k-NN (DINO's) on the same z, normalised. z is nclip's CLIP-head embedding
     # ("emb"), not the 128-d prototype projection h = g(z) (that one is --features proto)
     probe_features = "clip"
+    sgd_probe_recipe = "protoclip"  # App. B: SGD for ImageNet
     episodic = True
 
     def __init__(self, cfg: ProtoclipConfig):

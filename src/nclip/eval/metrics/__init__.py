@@ -16,6 +16,8 @@ One module per family (and the protocol each follows); everything public is re-e
 * :mod:`~nclip.eval.metrics.knn` -- :func:`knn_predict` (InstDisc / DINO weighted k-NN).
 * :mod:`~nclip.eval.metrics.linear` -- :func:`linear_probe` (CLIP linear probe: L-BFGS multinomial
   logistic regression with a validated L2 strength), :func:`stratified_split`.
+* :mod:`~nclip.eval.metrics.sgd_linear` -- :func:`sgd_linear_probe` (the papers' SGD probes:
+  xCLIP, CMSF / CompRess, ProtoCLIP App. B; ``SGD_RECIPES``).
 * :mod:`~nclip.eval.metrics.multilabel` (xCLIP Tab. 3) -- :func:`mean_average_precision`,
   :func:`precision_recall_f1_at_k`, :func:`f1_at_k`.
 * :mod:`~nclip.eval.metrics.clustering` (ProtoCLIP Tab. A.12c) -- :func:`cluster_scores`.
@@ -49,6 +51,7 @@ from nclip.eval.metrics.mask_probing import attention_mask_jaccard, mass_thresho
 from nclip.eval.metrics.multilabel import f1_at_k, mean_average_precision, precision_recall_f1_at_k
 from nclip.eval.metrics.representation import alignment, effective_rank, probability_std, prototype_usage, uniformity
 from nclip.eval.metrics.retrieval import recall_at_k
+from nclip.eval.metrics.sgd_linear import SGD_RECIPES, sgd_linear_probe
 
 __all__ = [
     "recall_at_k",
@@ -58,6 +61,8 @@ __all__ = [
     "zero_shot_classifier",
     "knn_predict",
     "linear_probe",
+    "sgd_linear_probe",
+    "SGD_RECIPES",
     "stratified_split",
     "mean_average_precision",
     "precision_recall_f1_at_k",
