@@ -42,11 +42,12 @@ def rn50():
 
 
 def test_rn50_has_clips_parameter_count_and_shapes(rn50):
-    """CLIP's paper (Radford et al. 2021, Tab. 19) gives RN50 as ResNet blocks (3, 4, 6, 3), width
-    2048 at the last stage, embedding dimension 1024, 224 px input, and Sec. 2.4 its three changes;
-    it states no parameter count. The count is 38,316,896: computed here from that description, and
-    the size of OpenAI's released RN50 image tower (38.3M parameters: 153 MB as float32 in its ONNX
-    exports, 76.6 MB as float16)."""
+    """CLIP's paper (Radford et al. 2021, its CLIP-ResNet hyperparameters, Tab. 19) gives RN50 as
+    ResNet blocks (3, 4, 6, 3), width 2048 at the last stage, embedding dimension 1024, 224 px input,
+    and Sec. 2.4 its three changes; it states no parameter count. The count is 38,316,896: computed
+    here from that description (32 pooling heads, as the released model: 2048 / 64), and the size of
+    OpenAI's released RN50 image tower (38.3M parameters: 153 MB as float32 in its ONNX exports,
+    76.6 MB as float16)."""
     tower = rn50
     count = sum(p.numel() for p in tower.parameters())
     assert count == _rn50_parameters() == 38_316_896
@@ -97,7 +98,7 @@ def test_the_papers_three_changes(rn50):
     assert not any(b.branch[-1].weight.any() for b in tower.modules() if isinstance(b, Bottleneck))
 
 
-def test_dual_encoder_round_trip_and_position_sensitive_feature(tmp_path, micro_overrides):
+def test_dual_encoder_shapes_and_round_trip(tmp_path, micro_overrides):
     cfg = resolve("micro", micro_overrides + SMALL)
     model = build_model(cfg, pretrained_text=False).eval()
     assert model.vision.kind == "clip_resnet" and model.vision.width == 24
@@ -110,10 +111,6 @@ def test_dual_encoder_round_trip_and_position_sensitive_feature(tmp_path, micro_
     save_model(model, cfg, tmp_path / "m")
     loaded, _ = load_model(tmp_path / "m")
     torch.testing.assert_close(loaded(pixels, ids, mask).image_emb, out.image_emb)
-    left, right = torch.zeros(1, 3, 16, 16), torch.zeros(1, 3, 16, 16)
-    left[..., 4:8, 0:4], right[..., 4:8, 12:16] = 1.0, 1.0
-    with torch.no_grad():  # position embeddings: moving an object changes the feature
-        assert (model.vision(left) - model.vision(right)).abs().max() > 1e-4
 
 
 def test_attention_maps_are_the_weights_that_make_the_feature(micro_overrides):
