@@ -139,19 +139,30 @@ def test_collectives_are_identities_without_a_process_group():
 # --------------------------------------------------------------------------------------------
 
 MODEL_OVERRIDES = micro_sizes() + ["objective.name=xclip", "model.sync_batchnorm=true"]
+# the image towers checked: the micro ViT (BatchNorm in the heads only) and CLIP's modified ResNet
+# (issue 27.3: BatchNorm2d throughout the tower, global-batch statistics under model.sync_batchnorm)
+MODEL_TOWERS = {
+    "vit": [],
+    "clip_resnet": ["model.vision.kind=clip_resnet", "model.vision.embedding_size=8", "model.vision.depths=[1,2]",
+                    "model.vision.hidden_sizes=[16,32]"],
+}
+BN_KINDS = {"vit": ["GlobalBatchNorm1d"], "clip_resnet": ["GlobalBatchNorm1d", "GlobalBatchNorm2d"]}
 CAPTIONS = ["a red circle", "two blue squares", "a green star", "a small yellow triangle",
             "three big circles", "a purple cross", "an orange heart", "one grey square"]
 
 
-def _model_and_batch(strategy: str = "ddp"):
+def _model_and_batch(strategy: str = "ddp", tower: str = "vit"):
     from nclip.config import resolve
     from nclip.models import build_model
     from nclip.objectives import build_objective
     from nclip.train.launch import TrainStep
 
-    cfg = resolve("micro", MODEL_OVERRIDES + [f"train.strategy={strategy}"])
+    cfg = resolve("micro", MODEL_OVERRIDES + MODEL_TOWERS[tower] + [f"train.strategy={strategy}"])
     torch.manual_seed(0)
     model = build_model(cfg).double()
+    for m in model.vision.modules():  # γ ≠ 0 (clip_resnet starts its blocks' last BN at 0): every branch learns
+        if isinstance(m, torch.nn.BatchNorm2d):
+            torch.nn.init.uniform_(m.weight, 0.5, 1.5)
     step = TrainStep(model, build_objective(cfg.objective).double())
     g = torch.Generator().manual_seed(1)
     pixels = torch.randn(B, 3, 16, 16, generator=g, dtype=torch.float64)
@@ -176,20 +187,22 @@ def _model_rank(rank: int, world: int):
     from nclip.train.launch import DistContext, sync_replicated_grads, wrap
 
     results = {}
-    for strategy in ("ddp", "fsdp"):
-        cfg, step, (pixels, ids, mask) = _model_and_batch(strategy)
-        module = wrap(step, DistContext(rank, world), cfg)
-        n = B // world
-        sl = slice(rank * n, (rank + 1) * n)
-        terms = module(pixels[sl], ids[sl], mask[sl])
-        terms["loss"].backward()
-        sync_replicated_grads(module)
-        bn = {}
-        if strategy == "ddp":  # FSDP2 keeps buffers whole; DDP's are the interesting ones
-            bn = _bn_stats(step)
-            kinds = sorted({type(m).__name__ for m in step.modules() if "BatchNorm" in type(m).__name__})
-            results["bn_kinds"] = kinds
-        results[strategy] = (terms["loss"].detach(), _grads(module), bn)
+    for tower in MODEL_TOWERS:
+        results[tower] = {}
+        for strategy in ("ddp", "fsdp"):
+            cfg, step, (pixels, ids, mask) = _model_and_batch(strategy, tower)
+            module = wrap(step, DistContext(rank, world), cfg)
+            n = B // world
+            sl = slice(rank * n, (rank + 1) * n)
+            terms = module(pixels[sl], ids[sl], mask[sl])
+            terms["loss"].backward()
+            sync_replicated_grads(module)
+            bn = {}
+            if strategy == "ddp":  # FSDP2 keeps buffers whole; DDP's are the interesting ones
+                bn = _bn_stats(step)
+                kinds = sorted({type(m).__name__ for m in step.modules() if "BatchNorm" in type(m).__name__})
+                results[tower]["bn_kinds"] = kinds
+            results[tower][strategy] = (terms["loss"].detach(), _grads(module), bn)
     return results
 
 
@@ -198,17 +211,18 @@ def model_results(ranks):
     return [r["model"] for r in ranks[1]]
 
 
-@pytest.fixture(scope="module")
-def model_reference():
-    _, step, batch = _model_and_batch()
+def _model_reference(tower: str):
+    _, step, batch = _model_and_batch(tower=tower)
     terms = step(*batch)
     terms["loss"].backward()
     return terms["loss"].detach(), _grads(step), _bn_stats(step)
 
 
+@pytest.mark.parametrize("tower", list(MODEL_TOWERS))
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_dual_encoder_grads_match_single_process(model_results, model_reference, strategy):
-    ref_loss, ref_grads, ref_bn = model_reference
+def test_dual_encoder_grads_match_single_process(model_results, strategy, tower):
+    ref_loss, ref_grads, ref_bn = _model_reference(tower)
+    model_results = [r[tower] for r in model_results]
     losses = [r[strategy][0] for r in model_results]
     torch.testing.assert_close(torch.stack(losses).mean(), ref_loss, rtol=1e-10, atol=1e-12)
     for rank_result in model_results:
@@ -217,7 +231,7 @@ def test_dual_encoder_grads_match_single_process(model_results, model_reference,
         for name, g in ref_grads.items():
             torch.testing.assert_close(grads[name], g, rtol=1e-8, atol=1e-11, msg=f"{strategy}: {name}")
     if strategy == "ddp":
-        assert model_results[0]["bn_kinds"] == ["GlobalBatchNorm1d"]
+        assert model_results[0]["bn_kinds"] == BN_KINDS[tower]
         for rank_result in model_results:  # running statistics of the global batch, on every rank
             for name, v in ref_bn.items():
                 torch.testing.assert_close(rank_result["ddp"][2][name], v, rtol=1e-10, atol=1e-12, msg=name)

@@ -10,11 +10,16 @@ from nclip.defaults import has_labels
 from nclip.objectives import REGISTRY
 
 RN50 = ("resnet", (3, 4, 6, 3), (256, 512, 1024, 2048))  # kind, bottleneck blocks, stage widths
+# CLIP's modified RN50 (issue 27.3): as RN50, with a 64-channel stem and attention pooling of 32 heads to 1024
+CLIP_RN50 = ("clip_resnet", (3, 4, 6, 3), (256, 512, 1024, 2048), 64, 32, 1024)
+# which ResNet-50 a preset builds, in the words its header comment must use
+RN50_WORDS = {"rn50": "standard ResNet-50", "clip-rn50": "CLIP's modified ResNet-50"}
 VIT_B16 = ("vit", 16, 768, 12, 12)  # kind, patch, width, layers, heads
 
 # preset -> what it configures. header: words its header comment must name (the method as the paper
-# calls it); heads: the heads the model builds (Objective.heads_for); tower: "rn50", "vit-b16", or
-# the kind of a small tower; constraint: CMSF's; labels: its data give every row a class label;
+# calls it); heads: the heads the model builds (Objective.heads_for); tower: "rn50" (He et al.'s),
+# "clip-rn50" (CLIP's modified RN50; the header names which, RN50_WORDS), "vit-b16", or the kind of a
+# small tower; constraint: CMSF's; labels: its data give every row a class label;
 # clip_reduction: how L_CLIP joins its two InfoNCE directions (issue 27.2), None without a CLIP term
 FACTS = {
     "clip-tiny": dict(objective="clip", header=["CLIP", "InfoNCE"], heads={"clip"}, tower="convnet",
@@ -39,7 +44,7 @@ FACTS = {
     "protoclip-tiny": dict(objective="protoclip", header=["ProtoCLIP"], heads={"clip", "proto"}, tower="vit",
                            episodic=True, clip_reduction="mean"),
     "protoclip-rn50-cc": dict(objective="protoclip", header=["ProtoCLIP", "ResNet-50"], heads={"clip", "proto"},
-                              tower="rn50", episodic=True, clip_reduction="mean"),
+                              tower="clip-rn50", episodic=True, clip_reduction="mean"),
     "supcon-tiny": dict(objective="supcon", header=["SupCon"], heads={"supcon"}, tower="convnet", labels=True),
 }
 
@@ -57,6 +62,9 @@ def _header(name: str) -> str:
 def _tower(vision) -> str:
     if (vision.kind, vision.depths, vision.hidden_sizes) == RN50:
         return "rn50"
+    if (vision.kind, vision.depths, vision.hidden_sizes, vision.embedding_size, vision.heads,
+            vision.pool_dim) == CLIP_RN50:
+        return "clip-rn50"
     if (vision.kind, vision.patch_size, vision.width, vision.layers, vision.heads) == VIT_B16:
         return "vit-b16"
     return vision.kind
@@ -65,8 +73,8 @@ def _tower(vision) -> str:
 def _claimed_by_name(name: str) -> dict:
     """What the name alone promises, as a check on the table's rows."""
     claims = {}
-    if "rn50" in name:
-        claims["tower"] = "rn50"
+    if "rn50" in name:  # either ResNet-50, the one its paper used (the header says which)
+        claims["tower"] = tuple(RN50_WORDS)
     if "b16" in name:
         claims["tower"] = "vit-b16"
     for prefix, objective in (("cmsf", "cmsf"), ("protoclip", "protoclip"), ("supcon", "supcon"),
@@ -92,12 +100,13 @@ def test_every_preset_has_a_row():
 def test_preset_configures_the_method_it_claims(name):
     facts = FACTS[name]
     for key, value in _claimed_by_name(name).items():
-        assert facts.get(key) == value, f"{name}: the name promises {key} {value}, the table says {facts.get(key)}"
+        ok = facts.get(key) in value if isinstance(value, tuple) else facts.get(key) == value
+        assert ok, f"{name}: the name promises {key} {value}, the table says {facts.get(key)}"
     cfg = resolve(name)
     obj = cfg.objective
     objective_cls = REGISTRY[obj.name][1]
     header = _header(name)
-    missing = [word for word in facts["header"] if word not in header]
+    missing = [word for word in facts["header"] + [RN50_WORDS.get(facts["tower"], "")] if word not in header]
     assert not missing, f"{name}: its header comment does not name {missing}"
     assert obj.name == facts["objective"]
     assert set(objective_cls.heads_for(obj)) == facts["heads"]

@@ -20,6 +20,7 @@ from nclip.defaults import EVAL_BATCH_SIZE, PROBE_FEATURES, USER_LABEL, has_labe
 from nclip.errors import NclipError
 from nclip.jsonio import read_text
 from nclip.objectives import REGISTRY, ObjectiveConfig
+from nclip.vision_config import VisionConfig, image_size_problem  # model.vision (also imported from here)
 
 
 class _Section(BaseModel):
@@ -148,47 +149,6 @@ class DataConfig(_Section):
                 and self.tagging.label_key not in (None, USER_LABEL)):
             raise ValueError(f"data.tagging.label_key {self.tagging.label_key!r} is not a label of data.source "
                              f"{self.source} (it has {USER_LABEL})")
-        return self
-
-
-class VisionConfig(_Section):
-    # "vit": a CLIP vision transformer (patch_size, width, layers, heads, mlp_ratio);
-    # "resnet": a transformers ResNetModel from config (depths, hidden_sizes, embedding_size;
-    # ResNet-50 by default), feature = its globally pooled last stage;
-    # "convnet": a small conv net for small images (embedding_size, depths, hidden_sizes, heads of
-    # its attention pooling), see nclip.models.towers.ConvNetTower.
-    kind: Literal["vit", "resnet", "convnet"] = "vit"
-    patch_size: int = Field(8, ge=1)
-    width: int = Field(128, ge=8)
-    layers: int = Field(4, ge=1)
-    heads: int = Field(4, ge=1)
-    mlp_ratio: float = Field(4.0, gt=0)
-    depths: tuple[int, ...] = (3, 4, 6, 3)  # resnet: bottleneck blocks per stage
-    hidden_sizes: tuple[int, ...] = (256, 512, 1024, 2048)  # resnet: output channels per stage
-    embedding_size: int = Field(64, ge=8, description="resnet: stem channels")
-    hidden_act: Literal["gelu", "quick_gelu"] = "gelu"  # vit: OpenAI CLIP's towers use quick_gelu
-    # vit: the mean/std the tower expects its pixels normalised with; None: CLIP's, the data layer's
-    # own (a tower started from a model trained with other statistics re-normalises its input)
-    pixel_mean: tuple[float, float, float] | None = None
-    pixel_std: tuple[float, float, float] | None = None
-    # vit: FLIP's patch dropout, the share of patch tokens each training image drops (eval keeps all;
-    # nclip.models.patch_dropout); train.unmasked_steps trains the last steps with every patch
-    patch_dropout: float = Field(0.0, ge=0, lt=1)
-
-    @model_validator(mode="after")
-    def _divisible(self):
-        if self.patch_dropout and self.kind != "vit":
-            raise ValueError(f"patch_dropout needs kind vit (got {self.kind})")
-        if self.kind in ("resnet", "convnet") and (len(self.depths) != len(self.hidden_sizes) or not self.depths
-                                      or min(self.depths) < 1):
-            raise ValueError(f"{self.kind} depths {self.depths} and hidden_sizes {self.hidden_sizes} must be "
-                             "non-empty, positive and of the same length")
-        if self.kind == "vit" and self.width % self.heads:
-            raise ValueError(f"vision width {self.width} is not divisible by heads {self.heads}")
-        if (self.pixel_mean is None) != (self.pixel_std is None) or min(self.pixel_std or (1,)) <= 0:
-            raise ValueError("pixel_mean and pixel_std go together, with every std > 0")
-        if self.kind == "convnet" and self.hidden_sizes and self.hidden_sizes[-1] % self.heads:
-            raise ValueError(f"convnet last width {self.hidden_sizes[-1]} is not divisible by heads {self.heads}")
         return self
 
 
@@ -367,18 +327,10 @@ class RunConfig(_Section):
     def _cross_checks(self):
         if self.data.source == "synthetic" and self.data.image_size < 16:
             raise ValueError(f"data.image_size {self.data.image_size} is below 16, too small for synthetic scenes")
-        if self.model.vision.kind == "vit" and self.data.image_size % self.model.vision.patch_size:
-            raise ValueError(
-                f"data.image_size {self.data.image_size} is not divisible by "
-                f"model.vision.patch_size {self.model.vision.patch_size}"
-            )
-        vision = self.model.vision
-        if self.train.unmasked_steps and not vision.patch_dropout:
+        if problem := image_size_problem(self.model.vision, self.data.image_size):
+            raise ValueError(problem)
+        if self.train.unmasked_steps and not self.model.vision.patch_dropout:
             raise ValueError(f"train.unmasked_steps {self.train.unmasked_steps} needs model.vision.patch_dropout > 0")
-        if vision.kind == "convnet" and -(-self.data.image_size // 2) < 2 ** (len(vision.depths) - 1):
-            # a stride-2 stem, then a 2×2 max pool before every later stage: the map must keep a pixel
-            raise ValueError(f"data.image_size {self.data.image_size} is too small for a convnet of "
-                             f"{len(vision.depths)} stages (at least {2 ** len(vision.depths) - 1} px)")
         if self.train.batch_size % self.data.hard_negative_group:
             raise ValueError(f"train.batch_size {self.train.batch_size} is not divisible by "
                              f"data.hard_negative_group {self.data.hard_negative_group}")

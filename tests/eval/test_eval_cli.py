@@ -211,6 +211,8 @@ TOWERS = {
                  "model.vision.hidden_sizes=[16,32]"], []),
     "resnet": (["model.vision.kind=resnet", "model.vision.embedding_size=8", "model.vision.depths=[1,1]",
                 "model.vision.hidden_sizes=[16,32]"], []),
+    "clip_resnet": (["model.vision.kind=clip_resnet", "model.vision.embedding_size=8", "model.vision.depths=[1,1]",
+                     "model.vision.hidden_sizes=[16,32]"], []),
     "minilm-text": (["model.text.kind=pretrained"], ["--dataset", "synthetic"]),
 }
 
@@ -244,7 +246,8 @@ def test_eval_runs_every_task_on_every_tower(tower, tmp_path, capsys):
     else:
         assert doc["skipped"] == {} and 'id="skipped"' not in page
         assert 0.0 <= doc["results"]["masks/synthetic/jaccard"] <= 1.0
-        maps = {"convnet": "attention-pool query attention"}.get(tower, "[CLS] attention")
+        maps = {"convnet": "attention-pool query attention",
+                "clip_resnet": "attention-pool query attention"}.get(tower, "[CLS] attention")
         assert doc["config"]["mask_maps"] == maps and f"{maps}&#x27;s top-60% mass" in page
     if tower == "minilm-text":
         assert doc["checkpoint"]["text_tower"] == "pretrained" and "sts/synthetic/spearman" in doc["results"]

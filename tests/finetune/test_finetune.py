@@ -47,9 +47,13 @@ def _net(model_dir, classifier="linear"):
     return ck, build_net(ck, classifier, LabelSpace(DIGIT_NAMES, DIGIT_TEMPLATES), torch.device("cpu"))
 
 
+CLIP_RESNET = ["model.vision.kind=clip_resnet", "model.vision.embedding_size=8", "model.vision.depths=[1,2]",
+               "model.vision.hidden_sizes=[8,16]"]
+
+
 @pytest.mark.parametrize("tower", [[], ["model.vision.kind=convnet", "model.vision.embedding_size=8",
-                                        "model.vision.depths=[1,2]", "model.vision.hidden_sizes=[8,16]"]],
-                         ids=["vit", "convnet"])
+                                        "model.vision.depths=[1,2]", "model.vision.hidden_sizes=[8,16]"], CLIP_RESNET],
+                         ids=["vit", "convnet", "clip_resnet"])
 def test_layer_decay_gives_each_layer_its_learning_rate(tmp_path, tower):
     from nclip.finetune.loop import make_optimizer, set_lr
 
@@ -66,6 +70,10 @@ def test_layer_decay_gives_each_layer_its_learning_rate(tmp_path, tower):
                 "vision.model.post_layernorm.weight": 3, "head.weight": 3, "classifier": 3, "logit_scale": 3},
         "convnet": {"vision.body.0.weight": 0, "vision.body.3.weight": 1, "vision.body.7.weight": 2,
                     "vision.body.10.weight": 2, "vision.pool.in_proj_weight": 3, "head.weight": 3, "classifier": 3},
+        "clip_resnet": {"vision.stem.0.weight": 0, "vision.stem.7.bias": 0, "vision.stages.0.0.branch.0.weight": 1,
+                        "vision.stages.1.0.shortcut.1.weight": 2, "vision.stages.1.1.branch.3.weight": 2,
+                        "vision.pool.position": 3, "vision.pool.query.weight": 3, "vision.pool.proj.bias": 3,
+                        "head.weight": 3, "classifier": 3},
     }[vcfg.kind]
     assert n == 4
     names = dict(net.named_parameters())
@@ -96,6 +104,8 @@ def test_drop_path_is_honest_per_tower(tmp_path):
     conv = ["model.vision.kind=convnet", "model.vision.depths=[1]", "model.vision.hidden_sizes=[8]"]
     _, conv_net = _net(_model_dir(tmp_path / "c", "xclip", *conv))
     assert add_drop_path(conv_net.vision, 0.1) == "none (convnet has no residual blocks)"
+    _, clip_resnet = _net(_model_dir(tmp_path / "r", "xclip", *CLIP_RESNET))
+    assert add_drop_path(clip_resnet.vision, 0.1) == "0.1 (linear 0 to 0.1 over 3 blocks, per bottleneck block)"
 
 
 def test_cosine_classifier_at_step_0_is_zero_shot(tmp_path):

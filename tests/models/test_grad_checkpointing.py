@@ -10,6 +10,7 @@ from torch import nn
 from nclip.config import TextConfig, VisionConfig, resolve
 from nclip.data.tokenization import CaptionTokenizer, bundled_model_dir
 from nclip.models import build_model
+from nclip.models.clip_resnet import ClipResNetTower
 from nclip.models.towers import (
     ClipTextTower,
     ConvNetTower,
@@ -40,6 +41,15 @@ def _resnet():
     return ResNetTower(resnet_config(cfg)), (torch.randn(4, 3, 32, 32),)
 
 
+def _clip_resnet():
+    cfg = VisionConfig(kind="clip_resnet", embedding_size=8, depths=(1, 2), hidden_sizes=(16, 32), heads=2)
+    tower = ClipResNetTower(cfg, 32)
+    for m in tower.modules():  # γ ≠ 0 in the blocks' last BatchNorm, so every branch gets a gradient
+        if isinstance(m, nn.BatchNorm2d):
+            nn.init.uniform_(m.weight, 0.5, 1.5)
+    return tower, (torch.randn(4, 3, 32, 32),)
+
+
 def _clip_text():
     tok = CaptionTokenizer(16)
     config = text_config(TextConfig(width=32, layers=2, heads=2), tok.vocab_size, 16, tok.pad_id, tok.cls_id,
@@ -52,7 +62,8 @@ def _minilm():  # BERT's hidden and attention dropout (0.1) are on in training m
     return PretrainedTextTower(str(bundled_model_dir()), "mean"), CaptionTokenizer(16)(CAPTIONS)
 
 
-TOWERS = {"vit": _vit, "convnet": _convnet, "resnet": _resnet, "clip_text": _clip_text, "minilm": _minilm}
+TOWERS = {"vit": _vit, "convnet": _convnet, "resnet": _resnet, "clip_resnet": _clip_resnet, "clip_text": _clip_text,
+          "minilm": _minilm}
 
 
 def _count_layer_calls(tower: nn.Module, calls: list) -> list:
@@ -95,11 +106,11 @@ def test_checkpointed_tower_gives_the_same_loss_gradients_and_statistics(kind):
     # BatchNorm's running statistics updated once per forward, as without checkpointing
     for (name, b), c in zip(plain.named_buffers(), ckpt.buffers()):
         torch.testing.assert_close(c, b, rtol=0, atol=0, msg=name)
-    if kind in ("convnet", "resnet"):
+    if kind in ("convnet", "resnet", "clip_resnet"):
         assert max(int(b) for n, b in plain.named_buffers() if n.endswith("num_batches_tracked")) == 1
 
 
-@pytest.mark.parametrize("kind", ["vit", "convnet"])
+@pytest.mark.parametrize("kind", ["vit", "convnet", "clip_resnet"])
 def test_checkpointing_is_off_in_eval_mode_and_without_gradients(kind):
     torch.manual_seed(0)
     tower, inputs = TOWERS[kind]()

@@ -417,8 +417,9 @@ def test_rn50_preset_has_table_a3_settings():
     assert (t.batch_size, o.episode_size, o.warmup_episodes, o.clusters,
             o.kmeans_iters) == (512, 200_000, 40, 20_000, 20)
     assert (t.lr, t.weight_decay, t.betas, t.eps, t.grad_clip) == (5e-4, 0.5, (0.9, 0.999), 1e-8, 1e5)
-    assert (m.vision.kind, m.vision.depths, m.embed_dim, m.proto_dim,
-            m.proto_hidden) == ("resnet", (3, 4, 6, 3), 1024, 128, 2048)
+    # App. A.1: CLIP's modified ResNet-50 (issue 27.3), its attention pool to d_z = 1024
+    assert (m.vision.kind, m.vision.depths, m.vision.heads, m.vision.pool_dim, m.embed_dim, m.proto_dim,
+            m.proto_hidden) == ("clip_resnet", (3, 4, 6, 3), 32, 1024, 1024, 128, 2048)
     assert (o.t_proto_init, o.t_target, o.ext_pca_dim, cfg.data.image_size) == (0.07, 0.01, 64, 224)
     # 32 epochs of 2.5M pairs = 400 episodes of 390 steps; LiT from epoch 16
     assert t.steps == 400 * episodic.steps_per_episode(cfg) and o.lit_episode == 200

@@ -3,17 +3,20 @@
 Layer-wise decay: every parameter gets a layer id l in 0 … n−1 and the learning rate
 lr · decay^(n − 1 − l), so the input end moves least and the classifier at the full rate:
 
-=========  ====================================================================================
-tower      layer ids
-=========  ====================================================================================
-vit        0: patch and position embeddings, [CLS] token, pre-norm; 1 … L: transformer block
-           1 … L; L + 1: final norm, CLIP head (and shared head layers), classifier, logit scale
-resnet     0: stem (embedder); 1 … S: stage 1 … S (all its bottleneck blocks);
-           S + 1: CLIP head, classifier, logit scale
-convnet    0: stem conv; 1 … S: stage 1 … S (its convs; a stage's max pool has no weights);
-           S + 1: attention pooling (query position embedding, attention, norm), CLIP head,
-           classifier, logit scale
-=========  ====================================================================================
+===========  ==================================================================================
+tower        layer ids
+===========  ==================================================================================
+vit          0: patch and position embeddings, [CLS] token, pre-norm; 1 … L: transformer block
+             1 … L; L + 1: final norm, CLIP head (and shared head layers), classifier, logit scale
+resnet       0: stem (embedder); 1 … S: stage 1 … S (all its bottleneck blocks);
+             S + 1: CLIP head, classifier, logit scale
+clip_resnet  0: 3-conv stem; 1 … S: stage 1 … S (all its bottleneck blocks); S + 1: attention
+             pooling (position embedding, q/k/v, output projection), CLIP head, classifier,
+             logit scale
+convnet      0: stem conv; 1 … S: stage 1 … S (its convs; a stage's max pool has no weights);
+             S + 1: attention pooling (query position embedding, attention, norm), CLIP head,
+             classifier, logit scale
+===========  ==================================================================================
 
 The conv towers decay per stage rather than per block: their stages, not their blocks, are the
 units of resolution, as in ConvNeXt's and BEiT-style recipes for conv nets.
@@ -23,10 +26,11 @@ embeddings and the logit scale get none (BEiT's exclusions).
 
 Drop path (stochastic depth, rate r = 0.1 in App. C): each residual branch is dropped per sample
 with a rate rising linearly from 0 at the first block to r at the last (timm's schedule), the kept
-ones scaled by 1/(1 − rate). The ViT's two branches per block (attention, MLP) and the ResNet's
-bottleneck branch are dropped through forward hooks on the branch modules, so the towers stay the
-stock transformers modules. The convnet tower has no residual connections, so it has no drop path:
-the run records "none (convnet has no residual blocks)" rather than pretending.
+ones scaled by 1/(1 − rate). The ViT's two branches per block (attention, MLP) and the ResNets'
+bottleneck branch (clip_resnet: each block's ``branch``) are dropped through forward hooks on the
+branch modules, so the towers stay the stock transformers modules. The convnet tower has no
+residual connections, so it has no drop path: the run records "none (convnet has no residual
+blocks)" rather than pretending.
 """
 
 from __future__ import annotations
@@ -38,8 +42,10 @@ from torch import nn
 
 _VIT_BLOCK = re.compile(r"\.encoder\.layers\.(\d+)\.")
 _RESNET_STAGE = re.compile(r"\.encoder\.stages\.(\d+)\.")
+_CLIP_RESNET_STAGE = re.compile(r"^vision\.stages\.(\d+)\.")
 _CONV_BODY = re.compile(r"^vision\.body\.(\d+)\.")
-_NO_DECAY_NAMES = ("class_embedding", "position_embedding", "vision.position", "logit_scale")
+_NO_DECAY_NAMES = ("class_embedding", "position_embedding", "vision.position", "vision.pool.position",
+                   "logit_scale")
 
 
 def layer_count(vision_cfg) -> int:
@@ -72,6 +78,11 @@ def layer_id(name: str, vision_cfg) -> int:
         if m:
             return int(m.group(1)) + 1
         return 0 if ".embedder." in name else top
+    if vision_cfg.kind == "clip_resnet":
+        m = _CLIP_RESNET_STAGE.search(name)
+        if m:
+            return int(m.group(1)) + 1
+        return 0 if name.startswith("vision.stem.") else top
     m = _CONV_BODY.search(name)
     return _convnet_stages(vision_cfg)[int(m.group(1))] if m else top
 
@@ -119,8 +130,8 @@ def _hook(rate: float):
 
 
 def add_drop_path(tower: nn.Module, rate: float) -> str:
-    """Drop the residual branches of ``tower`` (a VisionTower, ResNetTower or ConvNetTower) with a
-    linear schedule up to ``rate`` while it trains; returns how (for results.json)."""
+    """Drop the residual branches of ``tower`` (a VisionTower, ResNetTower, ClipResNetTower or
+    ConvNetTower) with a linear schedule up to ``rate`` while it trains; returns how (for results.json)."""
     if rate <= 0:
         return "none (drop_path 0)"
     if tower.kind == "vit":
@@ -129,6 +140,9 @@ def add_drop_path(tower: nn.Module, rate: float) -> str:
         how = "per transformer block, attention and MLP branches"
     elif tower.kind == "resnet":
         branches = [[block.layer] for stage in tower.model.encoder.stages for block in stage.layers]
+        how = "per bottleneck block"
+    elif tower.kind == "clip_resnet":
+        branches = [[block.branch] for stage in tower.stages for block in stage]
         how = "per bottleneck block"
     else:
         return "none (convnet has no residual blocks)"

@@ -1,9 +1,10 @@
 """Image and text towers built from ``transformers`` configs (no weights are downloaded).
 
-The image tower is a CLIP vision transformer (feature = final-norm [CLS] token), a ResNet or a
-small conv net with attention pooling. The text tower is either a CLIP text transformer from
-scratch (causal, feature = final-norm [EOS], here the WordPiece [SEP]) or a local pretrained
-encoder such as the bundled MiniLM (feature = its pooled output, or the mean/[CLS] token).
+The image tower is a CLIP vision transformer (feature = final-norm [CLS] token), a ResNet, CLIP's
+modified ResNet (:mod:`nclip.models.clip_resnet`) or a small conv net with attention pooling. The
+text tower is either a CLIP text transformer from scratch (causal, feature = final-norm [EOS], here
+the WordPiece [SEP]) or a local pretrained encoder such as the bundled MiniLM (feature = its pooled
+output, or the mean/[CLS] token).
 
 Each image tower class says in ``feature`` what its feature is (the evaluation report quotes it)
 and in ``saliency`` which attention over image positions its ``attention_maps`` returns -- or
@@ -32,6 +33,7 @@ from nclip.data.tokenization import bundled_model_dir
 from nclip.data.transforms import CLIP_MEAN, CLIP_STD
 from nclip.errors import NclipError
 from nclip.models import checkpointing
+from nclip.models.clip_resnet import ClipResNetTower
 from nclip.models.patch_dropout import drop_patches
 
 
@@ -169,9 +171,9 @@ def resnet_config(cfg: VisionConfig) -> ResNetConfig:
 
 
 class ResNetTower(nn.Module):
-    """A ``transformers`` ResNetModel built from config (the standard ResNet; ProtoCLIP's paper
-    uses CLIP's modified ResNet-50 with a 3-conv stem, blur pooling and attention pooling, which
-    transformers does not provide). Feature = the global average pool of the last stage."""
+    """A ``transformers`` ResNetModel built from config (He et al.'s standard ResNet, as CMSF's
+    ResNet-50; CLIP's modified one, as ProtoCLIP's, is ``kind: clip_resnet``). Feature = the global
+    average pool of the last stage."""
 
     kind = "resnet"
     feature = "the global average pool of the last stage"
@@ -286,7 +288,7 @@ class ConvNetTower(nn.Module):
         return att.reshape(*att.shape[:2], h, w).float().cpu()
 
 
-VISION_TOWERS = {"vit": VisionTower, "resnet": ResNetTower, "convnet": ConvNetTower}
+VISION_TOWERS = {"vit": VisionTower, "resnet": ResNetTower, "convnet": ConvNetTower, "clip_resnet": ClipResNetTower}
 
 
 def build_vision_tower(cfg: VisionConfig, image_size: int) -> nn.Module:
@@ -294,6 +296,8 @@ def build_vision_tower(cfg: VisionConfig, image_size: int) -> nn.Module:
         return ResNetTower(resnet_config(cfg))
     if cfg.kind == "convnet":
         return ConvNetTower(cfg, image_size)
+    if cfg.kind == "clip_resnet":
+        return ClipResNetTower(cfg, image_size)
     return VisionTower(vision_config(cfg, image_size), cfg.pixel_mean, cfg.pixel_std, cfg.patch_dropout)
 
 

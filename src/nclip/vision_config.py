@@ -1,0 +1,102 @@
+"""The image tower's section of the run configuration, ``model.vision`` (re-exported by
+:mod:`nclip.config`, part of the config layer), and the checks that need the image size.
+
+Kept out of ``nclip/config.py`` so that it stays under the house limit of 500 lines as towers are
+added. Same rules as every section: typed, unknown keys are errors, one-line ``ValueError``s.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+CONV_KINDS = ("resnet", "convnet", "clip_resnet")  # the towers built from depths and hidden_sizes
+
+
+class VisionConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # "vit": a CLIP vision transformer (patch_size, width, layers, heads, mlp_ratio);
+    # "resnet": a transformers ResNetModel from config (depths, hidden_sizes, embedding_size;
+    # ResNet-50 by default), feature = its globally pooled last stage;
+    # "clip_resnet": CLIP's modified ResNet (Radford et al. 2021, Sec. 2.4): a 3-conv stem of
+    # embedding_size/2, embedding_size/2, embedding_size channels, anti-aliased strides, attention
+    # pooling with `heads` heads and output pool_dim (RN50: embedding_size 64, depths [3, 4, 6, 3],
+    # hidden_sizes [256, 512, 1024, 2048], heads 32, pool_dim 1024); nclip.models.clip_resnet;
+    # "convnet": a small conv net for small images (embedding_size, depths, hidden_sizes, heads of
+    # its attention pooling), see nclip.models.towers.ConvNetTower.
+    kind: Literal["vit", "resnet", "convnet", "clip_resnet"] = "vit"
+    patch_size: int = Field(8, ge=1)
+    width: int = Field(128, ge=8)
+    layers: int = Field(4, ge=1)
+    heads: int = Field(4, ge=1)
+    mlp_ratio: float = Field(4.0, gt=0)
+    depths: tuple[int, ...] = (3, 4, 6, 3)  # resnet, clip_resnet: bottleneck blocks per stage
+    hidden_sizes: tuple[int, ...] = (256, 512, 1024, 2048)  # resnet, clip_resnet: output channels per stage
+    embedding_size: int = Field(64, ge=8, description="resnet, clip_resnet: stem channels")
+    # clip_resnet: the attention pool's output projection (CLIP's RN50: 1024, its embedding
+    # dimension); None: the last stage's width
+    pool_dim: int | None = Field(None, ge=1)
+    hidden_act: Literal["gelu", "quick_gelu"] = "gelu"  # vit: OpenAI CLIP's towers use quick_gelu
+    # vit: the mean/std the tower expects its pixels normalised with; None: CLIP's, the data layer's
+    # own (a tower started from a model trained with other statistics re-normalises its input)
+    pixel_mean: tuple[float, float, float] | None = None
+    pixel_std: tuple[float, float, float] | None = None
+    # vit: FLIP's patch dropout, the share of patch tokens each training image drops (eval keeps all;
+    # nclip.models.patch_dropout); train.unmasked_steps trains the last steps with every patch
+    patch_dropout: float = Field(0.0, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _divisible(self):
+        if self.patch_dropout and self.kind != "vit":
+            raise ValueError(f"patch_dropout needs kind vit (got {self.kind})")
+        if self.pool_dim is not None and self.kind != "clip_resnet":
+            raise ValueError(f"pool_dim needs kind clip_resnet (got {self.kind})")
+        if self.kind in CONV_KINDS and (len(self.depths) != len(self.hidden_sizes) or not self.depths
+                                        or min(self.depths) < 1):
+            raise ValueError(f"{self.kind} depths {self.depths} and hidden_sizes {self.hidden_sizes} must be "
+                             "non-empty, positive and of the same length")
+        if self.kind == "vit" and self.width % self.heads:
+            raise ValueError(f"vision width {self.width} is not divisible by heads {self.heads}")
+        if (self.pixel_mean is None) != (self.pixel_std is None) or min(self.pixel_std or (1,)) <= 0:
+            raise ValueError("pixel_mean and pixel_std go together, with every std > 0")
+        if self.kind in ("convnet", "clip_resnet") and self.hidden_sizes[-1] % self.heads:
+            raise ValueError(f"{self.kind} last width {self.hidden_sizes[-1]} is not divisible by heads {self.heads}")
+        if self.kind == "clip_resnet":
+            _clip_resnet_widths(self)
+        return self
+
+
+def _clip_resnet_widths(cfg: VisionConfig) -> None:
+    if cfg.embedding_size % 2:
+        raise ValueError(f"clip_resnet embedding_size {cfg.embedding_size} must be even (the stem's first two "
+                         "convolutions have half as many channels)")
+    if any(size % 4 for size in cfg.hidden_sizes):
+        raise ValueError(f"clip_resnet hidden_sizes {cfg.hidden_sizes} must be multiples of 4 (a bottleneck's "
+                         "output has 4x the channels of its 3x3 convolution)")
+
+
+def clip_resnet_grid(image_size: int, stages: int) -> int:
+    """The side of clip_resnet's last feature map for square images of ``image_size`` px: the
+    stride-2 first convolution (padding 1: ⌈s/2⌉), the stem's 2×2 average pool, then a 2×2 average
+    pool in each stage after the first (⌊s/2⌋ each). 224 px, 4 stages: 112, 56, 56, 28, 14, 7."""
+    side = -(-image_size // 2) // 2
+    for _ in range(stages - 1):
+        side //= 2
+    return side
+
+
+def image_size_problem(vision: VisionConfig, image_size: int) -> str | None:
+    """Why images of ``image_size`` px do not fit the tower (one line, naming both keys), or None."""
+    if vision.kind == "vit" and image_size % vision.patch_size:
+        return f"data.image_size {image_size} is not divisible by model.vision.patch_size {vision.patch_size}"
+    stages = len(vision.depths)
+    if vision.kind == "convnet" and -(-image_size // 2) < 2 ** (stages - 1):
+        # a stride-2 stem, then a 2×2 max pool before every later stage: the map must keep a pixel
+        return (f"data.image_size {image_size} is too small for a convnet of {stages} stages "
+                f"(at least {2 ** stages - 1} px)")
+    if vision.kind == "clip_resnet" and clip_resnet_grid(image_size, stages) < 1:
+        return (f"data.image_size {image_size} is too small for a clip_resnet of {stages} stages "
+                f"(at least {2 ** (stages + 1) - 1} px)")
+    return None
