@@ -17,6 +17,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+from nclip.eval.headline import headline_picks
 from nclip.jsonio import read_jsonl
 
 # metrics shown as percentages (fractions in results.json)
@@ -162,28 +163,12 @@ def _skipped(skipped: dict[str, str]) -> str:
 
 
 def _headline(results: dict) -> str:
-    picks = [
-        ("zero-shot top-1", "zeroshot/synthetic-shape/top1"),
-        ("retrieval mean R@k", "retrieval/synthetic/mean_recall"),
-        ("linear probe top-1", "linear/synthetic-shape/top1"),
-        ("k-NN top-1", "knn/synthetic-shape/top1"),
-        ("realm mean top-1", "realms/synthetic/mean_top1"),
-        ("STS Spearman", "sts/synthetic/spearman"),
-        ("mask Jaccard", "masks/synthetic/jaccard"),
-    ]
-    if not any(k in results for _, k in picks):  # user data only: the first value of each task
-        seen, picks = set(), []
-        for key in results:
-            task = key.split("/")[0]
-            if task not in seen and task != "diagnostics":
-                seen.add(task)
-                picks.append((task, key))
+    """The cards above the sections: each task's headline metric, picked by name (nclip.eval.headline)."""
     cards = []
-    for label, key in picks:
-        if key in results:
-            metric = key.rsplit("/", 1)[1]
-            cards.append(f'<div class="card"><div class="big">{fmt(metric, results[key])}</div>'
-                         f'<div class="lbl">{html.escape(label)}</div><div class="key">{html.escape(key)}</div></div>')
+    for label, key in headline_picks(results):
+        metric = split_key(key)[2]
+        cards.append(f'<div class="card"><div class="big">{fmt(metric, results[key])}</div>'
+                     f'<div class="lbl">{html.escape(label)}</div><div class="key">{html.escape(key)}</div></div>')
     return f'<div class="cards">{"".join(cards)}</div>' if cards else ""
 
 
