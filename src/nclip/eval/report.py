@@ -211,6 +211,7 @@ def render(doc: dict, artifacts: dict, ck=None) -> str:
     import matplotlib
 
     # here, not above: fmt and the tables (eval compare, the CLI summary) need no torch or matplotlib
+    from nclip.eval.curve_panels import curve_panels
     from nclip.eval.figures import (
         confusion_figure,
         curves_figure,
@@ -265,10 +266,13 @@ def render(doc: dict, artifacts: dict, ck=None) -> str:
     run_dir = Path(c["run_dir"]) if c.get("run_dir") else None
     if run_dir and (run_dir / "metrics.jsonl").is_file():
         rows = read_metrics(run_dir / "metrics.jsonl")
-        if rows:
+        panels, zero = curve_panels(rows)
+        if panels:
+            unchanged = f" Zero at every logged step, not drawn: {', '.join(zero)}." if zero else ""
             figs.append(("curves", "Training curves",
                          f'<p class="note">From {html.escape(str(run_dir / "metrics.jsonl"))} '
-                         f"({len(rows)} logged steps).</p>" + img_tag(curves_figure(rows), "training curves", "fig")))
+                         f"({len(rows)} logged steps).{html.escape(unchanged)}</p>"
+                         + img_tag(curves_figure(rows, panels), "training curves", "fig")))
     sections += figs
     config = json.dumps({"config": doc["config"], "timing": doc.get("timing"), "cache": doc.get("cache")},
                         indent=2, default=str)
