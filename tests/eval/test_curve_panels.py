@@ -95,3 +95,26 @@ def test_a_real_runs_curves(tmp_path, captured, one_thread, micro_overrides):
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert {k for r in rows for k in r} <= set(XCLIP_ROW) | {"step"}  # XCLIP_ROW above is what a run logs
     _check(_drawn(rows, captured))
+
+
+def _shown_px(fig, fontsize, n):
+    """A cell's number in pixels as report.html shows the figure (560 px wide at most for few
+    classes, the page's width for many)."""
+    width_px = 560 if n <= 10 else 1120
+    return fontsize * 110 / 72 * min(1.0, width_px / (fig.get_figwidth() * 110))
+
+
+@pytest.mark.parametrize("n", [2, 6, 10, 20, 40, 100])
+def test_confusion_numbers_are_readable_on_the_page_or_left_out(captured, n):
+    import torch
+
+    cm = torch.eye(n, dtype=torch.long) * 97 + 1  # three-digit counts on the diagonal
+    figures.confusion_figure(cm, [f"class {i}" for i in range(n)])
+    fig = captured[-1]
+    texts = fig.axes[0].texts
+    assert len(texts) in (0, n * n)
+    assert all(_shown_px(fig, t.get_fontsize(), n) >= 10 for t in texts), (n, texts[0].get_fontsize())
+    if n <= 20:  # up to 20 classes the cells hold readable numbers
+        assert texts
+    if n >= 100:  # 10,000 cells: the shading alone
+        assert not texts

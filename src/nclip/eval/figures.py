@@ -19,13 +19,15 @@ import torch.nn.functional as F
 
 from nclip.eval.settings import TSNE_ITERS
 
+DPI = 110  # of every PNG
+
 
 def png(fig) -> str:
     """A matplotlib figure as base64 PNG (the figure is closed)."""
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
     plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode()
 
@@ -46,6 +48,27 @@ def _image_png(image: np.ndarray, size: int = 128) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+# how wide report.html shows a confusion matrix of n classes (its img classes "fig small", 560 px,
+# and "fig", the page's width): many classes get the whole page so that their cells stay legible
+def confusion_width_px(n: int) -> int:
+    return 560 if n <= 10 else 1120
+
+
+READABLE_PX = 10  # the smallest count worth printing in a cell, in pixels as the page shows it
+
+
+def cell_font_size(n: int, fig_width_in: float, axes_width_in: float, max_count: int) -> float | None:
+    """Font size (pt) of the counts in the cells of an n-class matrix: as large as a cell holds
+    (at most 12 pt), or None where the page, shrinking the figure to
+    :func:`confusion_width_px`, would show it under :data:`READABLE_PX` pixels (issue 28.13: 6 pt at
+    any size was too small to read)."""
+    digits = max(2, len(str(int(max_count))))
+    cell_pt = axes_width_in / n * 72
+    size = min(12.0, 0.85 * cell_pt / (0.6 * digits))  # a digit is about 0.6 em wide
+    shown = size * DPI / 72 * min(1.0, confusion_width_px(n) / (fig_width_in * DPI))
+    return size if shown >= READABLE_PX else None
+
+
 def confusion_figure(cm: torch.Tensor, names) -> str:
     import matplotlib.pyplot as plt
 
@@ -59,13 +82,15 @@ def confusion_figure(cm: torch.Tensor, names) -> str:
     ax.set_yticks(range(n), names, fontsize=8)
     ax.set_xlabel("predicted class")
     ax.set_ylabel("true class")
-    if n <= 20:
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="share of the true class")
+    ax.apply_aspect()  # square cells: the axes' drawn width, which the n cells share
+    fontsize = cell_font_size(n, fig.get_figwidth(), ax.get_position().width * fig.get_figwidth(), cm.max())
+    if fontsize is not None:
         for i in range(n):
             for j in range(n):
                 if cm[i, j] > 0:
-                    ax.text(j, i, f"{int(cm[i, j])}", ha="center", va="center", fontsize=6,
+                    ax.text(j, i, f"{int(cm[i, j])}", ha="center", va="center", fontsize=fontsize,
                             color="white" if norm[i, j] > 0.5 else "#333")
-    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="share of the true class")
     return png(fig)
 
 

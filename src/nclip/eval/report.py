@@ -214,6 +214,7 @@ def render(doc: dict, artifacts: dict, ck=None) -> str:
     from nclip.eval.curve_panels import curve_panels
     from nclip.eval.figures import (
         confusion_figure,
+        confusion_width_px,
         curves_figure,
         failures_html,
         img_tag,
@@ -242,7 +243,8 @@ def render(doc: dict, artifacts: dict, ck=None) -> str:
         figs.append(("confusion", f"Zero-shot confusion matrix: {primary}",
                      f'<p class="note">Rows: true class; shading: share of the row. Top-1 = {fmt("top1", top1)}%, '
                      f'head <b>{html.escape(c["head"])}</b>.</p>'
-                     + img_tag(confusion_figure(cm, names), "confusion", "fig small")))
+                     + img_tag(confusion_figure(cm, names), "confusion",
+                               "fig small" if confusion_width_px(len(names)) <= 560 else "fig")))
     if tsne:
         figs.append(("tsne", "t-SNE of class embeddings (App. G, Figs. G3-G6)",
                      img_tag(tsne_figure(tsne, max_iter=doc["config"].get("tsne_iters", TSNE_ITERS)), "t-SNE", "fig")))
