@@ -1,6 +1,6 @@
-"""The report's training curves (issue 28.13): one title per panel (no "nCLIP terms" beside "nclip
-terms"), one kind of quantity per panel under its unit (no accuracies or standard deviations under
-"nats"), and no panel that is zero at every step (the skipped-samples count of a clean run)."""
+"""The report's panels (issue 28.13): one title per training-curve panel (no "nCLIP terms" beside
+"nclip terms"), one kind of quantity per panel under its unit (no accuracies or standard deviations
+under "nats"), no panel zero at every step, and confusion-matrix counts readable on the page or left out."""
 
 from __future__ import annotations
 
