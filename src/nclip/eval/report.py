@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -211,6 +212,45 @@ def render(doc: dict, artifacts: dict, ck=None) -> str:
     import matplotlib
 
     # here, not above: fmt and the tables (eval compare, the CLI summary) need no torch or matplotlib
+    from nclip.eval.glyphs import class_name_fonts
+
+    matplotlib.use("Agg", force=True)
+
+    r = doc["results"]
+    sections: list[tuple[str, str, str]] = []  # (id, title, html)
+    sections.append(("results", "Results",
+                     _tables(r, _task_notes(doc["config"])) + _skipped(doc.get("skipped", {}))))
+    said: list[str] = []
+    with class_name_fonts(_drawn_names(artifacts), say=said.append):
+        figs = _figures(doc, artifacts)
+    for line in said:  # once per report, on the terminal and above the plots it concerns
+        print(f"nclip: warning: {line}", file=sys.stderr)
+    if said and figs:
+        sid, title, body = figs[0]
+        figs[0] = (sid, title, "".join(f'<p class="note">{html.escape(line)}</p>' for line in said) + body)
+    sections += figs
+    config = json.dumps({"config": doc["config"], "timing": doc.get("timing"), "cache": doc.get("cache")},
+                        indent=2, default=str)
+    sections.append(("config", "Configuration", f"<details><summary>resolved eval config, timing, cache</summary>"
+                                                f"<pre>{html.escape(config)}</pre></details>"))
+    return _page(doc, sections)
+
+
+def _drawn_names(artifacts: dict) -> list[str]:
+    """The user's names the figures draw: datasets and classes of the confusion matrices and the
+    t-SNE, realms of the realm-wise figure."""
+    names = []
+    for dataset, (_, classes) in artifacts.get("confusion", {}).items():
+        names += [dataset, *classes]
+    if artifacts.get("tsne"):
+        names += list(artifacts["tsne"]["names"])
+    for dataset, per in artifacts.get("realms", {}).items():
+        names += [dataset, *per]
+    return [str(n) for n in names]
+
+
+def _figures(doc: dict, artifacts: dict) -> list[tuple[str, str, str]]:
+    """The (id, title, html) sections of the figures, in page order."""
     from nclip.eval.curve_panels import curve_panels
     from nclip.eval.figures import (
         confusion_figure,
@@ -224,14 +264,8 @@ def render(doc: dict, artifacts: dict, ck=None) -> str:
     )
     from nclip.eval.settings import TSNE_ITERS
 
-    matplotlib.use("Agg", force=True)
-
     r = doc["results"]
     c = doc["checkpoint"]
-    sections: list[tuple[str, str, str]] = []  # (id, title, html)
-    sections.append(("results", "Results",
-                     _tables(r, _task_notes(doc["config"])) + _skipped(doc.get("skipped", {}))))
-
     figs = []
     conf = artifacts.get("confusion", {})
     tsne = artifacts.get("tsne")
@@ -275,12 +309,7 @@ def render(doc: dict, artifacts: dict, ck=None) -> str:
                          f'<p class="note">From {html.escape(str(run_dir / "metrics.jsonl"))} '
                          f"({len(rows)} logged steps).{html.escape(unchanged)}</p>"
                          + img_tag(curves_figure(rows, panels), "training curves", "fig")))
-    sections += figs
-    config = json.dumps({"config": doc["config"], "timing": doc.get("timing"), "cache": doc.get("cache")},
-                        indent=2, default=str)
-    sections.append(("config", "Configuration", f"<details><summary>resolved eval config, timing, cache</summary>"
-                                                f"<pre>{html.escape(config)}</pre></details>"))
-    return _page(doc, sections)
+    return figs
 
 
 def _page(doc: dict, sections: list[tuple[str, str, str]]) -> str:
