@@ -16,7 +16,7 @@ HEADLINE: dict[str, tuple[str, str]] = {
     "finetune": ("top1", "fine-tuned top-1"),
     "linear": ("top1", "linear probe top-1"),
     "knn": ("top1", "k-NN top-1"),
-    "cluster": ("ami", "K-Means AMI"),  # adjusted for chance (0: random clusters), unlike NMI
+    "cluster": ("ari", "K-Means ARI"),  # as `nclip eval` prints it; adjusted for chance (0: random clusters)
     "realms": ("mean_top1", "realm mean top-1"),
     "sts": ("spearman", "STS Spearman"),
     "masks": ("jaccard", "mask Jaccard"),
