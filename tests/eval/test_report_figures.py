@@ -12,6 +12,7 @@ import torch
 
 from nclip.cli import main
 from nclip.eval import figures
+from nclip.eval.curve_panels import curve_panels
 from nclip.eval.report import _page
 
 matplotlib.use("Agg", force=True)
@@ -34,14 +35,14 @@ def _labelled(fig) -> None:
 def test_every_plot_has_axis_labels_with_units(captured):
     rows = [{"step": s, "loss": 1.0 / s, "lr": 1e-3, "clip/loss": 2.0, "nclip/L_CE": 5.0, "nclip/L_EH": 4.0,
              "clip/acc_i2t": 0.1, "logit_scale": 14.0, "grad_norm": 1.0, "cmsf/loss": 0.5} for s in (1, 2, 3)]
-    figures.curves_figure(rows)
+    figures.curves_figure(rows, curve_panels(rows)[0])
     figures.confusion_figure(torch.tensor([[3, 1], [0, 4]]), ["cat", "dog"])
     figures.realms_figure({"animals": {"top1": 0.5, "classes": 2}}, None, "r")
     for fig in captured:
         _labelled(fig)
     ylabels = {ax.get_title(): ax.get_ylabel() for ax in captured[0].axes if ax.axison}
     assert ylabels["total loss"] == "loss (nats)" and ylabels["learning rate"] == "lr (per step)"
-    assert ylabels["cmsf terms"]  # an objective's own panel gets a label too
+    assert ylabels["CMSF terms"] == "loss (nats)"  # an objective's own panel gets a label too
 
 
 def test_tsne_names_classes_in_a_legend_not_over_the_points(captured):

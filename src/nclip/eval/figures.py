@@ -2,8 +2,8 @@
 the zero-shot confusion matrix; t-SNE of image and text class embeddings (xCLIP Figs. G3-G6:
 cosine distance for the CLIP head, symmetrised cross-entropy -- i.e. KL -- for the nCLIP head);
 retrieval failure cases (Fig. 5 / D2); mask probing examples; realm-wise accuracies; and the
-training curves of a run's metrics.jsonl, nCLIP terms included. :mod:`nclip.eval.report` lays
-them out on the page.
+training curves of a run's metrics.jsonl, one unit per panel (:mod:`nclip.eval.curve_panels`).
+:mod:`nclip.eval.report` lays them out on the page.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import base64
 import html
 import io
 import math
-from collections import defaultdict
 
 import numpy as np
 import torch
@@ -20,13 +19,15 @@ import torch.nn.functional as F
 
 from nclip.eval.settings import TSNE_ITERS
 
+DPI = 110  # of every PNG
+
 
 def png(fig) -> str:
     """A matplotlib figure as base64 PNG (the figure is closed)."""
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
     plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode()
 
@@ -47,6 +48,27 @@ def _image_png(image: np.ndarray, size: int = 128) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+# how wide report.html shows a confusion matrix of n classes (its img classes "fig small", 560 px,
+# and "fig", the page's width): many classes get the whole page so that their cells stay legible
+def confusion_width_px(n: int) -> int:
+    return 560 if n <= 10 else 1120
+
+
+READABLE_PX = 10  # the smallest count worth printing in a cell, in pixels as the page shows it
+
+
+def cell_font_size(n: int, fig_width_in: float, axes_width_in: float, max_count: int) -> float | None:
+    """Font size (pt) of the counts in the cells of an n-class matrix: as large as a cell holds
+    (at most 12 pt), or None where the page, shrinking the figure to
+    :func:`confusion_width_px`, would show it under :data:`READABLE_PX` pixels (issue 28.13: 6 pt at
+    any size was too small to read)."""
+    digits = max(2, len(str(int(max_count))))
+    cell_pt = axes_width_in / n * 72
+    size = min(12.0, 0.85 * cell_pt / (0.6 * digits))  # a digit is about 0.6 em wide
+    shown = size * DPI / 72 * min(1.0, confusion_width_px(n) / (fig_width_in * DPI))
+    return size if shown >= READABLE_PX else None
+
+
 def confusion_figure(cm: torch.Tensor, names) -> str:
     import matplotlib.pyplot as plt
 
@@ -60,13 +82,15 @@ def confusion_figure(cm: torch.Tensor, names) -> str:
     ax.set_yticks(range(n), names, fontsize=8)
     ax.set_xlabel("predicted class")
     ax.set_ylabel("true class")
-    if n <= 20:
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="share of the true class")
+    ax.apply_aspect()  # square cells: the axes' drawn width, which the n cells share
+    fontsize = cell_font_size(n, fig.get_figwidth(), ax.get_position().width * fig.get_figwidth(), cm.max())
+    if fontsize is not None:
         for i in range(n):
             for j in range(n):
                 if cm[i, j] > 0:
-                    ax.text(j, i, f"{int(cm[i, j])}", ha="center", va="center", fontsize=6,
+                    ax.text(j, i, f"{int(cm[i, j])}", ha="center", va="center", fontsize=fontsize,
                             color="white" if norm[i, j] > 0.5 else "#333")
-    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="share of the true class")
     return png(fig)
 
 
@@ -239,57 +263,26 @@ def realms_figure(per: dict[str, dict], baseline: dict[str, float] | None, datas
     return png(fig)
 
 
-def curve_panels(keys: list[str]) -> list[tuple[str, list[str]]]:
-    """Which logged series go on which panel (every numeric series appears once)."""
-    panels = [
-        ("total loss", ["loss"]),
-        ("InfoNCE (CLIP head)", ["clip/loss"]),
-        ("nCLIP terms", [k for k in keys if k.startswith("nclip/L_")]),
-        ("CLIP in-batch accuracy", [k for k in keys if k.startswith("clip/acc")]),
-        ("CLIP logits (pos / neg)", [k for k in keys if k.startswith("clip/logit_")]),
-        ("logit scale 1/σ", ["logit_scale"]),
-        ("learning rate", ["lr"]),
-        ("gradient norm", ["grad_norm"]),
-    ]
-    used = {k for _, ks in panels for k in ks} | {"step", "samples_per_s", "data_wait_s", "nonfinite_steps",
-                                                   "nclip/loss"}
-    rest: dict[str, list[str]] = defaultdict(list)
-    for k in keys:
-        if k not in used:
-            rest[k.split("/")[0] if "/" in k else "other"].append(k)
-    panels += [(f"{prefix} terms", ks) for prefix, ks in sorted(rest.items())]
-    return [(t, [k for k in ks if k in keys]) for t, ks in panels if any(k in keys for k in ks)]
-
-
-# the y-axis label (with its unit) of each panel of curve_panels; terms of other objectives: nats
-PANEL_UNITS = {"total loss": "loss (nats)", "InfoNCE (CLIP head)": "loss (nats)", "nCLIP terms": "nats",
-               "CLIP in-batch accuracy": "accuracy (fraction)", "CLIP logits (pos / neg)": "logit (scaled cosine)",
-               "logit scale 1/σ": "1/σ (multiplier)", "learning rate": "lr (per step)",
-               "gradient norm": "‖g‖₂ (before clipping)"}
-
-
-def curves_figure(rows: list[dict]) -> str:
+def curves_figure(rows: list[dict], panels: list) -> str:
+    """The training curves of metrics.jsonl ``rows``: one subplot per
+    :class:`nclip.eval.curve_panels.Panel`, under its title and unit."""
     import matplotlib.pyplot as plt
 
-    keys: list[str] = []
-    for r in rows:
-        keys += [k for k, v in r.items() if isinstance(v, (int, float)) and k not in keys]
-    panels = curve_panels(keys)
     cols = 3
     nrows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(12, 2.7 * nrows), squeeze=False)
-    for ax, (title, ks) in zip(axes.flat, panels):
-        for k in ks:
+    for ax, panel in zip(axes.flat, panels):
+        for k in panel.keys:
             pts = [(r["step"], r[k]) for r in rows if isinstance(r.get(k), (int, float)) and math.isfinite(r[k])]
             if pts:
                 xs, ys = zip(*pts)
                 ax.plot(xs, ys, marker="." if len(xs) < 30 else None, lw=1.4, label=k.split("/")[-1])
-        ax.set_title(title, fontsize=9)
+        ax.set_title(panel.title, fontsize=9)
         ax.set_xlabel("step (optimizer steps)", fontsize=8)
-        ax.set_ylabel(PANEL_UNITS.get(title, "value (nats for losses)"), fontsize=8)
+        ax.set_ylabel(panel.ylabel, fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-        if len(ks) > 1:
+        if len(panel.keys) > 1:
             ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")

@@ -14,9 +14,11 @@ from __future__ import annotations
 import html
 import json
 import math
+import sys
 from collections import defaultdict
 from pathlib import Path
 
+from nclip.eval.headline import headline_picks
 from nclip.jsonio import read_jsonl
 
 # metrics shown as percentages (fractions in results.json)
@@ -162,28 +164,12 @@ def _skipped(skipped: dict[str, str]) -> str:
 
 
 def _headline(results: dict) -> str:
-    picks = [
-        ("zero-shot top-1", "zeroshot/synthetic-shape/top1"),
-        ("retrieval mean R@k", "retrieval/synthetic/mean_recall"),
-        ("linear probe top-1", "linear/synthetic-shape/top1"),
-        ("k-NN top-1", "knn/synthetic-shape/top1"),
-        ("realm mean top-1", "realms/synthetic/mean_top1"),
-        ("STS Spearman", "sts/synthetic/spearman"),
-        ("mask Jaccard", "masks/synthetic/jaccard"),
-    ]
-    if not any(k in results for _, k in picks):  # user data only: the first value of each task
-        seen, picks = set(), []
-        for key in results:
-            task = key.split("/")[0]
-            if task not in seen and task != "diagnostics":
-                seen.add(task)
-                picks.append((task, key))
+    """The cards above the sections: each task's headline metric, picked by name (nclip.eval.headline)."""
     cards = []
-    for label, key in picks:
-        if key in results:
-            metric = key.rsplit("/", 1)[1]
-            cards.append(f'<div class="card"><div class="big">{fmt(metric, results[key])}</div>'
-                         f'<div class="lbl">{html.escape(label)}</div><div class="key">{html.escape(key)}</div></div>')
+    for label, key in headline_picks(results):
+        metric = split_key(key)[2]
+        cards.append(f'<div class="card"><div class="big">{fmt(metric, results[key])}</div>'
+                     f'<div class="lbl">{html.escape(label)}</div><div class="key">{html.escape(key)}</div></div>')
     return f'<div class="cards">{"".join(cards)}</div>' if cards else ""
 
 
@@ -226,8 +212,49 @@ def render(doc: dict, artifacts: dict, ck=None) -> str:
     import matplotlib
 
     # here, not above: fmt and the tables (eval compare, the CLI summary) need no torch or matplotlib
+    from nclip.eval.glyphs import class_name_fonts
+
+    matplotlib.use("Agg", force=True)
+
+    r = doc["results"]
+    sections: list[tuple[str, str, str]] = []  # (id, title, html)
+    sections.append(("results", "Results",
+                     _tables(r, _task_notes(doc["config"])) + _skipped(doc.get("skipped", {}))))
+    said: list[str] = []
+    with class_name_fonts(_drawn_names(artifacts), say=said.append):
+        figs = _figures(doc, artifacts)
+    for line in said:  # once per report, on the terminal and above the plots it concerns
+        print(f"nclip: warning: {line}", file=sys.stderr)
+    if said and figs:
+        sid, title, body = figs[0]
+        figs[0] = (sid, title, "".join(f'<p class="note">{html.escape(line)}</p>' for line in said) + body)
+    sections += figs
+    config = json.dumps({"config": doc["config"], "timing": doc.get("timing"), "cache": doc.get("cache")},
+                        indent=2, default=str)
+    sections.append(("config", "Configuration", f"<details><summary>resolved eval config, timing, cache</summary>"
+                                                f"<pre>{html.escape(config)}</pre></details>"))
+    return _page(doc, sections)
+
+
+def _drawn_names(artifacts: dict) -> list[str]:
+    """The user's names the figures draw: datasets and classes of the confusion matrices and the
+    t-SNE, realms of the realm-wise figure."""
+    names = []
+    for dataset, (_, classes) in artifacts.get("confusion", {}).items():
+        names += [dataset, *classes]
+    if artifacts.get("tsne"):
+        names += list(artifacts["tsne"]["names"])
+    for dataset, per in artifacts.get("realms", {}).items():
+        names += [dataset, *per]
+    return [str(n) for n in names]
+
+
+def _figures(doc: dict, artifacts: dict) -> list[tuple[str, str, str]]:
+    """The (id, title, html) sections of the figures, in page order."""
+    from nclip.eval.curve_panels import curve_panels
     from nclip.eval.figures import (
         confusion_figure,
+        confusion_width_px,
         curves_figure,
         failures_html,
         img_tag,
@@ -237,14 +264,8 @@ def render(doc: dict, artifacts: dict, ck=None) -> str:
     )
     from nclip.eval.settings import TSNE_ITERS
 
-    matplotlib.use("Agg", force=True)
-
     r = doc["results"]
     c = doc["checkpoint"]
-    sections: list[tuple[str, str, str]] = []  # (id, title, html)
-    sections.append(("results", "Results",
-                     _tables(r, _task_notes(doc["config"])) + _skipped(doc.get("skipped", {}))))
-
     figs = []
     conf = artifacts.get("confusion", {})
     tsne = artifacts.get("tsne")
@@ -256,7 +277,8 @@ def render(doc: dict, artifacts: dict, ck=None) -> str:
         figs.append(("confusion", f"Zero-shot confusion matrix: {primary}",
                      f'<p class="note">Rows: true class; shading: share of the row. Top-1 = {fmt("top1", top1)}%, '
                      f'head <b>{html.escape(c["head"])}</b>.</p>'
-                     + img_tag(confusion_figure(cm, names), "confusion", "fig small")))
+                     + img_tag(confusion_figure(cm, names), "confusion",
+                               "fig small" if confusion_width_px(len(names)) <= 560 else "fig")))
     if tsne:
         figs.append(("tsne", "t-SNE of class embeddings (App. G, Figs. G3-G6)",
                      img_tag(tsne_figure(tsne, max_iter=doc["config"].get("tsne_iters", TSNE_ITERS)), "t-SNE", "fig")))
@@ -280,16 +302,14 @@ def render(doc: dict, artifacts: dict, ck=None) -> str:
     run_dir = Path(c["run_dir"]) if c.get("run_dir") else None
     if run_dir and (run_dir / "metrics.jsonl").is_file():
         rows = read_metrics(run_dir / "metrics.jsonl")
-        if rows:
+        panels, zero = curve_panels(rows)
+        if panels:
+            unchanged = f" Zero at every logged step, not drawn: {', '.join(zero)}." if zero else ""
             figs.append(("curves", "Training curves",
                          f'<p class="note">From {html.escape(str(run_dir / "metrics.jsonl"))} '
-                         f"({len(rows)} logged steps).</p>" + img_tag(curves_figure(rows), "training curves", "fig")))
-    sections += figs
-    config = json.dumps({"config": doc["config"], "timing": doc.get("timing"), "cache": doc.get("cache")},
-                        indent=2, default=str)
-    sections.append(("config", "Configuration", f"<details><summary>resolved eval config, timing, cache</summary>"
-                                                f"<pre>{html.escape(config)}</pre></details>"))
-    return _page(doc, sections)
+                         f"({len(rows)} logged steps).{html.escape(unchanged)}</p>"
+                         + img_tag(curves_figure(rows, panels), "training curves", "fig")))
+    return figs
 
 
 def _page(doc: dict, sections: list[tuple[str, str, str]]) -> str:

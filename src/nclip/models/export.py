@@ -15,6 +15,7 @@ features (the pixels agree to float rounding, ~1e-7, at every image size and asp
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -101,7 +102,27 @@ def export_hf(checkpoint: Path, out: Path) -> str:
     model, cfg = load_model(model_dir(checkpoint))
     with torch.no_grad():
         hf = to_hf(model)
-    hf.save_pretrained(str(out), safe_serialization=True)
+    with _no_progress_bars():
+        hf.save_pretrained(str(out), safe_serialization=True)
     save_tokenizer(cfg, Path(out))
     image_processor(cfg).save_pretrained(str(out))
     return f"wrote a transformers CLIPModel with its tokenizer and image processor to {out}"
+
+
+@contextmanager
+def _no_progress_bars():
+    """transformers' progress bars off, as the caller had them after: save_pretrained draws a
+    "Writing model shards" bar for the one shard of a model, beside export's one line (issue 28.12)."""
+    from huggingface_hub import utils as hub_utils
+    from transformers.utils import logging as hf_logging
+
+    # transformers' switch also flips huggingface_hub's: both are put back as they were
+    was_on, hub_was_off = hf_logging.is_progress_bar_enabled(), hub_utils.are_progress_bars_disabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+        if hub_was_off:
+            hub_utils.disable_progress_bars()
