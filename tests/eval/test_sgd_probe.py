@@ -79,6 +79,8 @@ def test_bad_arguments_are_named():
     x, y = _blobs(20, 0)
     with pytest.raises(ValueError, match="unknown SGD probe recipe 'moco'"):
         sgd_linear_probe(x, y, x, y, 4, recipe="moco")
+    with pytest.raises(ValueError, match="leaves no validation rows"):
+        sgd_linear_probe(x[:8], torch.arange(8) % 4, x, y, 4, recipe="xclip")
     with pytest.raises(ValueError, match="epochs"):
         sgd_linear_probe(x, y, x, y, 4, epochs=0)
     with pytest.raises(NclipError, match="applies to the SGD probe only: add --probe sgd"):
@@ -110,3 +112,32 @@ def test_eval_probe_sgd_records_its_recipe(tmp_path, capsys):
     assert main(argv[:-7] + ["--probe-recipe", "xclip", "--quiet", "--no-report", "--no-cache"]) == 2
     err = capsys.readouterr().err.strip()
     assert "applies to the SGD probe only" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("probe_args", [[], ["--probe", "sgd", "--probe-recipe", "xclip"]])
+def test_too_few_images_per_class_skip_the_probe_in_one_line(tmp_path, capsys, probe_args):
+    """A class-folder tree with 3 images per class leaves 2 per class to train on: nothing to hold
+    out for choosing the L2 strength or the learning rate. The linear probe is skipped with that
+    reason (it raised a traceback); k-NN still runs."""
+    import numpy as np
+    from PIL import Image
+
+    from nclip.config import resolve
+    from nclip.models import build_model
+    from nclip.models.io import save_model
+
+    for c in range(4):
+        for i in range(3):
+            path = tmp_path / "data" / f"class{c}" / f"{i}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(np.full((20, 20, 3), 60 * c + i, np.uint8)).save(path)
+    cfg = resolve("micro", micro_sizes())
+    model = save_model(build_model(cfg), cfg, tmp_path / "model")
+    out = tmp_path / "eval"
+    assert main(["eval", "--checkpoint", str(model), "--out", str(out), "--tasks", "linear,knn", "--dataset",
+                 f"folder:{tmp_path / 'data'}", "--quiet", "--no-report", "--no-cache", *probe_args]) == 0
+    doc = json.loads((out / "results.json").read_text())
+    reason = doc["skipped"]["linear/data-class"]
+    assert "fewer than 3 training images" in reason and ("learning rate" in reason) == bool(probe_args)
+    assert "knn/data-class/top1" in doc["results"] and not any(k.startswith("linear/") for k in doc["results"])

@@ -207,7 +207,11 @@ def _eval_probes(st: EvalState, data: EvalData, test: dict, image: dict, tasks: 
     for kind in data.label_spaces:
         n_cls = len(data.label_spaces[kind])
         ytr, yte = train[f"label.{kind}"], test[f"label.{kind}"]
-        if "linear" in tasks:
+        if "linear" in tasks and probe.selects(s) and not probe.can_validate(ytr):
+            st.skipped[f"linear/{data.name}-{kind}"] = (
+                f"every class has fewer than 3 training images ({len(ytr)} in all): no validation split to "
+                f"choose the probe's {'learning rate' if s.probe == 'sgd' else 'L2 strength'}")
+        elif "linear" in tasks:
             t = time.perf_counter()
             if s.probe == "sgd":
                 r = probe.sgd_linear(xtr, ytr, xte, yte, n_cls, s.probe_recipe, epochs=s.probe_epochs, seed=s.seed)

@@ -56,7 +56,7 @@ def linear(train_x, train_y, test_x, test_y, num_classes: int, l2_grid=L2_GRID, 
     """
     x = torch.as_tensor(train_x)
     with threads(1 if x.numel() * num_classes < SMALL else None):
-        r = linear_probe(train_x, train_y, test_x, test_y, num_classes, l2_grid=l2_grid, val_fraction=0.2,
+        r = linear_probe(train_x, train_y, test_x, test_y, num_classes, l2_grid=l2_grid, val_fraction=VAL_FRACTION,
                          seed=seed, max_iter=max_iter)
     return {"top1": r["top1"], "mean_per_class": r["mean_per_class"], "l2": r["l2"]}
 
@@ -66,8 +66,26 @@ def sgd_linear(train_x, train_y, test_x, test_y, num_classes: int, recipe: str, 
     """{"top1", "mean_per_class", "lr"} of a paper's SGD linear probe (:mod:`.metrics.sgd_linear`)."""
     with threads(1 if torch.as_tensor(train_x).numel() * num_classes < SMALL else None):
         r = sgd_linear_probe(train_x, train_y, test_x, test_y, num_classes, recipe=recipe, epochs=epochs,
-                             val_fraction=0.2, seed=seed)
+                             val_fraction=VAL_FRACTION, seed=seed)
     return {"top1": r["top1"], "mean_per_class": r["mean_per_class"], "lr": r["lr"]}
+
+
+VAL_FRACTION = 0.2  # the share of each class held out to choose the L2 strength / learning rate
+
+
+def can_validate(train_y) -> bool:
+    """Whether the stratified validation split leaves any validation row: some class needs at least
+    3 training samples (round(0.2 * 3) = 1, and every class keeps one row to train on)."""
+    return bool(torch.bincount(torch.as_tensor(train_y).long()).max() >= 3) if len(train_y) else False
+
+
+def selects(settings) -> bool:
+    """Whether the linear probe of ``settings`` chooses among candidates on a validation split."""
+    if settings.probe == "sgd":
+        from nclip.eval.metrics.sgd_linear import SGD_RECIPES
+
+        return len(SGD_RECIPES[settings.probe_recipe].lrs) > 1
+    return len(settings.l2_grid) > 1
 
 
 def knn(train_x, train_y, test_x, test_y, num_classes: int, k: int = 20, temperature: float = 0.07) -> dict[str, float]:

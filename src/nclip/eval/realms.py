@@ -78,7 +78,8 @@ def attach_hierarchies(datasets, setting: str | None) -> None:
 def evaluate(train_x, train_realm, train_cls, test_x, test_realm, test_cls, realm_names,
              l2_grid=probe.L2_GRID, seed: int = 0) -> dict[str, dict[str, float]]:
     """{realm name: {"top1", "mean_per_class", "classes", "train", "test"}} for every realm with at least
-    two classes among its training samples and at least one test sample.
+    two classes among its training samples, one with at least 3 (the L2 strength's validation split),
+    and at least one test sample.
 
     Class ids are remapped to 0..c-1 within each realm (the realm's own label space).
     """
@@ -88,7 +89,7 @@ def evaluate(train_x, train_realm, train_cls, test_x, test_realm, test_cls, real
     for r, name in enumerate(realm_names):
         tr, te = train_realm == r, test_realm == r
         classes = torch.unique(train_cls[tr])
-        if classes.numel() < 2 or int(te.sum()) == 0:
+        if classes.numel() < 2 or int(te.sum()) == 0 or not probe.can_validate(train_cls[tr]):
             continue
         keep = torch.isin(test_cls[te], classes)  # test samples of classes never seen in training are unscorable
         if not bool(keep.any()):

@@ -89,7 +89,7 @@ def fmt(metric: str, value) -> str:
         return f"{100 * value:.1f}"
     if metric in ("best_head", "pairs") or metric.startswith("proto_used_") and "fraction" not in metric:
         return f"{value:.0f}"
-    if metric == "l2":
+    if metric in ("l2", "lr"):
         return f"{value:.0e}"
     return f"{value:.3g}"
 
@@ -106,8 +106,8 @@ def split_key(key: str) -> tuple[str, str, str]:
 
 
 _ORDER = ("top1", "top5", "mean_per_class", "chance", "i2t@", "t2i@", "mean_recall", "mAP", "f1@", "precision@",
-          "recall@", "l2", "ari", "ami", "nmi", "relative", "spearman", "spearman_emb", "pairs", "jaccard", "best_head",
-          "mean_heads", "head")
+          "recall@", "l2", "lr", "ari", "ami", "nmi", "relative", "spearman", "spearman_emb", "pairs", "jaccard",
+          "best_head", "mean_heads", "head")
 
 
 def metric_order(metric: str) -> tuple:

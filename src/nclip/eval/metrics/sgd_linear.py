@@ -143,9 +143,12 @@ def sgd_linear_probe(train_x, train_y, test_x, test_y, num_classes: int, recipe:
     lr = spec.lrs[0]
     if len(spec.lrs) > 1:
         fit, val = stratified_split(ytr, val_fraction, seed)
+        if not len(val):
+            raise ValueError(f"val_fraction={val_fraction} leaves no validation rows for {len(ytr)} train rows "
+                             "to choose the learning rate")
         heads = _train_heads(xtr[fit], ytr[fit], num_classes, spec.lrs, spec, epochs, seed)
         for rate, head in zip(spec.lrs, heads):
-            val_scores[rate] = (_predict(xtr[val], head) == ytr[val]).double().mean().item() if len(val) else 0.0
+            val_scores[rate] = (_predict(xtr[val], head) == ytr[val]).double().mean().item()
         lr = max(spec.lrs, key=lambda rate: val_scores[rate])  # ties: the first (smallest) rate
     head = _train_heads(xtr, ytr, num_classes, (lr,), spec, epochs, seed)[0]
     pred = _predict(xte, head)
