@@ -1,9 +1,7 @@
 """nclip bench's largest-batch and patch-dropout rows: the fit and the limit on synthetic memory,
-and the rows in a --quick run (no wall-clock assertions)."""
+(their values in a --quick run: tests/bench/test_bench.py; no wall-clock assertions)."""
 
 from __future__ import annotations
-
-import math
 
 import pytest
 
@@ -82,18 +80,3 @@ def test_the_patch_dropout_rows_say_why_on_a_convnet():
     runner._stage_patch_dropout(b)
     assert [r.what for r in b.rep.rows] == list(runner.PATCH_ROWS)
     assert all(r.value is None and r.detail.startswith("skipped: patch dropout needs a ViT tower") for r in b.rep.rows)
-
-
-@pytest.mark.slow
-def test_quick_bench_has_the_largest_batch_and_patch_dropout_rows():
-    doc = runner.run_bench("micro", [], quick=True, budget_s=0)  # no budget: a loaded machine must not skip rows
-    rows = {r["row"]: r for r in doc["rows"]}
-    for name in [*runner.BATCH_ROWS.values(), *runner.PATCH_ROWS]:
-        row = rows[name]
-        assert isinstance(row["wall_s"], float) and row["wall_s"] >= 0, name
-        assert row["value"] is not None and math.isfinite(row["value"]) and row["value"] > 0, (name, row["detail"])
-    assert "not a run at that batch" in rows["largest batch (plain)"]["detail"]
-    fits = doc["details"]["batch_memory"]["fits"]
-    exact = fits["exact accumulation"]
-    assert fits["none"]["points"] and exact["batch"] % exact["micro"] == 0 and exact["micro"] >= 16
-    assert set(doc["details"]["patch_dropout"]["samples_per_s"]) == {0.0, 0.5, 0.75}

@@ -91,6 +91,8 @@ def test_a_tiny_budget_skips_rows_and_says_why(monkeypatch):
 
 @pytest.mark.slow
 def test_quick_bench_writes_positive_finite_ratios(tmp_path, capsys):
+    """One --quick run (the suite's only one: it takes a minute on 2 cores) checks every row's value:
+    the ratios the issue asks for, then the largest-batch and patch-dropout rows."""
     out = tmp_path / "bench.json"
     # no time budget: on a loaded machine a budget would skip rows, and this test is about their values
     assert main(["bench", "--quick", "--json", str(out), "--compare", "open_clip", "--budget-s", "0"]) == 0
@@ -111,6 +113,20 @@ def test_quick_bench_writes_positive_finite_ratios(tmp_path, capsys):
         row = next(r for r in doc["rows"] if r["row"].startswith("nclip clip / open_clip"))
         assert row["value"] is None and row["detail"] == "skipped: open_clip not installed"
     assert not doc["skipped"]  # the default budget holds at --quick
+    _check_batch_memory_and_patch_dropout_rows(doc)
+
+
+def _check_batch_memory_and_patch_dropout_rows(doc: dict) -> None:
+    rows = {r["row"]: r for r in doc["rows"]}
+    for name in [*runner.BATCH_ROWS.values(), *runner.PATCH_ROWS]:
+        row = rows[name]
+        assert isinstance(row["wall_s"], float) and row["wall_s"] >= 0, name
+        assert row["value"] is not None and math.isfinite(row["value"]) and row["value"] > 0, (name, row["detail"])
+    assert "not a run at that batch" in rows["largest batch (plain)"]["detail"]
+    fits = doc["details"]["batch_memory"]["fits"]
+    exact = fits["exact accumulation"]
+    assert fits["none"]["points"] and exact["batch"] % exact["micro"] == 0 and exact["micro"] >= 16
+    assert set(doc["details"]["patch_dropout"]["samples_per_s"]) == {"0.0", "0.5", "0.75"}  # JSON keys
 
 
 def _fake_open_clip():
