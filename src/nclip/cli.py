@@ -198,9 +198,12 @@ def _cmd_presets(args) -> int:
 def _cmd_export(args) -> int:
     from nclip.models.export import export_hf, model_dir
     from nclip.train.rundir import check_export_target
+    from nclip.train.runlock import DirLock
 
     check_export_target(model_dir(args.checkpoint), args.hf, args.force)
-    print(export_hf(args.checkpoint, args.hf))
+    with DirLock(args.hf, "nclip export", "--hf"):  # one writer; checked again under the lock
+        check_export_target(model_dir(args.checkpoint), args.hf, args.force)
+        print(export_hf(args.checkpoint, args.hf))
     return 0
 
 

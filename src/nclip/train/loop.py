@@ -84,6 +84,7 @@ from nclip.train.logbook import METRICS, Log, startup_block
 from nclip.train.monitors import nonfinite_stop_message
 from nclip.train.optim import build_optimizer, lr_at, set_lr
 from nclip.train.rundir import agree, plan_run, start_run
+from nclip.train.runlock import DirLock
 from nclip.train.snapshot import BufferSnapshot
 
 
@@ -115,16 +116,18 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: b
 
         data_source = EpisodicData
     ctx = setup(cfg)
+    lock = DirLock(run_dir, "nclip train")  # rank 0's, taken before it reads the directory (runlock.py)
     try:
         return _train(cfg, Path(run_dir), ctx, resume or extend_to is not None, progress, evaluate, data_source,
-                      force, extend_to, preset)
+                      force, extend_to, preset, lock)
     finally:
+        lock.release()
         teardown(ctx)
 
 
 def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progress: bool,
            evaluate: bool, data_source=None, force: bool = False, extend_to: int | None = None,
-           preset: str | None = None) -> RunResult:
+           preset: str | None = None, lock: DirLock | None = None) -> RunResult:
     t = cfg.train
     if t.batch_size % (ctx.world_size * t.accumulation):
         raise NclipError(f"train.batch_size {t.batch_size} is not divisible by world size {ctx.world_size} "
@@ -132,7 +135,7 @@ def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progre
     # model.init: the pretrained model's architecture replaces the config's (recorded in config.yaml)
     cfg = init_config(cfg, required=not resume, note=_note if ctx.is_main else lambda line: None)
     # every rank takes rank 0's decision about the run directory before anything is written
-    plan = agree(ctx, lambda: plan_run(cfg, run_dir, resume, force, extend_to))
+    plan = agree(ctx, lambda: plan_run(cfg, run_dir, resume, force, extend_to, lock))
     run, data_state = _restore(plan.cfg, run_dir, ctx, resume)
     if run.start >= run.cfg.train.steps:  # every rank: the step came from rank 0
         return RunResult(run_dir, run.start, already_finished=True)

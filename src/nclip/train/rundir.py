@@ -26,6 +26,7 @@ import yaml
 from nclip.config import RunConfig, to_yaml, validate
 from nclip.errors import NclipError
 from nclip.jsonio import check_writable_dir, read_text
+from nclip.train.runlock import LOCK_NAME, DirLock
 
 CONFIG = "config.yaml"
 EPISODES_LOG = "episodes.jsonl"  # ProtoCLIP's per-episode log (nclip.train.episodic)
@@ -64,11 +65,15 @@ class RunPlan:
     note: str | None = None  # one line for stderr (rank 0) when the run starts
 
 
-def plan_run(cfg: RunConfig, run_dir: Path, resume: bool, force: bool, extend_to: int | None) -> RunPlan:
+def plan_run(cfg: RunConfig, run_dir: Path, resume: bool, force: bool, extend_to: int | None,
+             lock: DirLock | None = None) -> RunPlan:
     """Check ``run_dir`` against the request, reading only; raise a one-line NclipError if it
-    would destroy or mix runs. ``extend_to`` implies ``resume``."""
+    would destroy or mix runs. ``extend_to`` implies ``resume``. ``lock`` (held until the run
+    ends) is taken first, so that what is read here stays true until this process writes."""
     resume = resume or extend_to is not None
     _check_request(run_dir, resume, force)
+    if lock is not None:
+        lock.acquire()
     found = run_files(run_dir)
     if force:
         return RunPlan(cfg, clear=found, note=_force_note(run_dir, found) if found else None)
@@ -247,6 +252,6 @@ def check_export_target(source: Path, out: Path, force: bool) -> None:
     if out.resolve() == source.resolve() or run_files(out) or inside_run:
         raise NclipError(f"--hf {out} would write into a run or over the model being exported; export to "
                          "a new directory (--force never writes into runs)")
-    if out.is_dir() and any(out.iterdir()) and not force:
+    if out.is_dir() and any(p.name != LOCK_NAME for p in out.iterdir()) and not force:
         raise NclipError(f"--hf {out} already exists and is not empty; choose a new directory, "
                          "or pass --force to write over it")
