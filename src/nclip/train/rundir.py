@@ -77,6 +77,11 @@ def plan_run(cfg: RunConfig, run_dir: Path, resume: bool, force: bool, extend_to
     found = run_files(run_dir)
     if force:
         return RunPlan(cfg, clear=found, note=_force_note(run_dir, found) if found else None)
+    if found and not has_completed_step(run_dir):  # what a run that died in its start-up left: reused
+        if extend_to is not None:
+            raise NclipError(f"--extend-to: {run_dir} holds no run to extend (no completed step)")
+        return RunPlan(cfg, clear=found, note=f"{run_dir} holds no completed step (only the {', '.join(found)} of a "
+                       "run stopped before its first step): starting afresh in it")
     if not found:
         if extend_to is not None:
             raise NclipError(f"--extend-to: {run_dir} holds no run to extend")
@@ -108,6 +113,25 @@ def _resume_plan(cfg: RunConfig, run_dir: Path, saved: RunConfig, extend_to: int
 def run_files(run_dir: Path) -> tuple[str, ...]:
     """The trainer's files present in ``run_dir`` (none: it holds no run)."""
     return tuple(name for name in RUN_FILES if (run_dir / name).exists())
+
+
+def has_completed_step(run_dir: Path) -> bool:
+    """Whether ``run_dir`` shows that a step was completed: a ``model/`` or ``eval.json``; a
+    ``checkpoints/`` entry other than the dot-named temporaries of an interrupted write (a damaged
+    checkpoint counts); a ``metrics.jsonl`` or ``episodes.jsonl`` with anything but whitespace in
+    it (rows are written only after steps). Whatever cannot be read counts as a step. A directory
+    without any of these holds only a start-up's ``config.yaml`` and empty logs: no run."""
+    if (run_dir / "model").exists() or (run_dir / "eval.json").exists():
+        return True
+    try:
+        checkpoints = run_dir / "checkpoints"
+        if checkpoints.exists() and (not checkpoints.is_dir()
+                                     or any(not p.name.startswith(".") for p in checkpoints.iterdir())):
+            return True
+        return any(log.exists() and (not log.is_file() or log.read_bytes().strip())
+                   for log in (run_dir / "metrics.jsonl", run_dir / EPISODES_LOG))
+    except OSError:
+        return True
 
 
 def saved_config(run_dir: Path, found: tuple[str, ...]) -> RunConfig:
