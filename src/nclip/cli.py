@@ -7,6 +7,7 @@ Errors the user can fix (bad config, missing files, malformed input) print one l
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -350,10 +351,10 @@ def main(argv: list[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except NclipError as e:
         return _fail(str(e))
-    except OSError as e:  # a path the user gave that cannot be written or read as asked
-        if e.filename is None:
+    except OSError as e:  # a path the user gave that cannot be written or read as asked, or a full disk
+        if e.filename is None and e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG):
             raise
-        return _fail(f"{e.filename}: {e.strerror or e}")
+        return _fail(f"{e.filename or 'cannot write'}: {e.strerror or e}")
     except KeyboardInterrupt:
         if int(os.environ.get("RANK", "0") or 0) == 0:
             print(f"nclip: interrupted{_how_to_go_on(args)}", file=sys.stderr)

@@ -23,6 +23,7 @@ from transformers import CLIPConfig, CLIPModel
 
 from nclip import fileperm
 from nclip.errors import NclipError
+from nclip.jsonio import writing
 from nclip.models.io import CONFIG, load_model
 
 
@@ -104,8 +105,9 @@ def export_hf(checkpoint: Path, out: Path) -> str:
     model, cfg = load_model(model_dir(checkpoint))
     with torch.no_grad():
         hf = to_hf(model)
-    hf.save_pretrained(str(out), safe_serialization=True)
-    save_tokenizer(cfg, Path(out))
-    image_processor(cfg).save_pretrained(str(out))
+    with writing(out):  # a full disk: one line naming OUT
+        hf.save_pretrained(str(out), safe_serialization=True)
+        save_tokenizer(cfg, Path(out))
+        image_processor(cfg).save_pretrained(str(out))
     fileperm.settle_tree(out, since=started - 1)  # safetensors writes 0600: what we wrote gets the umask's modes
     return f"wrote a transformers CLIPModel with its tokenizer and image processor to {out}"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import pickle
 import random
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -29,6 +30,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from nclip.errors import NclipError
+from nclip.jsonio import writing
 from nclip.models.io import atomic_dir
 
 PREFIX = "step_"
@@ -53,12 +55,22 @@ def save_checkpoint(run_dir: Path, step: int, weights: dict[str, torch.Tensor], 
     """Write ``weights`` (model.safetensors) and ``state`` (state.pt) atomically; keep the last
     ``keep`` checkpoints. ``state`` must hold tensors and plain containers only."""
     final = checkpoint_dir(run_dir, step)
-    with atomic_dir(final) as tmp:
-        save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(tmp / "model.safetensors"))
+    weights = {k: v.detach().contiguous().cpu() for k, v in weights.items()}
+    with writing(final), atomic_dir(final) as tmp:  # a full disk: one line; the temporary is removed
+        save_file(weights, str(tmp / "model.safetensors"))
         torch.save({"format": FORMAT, "step": step, **state}, tmp / "state.pt")
     for old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def kept_note(run_dir: Path) -> str:
+    """What a run that stops on a failed write keeps, and how to go on from it."""
+    found = list_checkpoints(run_dir)
+    if not found:
+        return "no checkpoint had been written yet"
+    return (f"the last good checkpoint, {found[-1]}, is kept: make room, then continue with "
+            f"nclip train --out {shlex.quote(str(run_dir))} --resume auto")
 
 
 def read_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict]:

@@ -46,7 +46,7 @@ from nclip.data.device_feed import DeviceFeed
 from nclip.data.loader import train_loader
 from nclip.defaults import BUILTIN_SOURCES
 from nclip.errors import NclipError
-from nclip.jsonio import truncate_jsonl
+from nclip.jsonio import WriteFailed, truncate_jsonl, writing
 from nclip.models import build_model
 from nclip.models.hf_import import init_config, load_init_weights
 from nclip.models.io import save_model
@@ -56,6 +56,7 @@ from nclip.precision import autocast_dtype
 from nclip.train.accumulate import cached_step, online_towers
 from nclip.train.checkpoint import (
     checkpoint_dir,
+    kept_note,
     newest_good_checkpoint,
     read_checkpoint,
     rng_state,
@@ -120,6 +121,8 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: b
     try:
         return _train(cfg, Path(run_dir), ctx, resume or extend_to is not None, progress, evaluate, data_source,
                       force, extend_to, preset, lock)
+    except WriteFailed as e:  # a full disk: one line, and what is kept to continue from
+        raise NclipError(f"{e}; {kept_note(Path(run_dir))}") from None
     finally:
         lock.release()
         teardown(ctx)
@@ -390,14 +393,16 @@ def _finish(run: _Run, last: dict, evaluate: bool) -> RunResult:
         final.load_state_dict(_strip(weights, "model."))
         final.to(ctx.device)
     final.eval()
-    save_model(final, cfg, run.run_dir / "model")
+    with writing(run.run_dir / "model"):
+        save_model(final, cfg, run.run_dir / "model")
     if evaluate and cfg.data.source not in BUILTIN_SOURCES:
         print(f"nclip: note: no end-of-run evaluation for data.source {cfg.data.source}", file=sys.stderr)
     elif evaluate:
         from nclip.eval.quick import evaluate_run
 
         result.eval = evaluate_run(final, cfg, ctx.device)
-        (run.run_dir / "eval.json").write_text(json.dumps(result.eval, indent=2, sort_keys=True))
+        with writing(run.run_dir / "eval.json"):
+            (run.run_dir / "eval.json").write_text(json.dumps(result.eval, indent=2, sort_keys=True))
     return result
 
 

@@ -25,7 +25,7 @@ import yaml
 
 from nclip.config import RunConfig, to_yaml, validate
 from nclip.errors import NclipError
-from nclip.jsonio import check_writable_dir, read_text
+from nclip.jsonio import check_writable_dir, read_text, writing
 from nclip.train.runlock import LOCK_NAME, DirLock
 
 CONFIG = "config.yaml"
@@ -215,8 +215,9 @@ def start_run(plan: RunPlan, run_dir: Path) -> None:
     path = run_dir / CONFIG
     if not path.is_file() or path.read_text() != text:
         tmp = path.with_name(f".{CONFIG}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        with writing(path):
+            tmp.write_text(text)
+            os.replace(tmp, path)
     if plan.note:
         print(f"nclip: {plan.note}", file=sys.stderr, flush=True)
 
