@@ -98,21 +98,31 @@ def read_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
 
 def newest_good_checkpoint(run_dir: Path, warn=None) -> tuple[Path, dict[str, torch.Tensor], dict] | None:
     """The newest checkpoint of ``run_dir`` that reads cleanly, as (path, weights, state); older
-    ones are tried when a newer one is damaged (``warn`` is told why). None if there is no
-    checkpoint at all; an :class:`NclipError` (the newest one's problem) if none reads cleanly,
-    rather than silently starting over."""
-    first_error = None
+    ones are tried when a newer one is damaged (``warn`` is told which, once one reads). None if
+    there is no checkpoint at all; if none reads cleanly, one line (the newest one's problem, and
+    the way out) rather than silently starting over."""
+    damaged: list[tuple[Path, NclipError]] = []
     for path in reversed(list_checkpoints(run_dir)):
         try:
             weights, state = read_checkpoint(path)
         except NclipError as e:
-            (warn or _stderr)(f"skipping damaged checkpoint: {e}")
-            first_error = first_error or e
+            damaged.append((path, e))
             continue
+        for bad, e in damaged:
+            (warn or _stderr)(f"skipping damaged checkpoint {bad.name}: {_short(e)}")
         return path, weights, state
-    if first_error is not None:
-        raise NclipError(f"no usable checkpoint in {Path(run_dir) / 'checkpoints'}: {first_error}")
+    if damaged:
+        every = "the only checkpoint is" if len(damaged) == 1 else f"all {len(damaged)} checkpoints are"
+        raise NclipError(f"no usable checkpoint in {Path(run_dir) / 'checkpoints'}: {every} damaged (newest: "
+                         f"{_short(damaged[0][1])}); nothing to resume from: start over with --force, or train "
+                         "into a new --out")
     return None
+
+
+def _short(error: Exception, limit: int = 160) -> str:
+    """An error's first line, cut to ``limit`` characters (torch's explanations run to pages)."""
+    text = (str(error).splitlines() or [""])[0]
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _stderr(msg: str) -> None:
