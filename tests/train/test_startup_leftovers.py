@@ -40,6 +40,10 @@ def _partial_checkpoint_write(run: Path) -> None:  # killed while writing its fi
     (run / "checkpoints" / ".step_00000003.k2j4" / "model.safetensors").write_bytes(b"\0" * 10)
 
 
+def _comment_config(run: Path) -> None:
+    (run / "config.yaml").write_text("# my own settings\n" + (run / "config.yaml").read_text())
+
+
 EVIDENCE = {
     "a logged step": lambda run: (run / "metrics.jsonl").write_text('{"step": 2, "loss": 1.0}\n'),
     "a torn log line": lambda run: (run / "metrics.jsonl").write_text('{"step": 2, "lo'),
@@ -49,16 +53,18 @@ EVIDENCE = {
     "a model": lambda run: (run / "model").mkdir(),
     "eval.json": lambda run: (run / "eval.json").write_text("{}"),
     "an episode": lambda run: (run / "episodes.jsonl").write_text('{"episode": 0}\n'),
+    # not evidence of a step, but not the trainer's config.yaml either: the user's own file, kept
+    "the user's config.yaml": lambda run: _comment_config(run),
 }
 
 
 @pytest.mark.parametrize("name", list(EVIDENCE))
-def test_a_completed_step_on_disk_is_a_run_and_is_kept(name, tmp_path):
+def test_a_completed_step_on_disk_is_a_run_and_nothing_is_removed(name, tmp_path):
     run = tmp_path / "R"
     _startup_leftovers(run)
     EVIDENCE[name](run)
     before = _hashes(run)
-    assert has_completed_step(run)
+    assert has_completed_step(run) or name == "the user's config.yaml"
     with pytest.raises(NclipError, match="already holds a run"):
         plan_run(resolve("micro", list(MICRO_OVERRIDES)), run, resume=False, force=False, extend_to=None)
     assert _hashes(run) == before

@@ -77,7 +77,7 @@ def plan_run(cfg: RunConfig, run_dir: Path, resume: bool, force: bool, extend_to
     found = run_files(run_dir)
     if force:
         return RunPlan(cfg, clear=found, note=_force_note(run_dir, found) if found else None)
-    if found and not has_completed_step(run_dir):  # what a run that died in its start-up left: reused
+    if found and not has_completed_step(run_dir) and _trainer_wrote(run_dir / CONFIG):  # a start-up's leftovers
         if extend_to is not None:
             raise NclipError(f"--extend-to: {run_dir} holds no run to extend (no completed step)")
         return RunPlan(cfg, clear=found, note=f"{run_dir} holds no completed step (only the {', '.join(found)} of a "
@@ -132,6 +132,18 @@ def has_completed_step(run_dir: Path) -> bool:
                    for log in (run_dir / "metrics.jsonl", run_dir / EPISODES_LOG))
     except OSError:
         return True
+
+
+def _trainer_wrote(path: Path) -> bool:
+    """Whether ``path`` is absent or byte for byte the config.yaml the trainer writes (so that a
+    config file of the user's own, kept in the run directory, is never taken for a leftover)."""
+    if not path.exists():
+        return True
+    try:
+        text = path.read_text(encoding="utf-8")
+        return to_yaml(validate(yaml.safe_load(text))) == text
+    except Exception:  # noqa: BLE001 - unreadable, not YAML, not a config: not the trainer's
+        return False
 
 
 def saved_config(run_dir: Path, found: tuple[str, ...]) -> RunConfig:
