@@ -30,6 +30,16 @@ CASES = [
     ("compare: results.json truncated", ["eval", "compare", "{tmp}/truncated.json"], "invalid JSON"),
     ("resume: config.yaml not UTF-8", ["train", "--out", "{tmp}/run", "--resume", "auto"], "not UTF-8 text"),
     ("--preset file not UTF-8", ["train", "--preset", "{tmp}/latin1.yaml", "--out", "{tmp}/r"], "not UTF-8 text"),
+    # issue 28.7: never a fresh run of a preset nobody named, nor of the library defaults
+    ("--resume auto on a mistyped --out", ["train", "--out", "{tmp}/runn", "--resume", "auto"],
+     "holds no run to continue (does not exist); check --out, or give --preset"),
+    ("--resume auto on an empty --out", ["train", "--out", "{tmp}/empty", "--resume", "auto"],
+     "holds no run to continue (has no config.yaml)"),
+    ("--extend-to on an empty --out", ["train", "--out", "{tmp}/empty", "--extend-to", "10"],
+     "--extend-to: {tmp}/empty holds no run to extend"),
+    ("train: empty --preset file", ["train", "--preset", "{tmp}/empty.yaml", "--out", "{tmp}/r"],
+     "empty.yaml: the file is empty"),
+    ("config: empty --preset file", ["config", "--preset", "{tmp}/empty.yaml"], "empty.yaml: the file is empty"),
     ("captions: --caption-key not in the header", ["eval", "--checkpoint", "{model}", "--out", "{tmp}/ev",
                                                    "--dataset", "captions:{tmp}/pairs.csv", "--caption-key", "text",
                                                    "--tasks", "retrieval", "--quiet"],
@@ -65,6 +75,8 @@ def _inputs(tmp) -> dict[str, str]:
     (tmp / "truncated.json").write_text(json.dumps({"results": {"zeroshot/x/top1": 0.5}}, indent=1)[:20])
     (tmp / "latin1.yaml").write_bytes("seed: 0  # café\n".encode("latin-1"))
     (tmp / "run").mkdir()
+    (tmp / "empty").mkdir()
+    (tmp / "empty.yaml").write_text("# nothing here yet\n")
     (tmp / "run" / "config.yaml").write_bytes("seed: 0  # café\n".encode("latin-1"))
     (tmp / "run" / "metrics.jsonl").write_text("")
     return {"tmp": str(tmp), "file": str(tmp / "afile"), "ro": str(ro)}
@@ -78,7 +90,7 @@ def test_user_errors_are_one_line_exit_2(argv, needle, tmp_path, model_dir, caps
     argv = [a.format(model=model_dir, **names) for a in argv]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert needle in err, err
+    assert needle.format(**names) in err, err
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
 
 

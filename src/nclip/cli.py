@@ -7,6 +7,7 @@ Errors the user can fix (bad config, missing files, malformed input) print one l
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -145,7 +146,8 @@ def _cmd_train(args) -> int:
 
     resume = args.resume == "auto" or args.extend_to is not None
     init = [f"model.init={json.dumps(args.init)}"] if args.init else []  # a JSON string is a YAML string
-    preset = _train_preset(args.preset, args.out, resume)
+    asks = "--extend-to" if args.extend_to else "--resume auto" if resume else ""  # to continue a run
+    preset = _train_preset(args.preset, args.out, asks)
     cfg = resolve(preset, [*args.overrides, *init])
     result = train(cfg, args.out, resume=resume, progress=not args.no_progress, evaluate=not args.no_eval,
                    force=args.force, extend_to=args.extend_to, preset=preset)
@@ -159,12 +161,20 @@ def _cmd_train(args) -> int:
     return 0
 
 
-def _train_preset(preset: str | None, out: Path, resume: bool) -> str:
-    """--preset if given; else, continuing a run, the run's own config.yaml; else tiny."""
+def _train_preset(preset: str | None, out: Path, resume: str) -> str:
+    """--preset if given; else, continuing a run (``resume``: the option that asks to), the run's
+    own config.yaml (none: an error, never a new run of a preset nobody named); else tiny."""
     if preset:
         return preset
+    if not resume:
+        return "tiny"
     saved = out / "config.yaml"
-    return str(saved) if resume and saved.is_file() else "tiny"
+    if not saved.is_file():
+        what = "does not exist" if not out.exists() else "has no config.yaml"
+        verb = "extend" if resume == "--extend-to" else "continue"
+        raise NclipError(f"{resume}: {out} holds no run to {verb} ({what}); check --out, "
+                         "or give --preset to start a new run there")
+    return str(saved)
 
 
 def _summary(result) -> str:
@@ -198,9 +208,12 @@ def _cmd_presets(args) -> int:
 def _cmd_export(args) -> int:
     from nclip.models.export import export_hf, model_dir
     from nclip.train.rundir import check_export_target
+    from nclip.train.runlock import DirLock
 
     check_export_target(model_dir(args.checkpoint), args.hf, args.force)
-    print(export_hf(args.checkpoint, args.hf))
+    with DirLock(args.hf, "nclip export", "--hf"):  # one writer; checked again under the lock
+        check_export_target(model_dir(args.checkpoint), args.hf, args.force)
+        print(export_hf(args.checkpoint, args.hf))
     return 0
 
 
@@ -331,19 +344,35 @@ def _fail(message: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever downloaded at run time
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    args = None
     try:
         args = build_parser().parse_args(argv)
         _check_outputs(args)
         return COMMANDS[args.command](args)
     except NclipError as e:
         return _fail(str(e))
-    except OSError as e:  # a path the user gave that cannot be written or read as asked
-        if e.filename is None:
+    except OSError as e:  # a path the user gave that cannot be written or read as asked, or a full disk
+        if e.filename is None and e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG):
             raise
-        return _fail(f"{e.filename}: {e.strerror or e}")
+        return _fail(f"{e.filename or 'cannot write'}: {e.strerror or e}")
     except KeyboardInterrupt:
-        print("nclip: interrupted", file=sys.stderr)
+        if int(os.environ.get("RANK", "0") or 0) == 0:
+            print(f"nclip: interrupted{_how_to_go_on(args)}", file=sys.stderr)
         return 130
+
+
+def _how_to_go_on(args) -> str:
+    """After a Ctrl-C: how to continue a training run (the exact command), or "" for the others."""
+    if getattr(args, "command", None) != "train":
+        return ""
+    import shlex
+
+    out = args.out
+    if not (out / "config.yaml").is_file():
+        return "; the run had not started: nothing was written, run the same command again"
+    steps = sorted(int(p.name[5:]) for p in (out / "checkpoints").glob("step_*") if p.name[5:].isdigit())
+    since = f"from its step-{steps[-1]} checkpoint" if steps else "from step 0 (no checkpoint yet)"
+    return f"; continue the run {since} with: nclip train --out {shlex.quote(str(out))} --resume auto"
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -366,11 +366,11 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
             raise NclipError(f"unknown preset {name_or_path!r}; available: {', '.join(preset_names())}")
         text = res.read_text()
     try:
-        raw = yaml.safe_load(text) or {}
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise NclipError(f"cannot parse {name_or_path}: {str(e).splitlines()[0]}") from None
-    if not isinstance(raw, dict):
-        raise NclipError(f"{name_or_path}: the top level must be a mapping")
+    if not isinstance(raw, dict):  # an empty file too: never the library defaults by accident
+        raise NclipError(f"{name_or_path}: {'the file is empty' if raw is None else 'the top level must be a mapping'}")
     return raw
 
 

@@ -1,13 +1,16 @@
 """JSON and the user's text files in and out with nclip's conventions: a missing or bad file is a
 one-line NclipError (:func:`read_text`, :func:`read_json`), non-finite floats (which JSON cannot
-hold) are replaced on the way out, and JSONL logs have one reader and one truncation, which skip
-damaged lines (:func:`read_jsonl`)."""
+hold) are replaced on the way out, JSONL logs have one reader and one truncation, which skip
+damaged lines (:func:`read_jsonl`), and a write that fails (a full disk) is one line that names
+the path (:func:`writing`)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
@@ -71,6 +74,40 @@ def check_writable_dir(path: str | Path, option: str) -> None:
         raise NclipError(f"{option} {path}: cannot write into {existing} (permission denied)")
 
 
+class WriteFailed(NclipError):
+    """A write that failed for want of space, quota or a working disk: one line naming the path;
+    a caller may add what was kept (the trainer: the last good checkpoint)."""
+
+
+@contextmanager
+def writing(path: str | Path):
+    """Turn a failed write inside the block into a one-line :class:`WriteFailed` naming ``path``:
+    any OSError (ENOSPC, EDQUOT, EIO, ...), torch.save's "PytorchStreamWriter failed writing" and
+    safetensors' serialisation errors, which wrap the OSError in their own types. A full disk is
+    said as such even where the wrapping lost the errno."""
+    try:
+        yield
+    except NclipError:
+        raise
+    except Exception as e:
+        if not (isinstance(e, OSError) or type(e).__name__ == "SafetensorError"
+                or (isinstance(e, RuntimeError) and "PytorchStreamWriter" in str(e))):
+            raise
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else (str(e).strip().splitlines() or [""])[0]
+        if not (isinstance(e, OSError) and e.errno) and _disk_full(Path(path)):
+            reason = f"{os.strerror(errno.ENOSPC)} ({reason[:120]})"
+        raise WriteFailed(f"cannot write {path}: {reason[:200]}") from None
+
+
+def _disk_full(path: Path) -> bool:
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    try:
+        return os.statvfs(path).f_bavail == 0
+    except OSError:
+        return False
+
+
 def _jsonl_rows(path: Path) -> list[tuple[str, dict]]:
     """(line, row) for every line of ``path`` that decodes to a JSON object; see :func:`read_jsonl`."""
     if not path.is_file():
@@ -113,5 +150,6 @@ def truncate_jsonl(path: str | Path, keep: Callable[[dict], bool]) -> None:
         return
     kept = [line for line, row in _jsonl_rows(path) if keep(row)]
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-    os.replace(tmp, path)
+    with writing(path):
+        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        os.replace(tmp, path)

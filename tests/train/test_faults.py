@@ -131,3 +131,27 @@ def test_empty_or_malformed_csv_give_one_line(tmp_path, capsys):
         assert main(args) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
+
+
+@pytest.mark.slow
+def test_every_state_pt_damaged_is_one_line_with_the_way_out(tmp_path, capsys):
+    """Issue 28.11: not a warning per damaged checkpoint and torch's explanations, but one line."""
+    sets = [x for o in OVERRIDES + ["train.steps=4"] for x in ("--set", o)]
+    assert main(["train", "--preset", "micro", "--out", str(tmp_path), "--no-progress", "--no-eval", *sets]) == 0
+    found = list_checkpoints(tmp_path)
+    assert len(found) == 2
+    intact = (found[0] / "state.pt").read_bytes()
+    for ckpt in found:
+        data = (ckpt / "state.pt").read_bytes()
+        (ckpt / "state.pt").write_bytes(data[: len(data) // 2])
+    capsys.readouterr()
+    assert main(["train", "--out", str(tmp_path), "--extend-to", "6", "--no-progress", "--no-eval"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"nclip: error: no usable checkpoint in {tmp_path / 'checkpoints'}: "
+                                               "all 2 checkpoints are damaged (newest: cannot read checkpoint"), err
+    assert "start over with --force" in err[0] and len(err[0]) < 400, err
+    # the older one mended: one warning names the damaged newer one, and the run goes on from the older
+    (found[0] / "state.pt").write_bytes(intact)
+    assert main(["train", "--out", str(tmp_path), "--extend-to", "6", "--no-progress", "--no-eval"]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("nclip:")]
+    assert err[0].startswith(f"nclip: warning: skipping damaged checkpoint {found[1].name}: cannot read"), err

@@ -20,6 +20,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from nclip import fileperm
+
 # bump when the content of an entry changes meaning (2: the eval resize truncates the long side,
 # nclip.data.transforms.resize_center_crop)
 FORMAT = "nclip-eval-features/2"
@@ -89,6 +91,7 @@ class FeatureCache:
         os.close(fd)
         try:
             save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp, metadata=meta)
+            fileperm.settle(tmp)  # not mkstemp's (or safetensors') 0600: the umask's mode
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):

@@ -85,7 +85,16 @@ def run_finetune_command(args) -> int:
 def run_finetune(checkpoint, out, settings: FinetuneSettings, resume: bool = False, report: bool = True,
                  log: Callable[[str], None] = lambda msg: None) -> dict:
     """Fine-tune ``checkpoint`` at every lr of ``settings.lrs``, choose the lr and epoch on the
-    validation split, test the chosen weights; write ``out`` (see the module docstring)."""
+    validation split, test the chosen weights; write ``out`` (see the module docstring). ``out``
+    is locked for the whole of it: a second writer is refused (:mod:`nclip.train.runlock`)."""
+    from nclip.train.runlock import DirLock
+
+    with DirLock(out, "nclip finetune"):
+        return _run_finetune(checkpoint, Path(out).expanduser(), settings, resume, report, log)
+
+
+def _run_finetune(checkpoint, out: Path, settings: FinetuneSettings, resume: bool, report: bool,
+                  log: Callable[[str], None]) -> dict:
     import torch
 
     from nclip.eval import zeroshot
@@ -98,7 +107,6 @@ def run_finetune(checkpoint, out, settings: FinetuneSettings, resume: bool = Fal
     from nclip.models.io import atomic_dir
 
     t0 = time.perf_counter()
-    out = Path(out).expanduser()
     ck = resolve_checkpoint(checkpoint)
     classifier = resolve_classifier(settings.classifier, ck.cfg, settings.fraction)
     device = _device(settings.device)

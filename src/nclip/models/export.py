@@ -15,13 +15,16 @@ features (the pixels agree to float rounding, ~1e-7, at every image size and asp
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from transformers import CLIPConfig, CLIPModel
 
+from nclip import fileperm
 from nclip.errors import NclipError
+from nclip.jsonio import writing
 from nclip.models.io import CONFIG, load_model
 
 
@@ -99,13 +102,15 @@ def export_hf(checkpoint: Path, out: Path) -> str:
     """Write the model of ``checkpoint`` (a run or model directory) to ``out`` as a CLIPModel with
     its tokenizer and image processor (``nclip export`` first refuses targets that would overwrite
     a run: :func:`nclip.train.rundir.check_export_target`)."""
+    started = time.time()
     model, cfg = load_model(model_dir(checkpoint))
     with torch.no_grad():
         hf = to_hf(model)
-    with _no_progress_bars():
+    with writing(out), _no_progress_bars():  # a full disk: one line naming OUT
         hf.save_pretrained(str(out), safe_serialization=True)
-    save_tokenizer(cfg, Path(out))
-    image_processor(cfg).save_pretrained(str(out))
+        save_tokenizer(cfg, Path(out))
+        image_processor(cfg).save_pretrained(str(out))
+    fileperm.settle_tree(out, since=started - 1)  # safetensors writes 0600: what we wrote gets the umask's modes
     return f"wrote a transformers CLIPModel with its tokenizer and image processor to {out}"
 
 

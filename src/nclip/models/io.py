@@ -10,6 +10,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
+from nclip import fileperm
 from nclip.config import RunConfig, validate
 from nclip.errors import NclipError
 from nclip.jsonio import read_json
@@ -39,6 +40,7 @@ class _AtomicDir:
         if exc_type is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             return False
+        fileperm.settle_tree(self.tmp)  # mkdtemp's 0700, safetensors' 0600: the umask's modes instead
         for f in self.tmp.rglob("*"):  # make the contents durable before the rename
             if f.is_file():
                 with open(f, "rb") as fh:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import pickle
 import random
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -29,6 +30,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from nclip.errors import NclipError
+from nclip.jsonio import writing
 from nclip.models.io import atomic_dir
 
 PREFIX = "step_"
@@ -53,12 +55,22 @@ def save_checkpoint(run_dir: Path, step: int, weights: dict[str, torch.Tensor], 
     """Write ``weights`` (model.safetensors) and ``state`` (state.pt) atomically; keep the last
     ``keep`` checkpoints. ``state`` must hold tensors and plain containers only."""
     final = checkpoint_dir(run_dir, step)
-    with atomic_dir(final) as tmp:
-        save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(tmp / "model.safetensors"))
+    weights = {k: v.detach().contiguous().cpu() for k, v in weights.items()}
+    with writing(final), atomic_dir(final) as tmp:  # a full disk: one line; the temporary is removed
+        save_file(weights, str(tmp / "model.safetensors"))
         torch.save({"format": FORMAT, "step": step, **state}, tmp / "state.pt")
     for old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def kept_note(run_dir: Path) -> str:
+    """What a run that stops on a failed write keeps, and how to go on from it."""
+    found = list_checkpoints(run_dir)
+    if not found:
+        return "no checkpoint had been written yet"
+    return (f"the last good checkpoint, {found[-1]}, is kept: make room, then continue with "
+            f"nclip train --out {shlex.quote(str(run_dir))} --resume auto")
 
 
 def read_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
@@ -86,21 +98,31 @@ def read_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
 
 def newest_good_checkpoint(run_dir: Path, warn=None) -> tuple[Path, dict[str, torch.Tensor], dict] | None:
     """The newest checkpoint of ``run_dir`` that reads cleanly, as (path, weights, state); older
-    ones are tried when a newer one is damaged (``warn`` is told why). None if there is no
-    checkpoint at all; an :class:`NclipError` (the newest one's problem) if none reads cleanly,
-    rather than silently starting over."""
-    first_error = None
+    ones are tried when a newer one is damaged (``warn`` is told which, once one reads). None if
+    there is no checkpoint at all; if none reads cleanly, one line (the newest one's problem, and
+    the way out) rather than silently starting over."""
+    damaged: list[tuple[Path, NclipError]] = []
     for path in reversed(list_checkpoints(run_dir)):
         try:
             weights, state = read_checkpoint(path)
         except NclipError as e:
-            (warn or _stderr)(f"skipping damaged checkpoint: {e}")
-            first_error = first_error or e
+            damaged.append((path, e))
             continue
+        for bad, e in damaged:
+            (warn or _stderr)(f"skipping damaged checkpoint {bad.name}: {_short(e)}")
         return path, weights, state
-    if first_error is not None:
-        raise NclipError(f"no usable checkpoint in {Path(run_dir) / 'checkpoints'}: {first_error}")
+    if damaged:
+        every = "the only checkpoint is" if len(damaged) == 1 else f"all {len(damaged)} checkpoints are"
+        raise NclipError(f"no usable checkpoint in {Path(run_dir) / 'checkpoints'}: {every} damaged (newest: "
+                         f"{_short(damaged[0][1])}); nothing to resume from: start over with --force, or train "
+                         "into a new --out")
     return None
+
+
+def _short(error: Exception, limit: int = 160) -> str:
+    """An error's first line, cut to ``limit`` characters (torch's explanations run to pages)."""
+    text = (str(error).splitlines() or [""])[0]
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _stderr(msg: str) -> None:

@@ -61,7 +61,7 @@ from nclip.data.transforms import augment, to_tensor
 from nclip.data.workers import loader_workers
 from nclip.defaults import MAP_SOURCES, USER_LABEL
 from nclip.errors import NclipError
-from nclip.jsonio import truncate_jsonl
+from nclip.jsonio import truncate_jsonl, writing
 from nclip.objectives import REGISTRY, functional
 from nclip.precision import autocast_dtype, to_float32, tower_autocast
 from nclip.train.kmeans import kmeans
@@ -403,5 +403,5 @@ class _EpisodeLog:
         if not self.enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as fh:
+        with writing(self.path), self.path.open("a") as fh:
             fh.write(json.dumps(row) + "\n")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from nclip.jsonio import writing
 from nclip.train.monitors import CollapseMonitor
 
 METRICS = "metrics.jsonl"
@@ -120,7 +121,8 @@ class Log:
         self.monitor = CollapseMonitor.for_run(run.cfg)
         self.bar = tqdm(total=run.cfg.train.steps, initial=run.start, unit="step",
                         disable=not (progress and main), dynamic_ncols=True)
-        self.file = (run.run_dir / METRICS).open("a") if main else None
+        with writing(run.run_dir / METRICS):
+            self.file = (run.run_dir / METRICS).open("a") if main else None
         self.board = tensorboard_writer(run.run_dir) if main and run.cfg.train.tensorboard else None
 
     def step(self, done: int, result) -> None:
@@ -144,8 +146,9 @@ class Log:
                 row.setdefault("monitor/warnings", []).append(warning)
                 tqdm.write(f"nclip: warning: {warning}", file=sys.stderr)
         if self.file is not None:
-            self.file.write(json.dumps(row) + "\n")
-            self.file.flush()
+            with writing(self.file.name):
+                self.file.write(json.dumps(row) + "\n")
+                self.file.flush()
         if self.board is not None:  # the same scalars as metrics.jsonl, at the same step
             for key, value in row.items():
                 if key != "step" and isinstance(value, (int, float)):
@@ -160,7 +163,10 @@ class Log:
 
     def close(self) -> None:
         if self.file is not None:
-            self.file.close()
+            try:
+                self.file.close()
+            except OSError:  # the flush of a row that failed to write: already said
+                pass
         if self.board is not None:
             self.board.close()
         self.bar.close()

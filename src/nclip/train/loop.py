@@ -46,7 +46,7 @@ from nclip.data.device_feed import DeviceFeed
 from nclip.data.loader import train_loader
 from nclip.defaults import BUILTIN_SOURCES
 from nclip.errors import NclipError
-from nclip.jsonio import truncate_jsonl
+from nclip.jsonio import WriteFailed, truncate_jsonl, writing
 from nclip.models import build_model
 from nclip.models.hf_import import init_config, load_init_weights
 from nclip.models.io import save_model
@@ -56,6 +56,7 @@ from nclip.precision import autocast_dtype
 from nclip.train.accumulate import cached_step, online_towers
 from nclip.train.checkpoint import (
     checkpoint_dir,
+    kept_note,
     newest_good_checkpoint,
     read_checkpoint,
     rng_state,
@@ -84,6 +85,7 @@ from nclip.train.logbook import METRICS, Log, startup_block
 from nclip.train.monitors import nonfinite_stop_message
 from nclip.train.optim import build_optimizer, lr_at, set_lr
 from nclip.train.rundir import agree, plan_run, start_run
+from nclip.train.runlock import DirLock
 from nclip.train.snapshot import BufferSnapshot
 
 
@@ -115,16 +117,20 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: b
 
         data_source = EpisodicData
     ctx = setup(cfg)
+    lock = DirLock(run_dir, "nclip train")  # rank 0's, taken before it reads the directory (runlock.py)
     try:
         return _train(cfg, Path(run_dir), ctx, resume or extend_to is not None, progress, evaluate, data_source,
-                      force, extend_to, preset)
+                      force, extend_to, preset, lock)
+    except WriteFailed as e:  # a full disk: one line, and what is kept to continue from
+        raise NclipError(f"{e}; {kept_note(Path(run_dir))}") from None
     finally:
+        lock.release()
         teardown(ctx)
 
 
 def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progress: bool,
            evaluate: bool, data_source=None, force: bool = False, extend_to: int | None = None,
-           preset: str | None = None) -> RunResult:
+           preset: str | None = None, lock: DirLock | None = None) -> RunResult:
     t = cfg.train
     if t.batch_size % (ctx.world_size * t.accumulation):
         raise NclipError(f"train.batch_size {t.batch_size} is not divisible by world size {ctx.world_size} "
@@ -132,7 +138,7 @@ def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progre
     # model.init: the pretrained model's architecture replaces the config's (recorded in config.yaml)
     cfg = init_config(cfg, required=not resume, note=_note if ctx.is_main else lambda line: None)
     # every rank takes rank 0's decision about the run directory before anything is written
-    plan = agree(ctx, lambda: plan_run(cfg, run_dir, resume, force, extend_to))
+    plan = agree(ctx, lambda: plan_run(cfg, run_dir, resume, force, extend_to, lock))
     run, data_state = _restore(plan.cfg, run_dir, ctx, resume)
     if run.start >= run.cfg.train.steps:  # every rank: the step came from rank 0
         return RunResult(run_dir, run.start, already_finished=True)
@@ -387,14 +393,16 @@ def _finish(run: _Run, last: dict, evaluate: bool) -> RunResult:
         final.load_state_dict(_strip(weights, "model."))
         final.to(ctx.device)
     final.eval()
-    save_model(final, cfg, run.run_dir / "model")
+    with writing(run.run_dir / "model"):
+        save_model(final, cfg, run.run_dir / "model")
     if evaluate and cfg.data.source not in BUILTIN_SOURCES:
         print(f"nclip: note: no end-of-run evaluation for data.source {cfg.data.source}", file=sys.stderr)
     elif evaluate:
         from nclip.eval.quick import evaluate_run
 
         result.eval = evaluate_run(final, cfg, ctx.device)
-        (run.run_dir / "eval.json").write_text(json.dumps(result.eval, indent=2, sort_keys=True))
+        with writing(run.run_dir / "eval.json"):
+            (run.run_dir / "eval.json").write_text(json.dumps(result.eval, indent=2, sort_keys=True))
     return result
 
 

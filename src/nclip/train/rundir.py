@@ -25,7 +25,8 @@ import yaml
 
 from nclip.config import RunConfig, to_yaml, validate
 from nclip.errors import NclipError
-from nclip.jsonio import check_writable_dir, read_text
+from nclip.jsonio import check_writable_dir, read_text, writing
+from nclip.train.runlock import LOCK_NAME, DirLock
 
 CONFIG = "config.yaml"
 EPISODES_LOG = "episodes.jsonl"  # ProtoCLIP's per-episode log (nclip.train.episodic)
@@ -64,14 +65,23 @@ class RunPlan:
     note: str | None = None  # one line for stderr (rank 0) when the run starts
 
 
-def plan_run(cfg: RunConfig, run_dir: Path, resume: bool, force: bool, extend_to: int | None) -> RunPlan:
+def plan_run(cfg: RunConfig, run_dir: Path, resume: bool, force: bool, extend_to: int | None,
+             lock: DirLock | None = None) -> RunPlan:
     """Check ``run_dir`` against the request, reading only; raise a one-line NclipError if it
-    would destroy or mix runs. ``extend_to`` implies ``resume``."""
+    would destroy or mix runs. ``extend_to`` implies ``resume``. ``lock`` (held until the run
+    ends) is taken first, so that what is read here stays true until this process writes."""
     resume = resume or extend_to is not None
     _check_request(run_dir, resume, force)
+    if lock is not None:
+        lock.acquire()
     found = run_files(run_dir)
     if force:
         return RunPlan(cfg, clear=found, note=_force_note(run_dir, found) if found else None)
+    if found and not has_completed_step(run_dir) and _trainer_wrote(run_dir / CONFIG):  # a start-up's leftovers
+        if extend_to is not None:
+            raise NclipError(f"--extend-to: {run_dir} holds no run to extend (no completed step)")
+        return RunPlan(cfg, clear=found, note=f"{run_dir} holds no completed step (only the {', '.join(found)} of a "
+                       "run stopped before its first step): starting afresh in it")
     if not found:
         if extend_to is not None:
             raise NclipError(f"--extend-to: {run_dir} holds no run to extend")
@@ -103,6 +113,37 @@ def _resume_plan(cfg: RunConfig, run_dir: Path, saved: RunConfig, extend_to: int
 def run_files(run_dir: Path) -> tuple[str, ...]:
     """The trainer's files present in ``run_dir`` (none: it holds no run)."""
     return tuple(name for name in RUN_FILES if (run_dir / name).exists())
+
+
+def has_completed_step(run_dir: Path) -> bool:
+    """Whether ``run_dir`` shows that a step was completed: a ``model/`` or ``eval.json``; a
+    ``checkpoints/`` entry other than the dot-named temporaries of an interrupted write (a damaged
+    checkpoint counts); a ``metrics.jsonl`` or ``episodes.jsonl`` with anything but whitespace in
+    it (rows are written only after steps). Whatever cannot be read counts as a step. A directory
+    without any of these holds only a start-up's ``config.yaml`` and empty logs: no run."""
+    if (run_dir / "model").exists() or (run_dir / "eval.json").exists():
+        return True
+    try:
+        checkpoints = run_dir / "checkpoints"
+        if checkpoints.exists() and (not checkpoints.is_dir()
+                                     or any(not p.name.startswith(".") for p in checkpoints.iterdir())):
+            return True
+        return any(log.exists() and (not log.is_file() or log.read_bytes().strip())
+                   for log in (run_dir / "metrics.jsonl", run_dir / EPISODES_LOG))
+    except OSError:
+        return True
+
+
+def _trainer_wrote(path: Path) -> bool:
+    """Whether ``path`` is absent or byte for byte the config.yaml the trainer writes (so that a
+    config file of the user's own, kept in the run directory, is never taken for a leftover)."""
+    if not path.exists():
+        return True
+    try:
+        text = path.read_text(encoding="utf-8")
+        return to_yaml(validate(yaml.safe_load(text))) == text
+    except Exception:  # noqa: BLE001 - unreadable, not YAML, not a config: not the trainer's
+        return False
 
 
 def saved_config(run_dir: Path, found: tuple[str, ...]) -> RunConfig:
@@ -186,8 +227,9 @@ def start_run(plan: RunPlan, run_dir: Path) -> None:
     path = run_dir / CONFIG
     if not path.is_file() or path.read_text() != text:
         tmp = path.with_name(f".{CONFIG}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        with writing(path):
+            tmp.write_text(text)
+            os.replace(tmp, path)
     if plan.note:
         print(f"nclip: {plan.note}", file=sys.stderr, flush=True)
 
@@ -247,6 +289,6 @@ def check_export_target(source: Path, out: Path, force: bool) -> None:
     if out.resolve() == source.resolve() or run_files(out) or inside_run:
         raise NclipError(f"--hf {out} would write into a run or over the model being exported; export to "
                          "a new directory (--force never writes into runs)")
-    if out.is_dir() and any(out.iterdir()) and not force:
+    if out.is_dir() and any(p.name != LOCK_NAME for p in out.iterdir()) and not force:
         raise NclipError(f"--hf {out} already exists and is not empty; choose a new directory, "
                          "or pass --force to write over it")

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from nclip import fileperm
 from nclip.config import RunConfig
 from nclip.data.loader import build_dataset, tag_captions
 from nclip.defaults import MAP_SOURCES, USER_LABEL
@@ -261,6 +262,7 @@ def _write(path: Path, ident: dict, feats: torch.Tensor) -> None:
     os.close(fd)
     try:
         save_file({"features": feats.contiguous()}, tmp, metadata={"identity": json.dumps(ident, sort_keys=True)})
+        fileperm.settle(tmp)  # not mkstemp's (or safetensors') 0600: the umask's mode
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
