@@ -203,6 +203,7 @@ def test_a_hierarchy_that_does_not_fit_the_classes_is_one_line(tmp_path, capsys,
     path.write_text(json.dumps(tree))
     err = _one_line_error(capsys, _train_args(tmp_path, sets))
     assert f"objective.hierarchy {path}: " in err and message.format(tree=tmp_path / "tree") in err, err
+    assert not (tmp_path / "run").exists()  # refused before the run directory: fix the file and run again
 
 
 def test_a_label_kind_the_user_source_lacks_is_one_line(tmp_path):
