@@ -128,6 +128,20 @@ def test_errors(tree, tmp_path):
     _one_line_error(lambda: Hierarchy({"a": None, "b": None}).distance("a", "b"), "different trees")
 
 
+def test_check_classes_names_missing_classes_and_extra_leaves(tree):
+    tree.check_classes(["husky", "labrador", "cat", "sparrow"])  # the leaves exactly
+    tree.check_classes(["dog", "cat", "bird"])  # classes may be inner nodes: the leaves below them are theirs
+    _one_line_error(lambda: tree.check_classes(["husky", "labrador", "cat"]), "does not match the 3 classes: ",
+                    "1 leaf not among the classes: 'sparrow'")
+    _one_line_error(lambda: tree.check_classes(["husky", "labrador", "cat", "sparrow", "wolf"], of="of data.csv x"),
+                    "the 5 classes of data.csv x: 1 class without a node: 'wolf'")
+    wide = Hierarchy({"root": None, **{f"leaf{i}": "root" for i in range(8)}})
+    classes = [f"class{i}" for i in range(7)]
+    _one_line_error(lambda: wide.check_classes(classes), "7 classes without a node: 'class0', 'class1', 'class2', "
+                    "'class3', 'class4' (and 2 more); 8 leaves not among the classes: 'leaf0', 'leaf1', 'leaf2', "
+                    "'leaf3', 'leaf4' (and 3 more)")
+
+
 @pytest.mark.parametrize("text, needles", [
     ("car\tvehicle\nboat\n", ["h.tsv:2:", "child<TAB>parent"]),
     ("car\tvehicle\tthing\n", ["h.tsv:1:", "2 tab-separated columns, got 3"]),

@@ -21,6 +21,14 @@ def has_labels(data) -> bool:
     return (data.source in BUILTIN_SOURCES or data.source == "folder"
             or (data.source == "csv" and getattr(data, "csv_label_key", None) is not None))
 
+
+def unlabelled_reason(data) -> str:
+    """Why a data config without labels (``not has_labels(data)``) has none, and what gives them:
+    the second half of every one-line "needs labelled data" refusal."""
+    if data.source == "csv":
+        return "data.source csv has no labels without data.csv_label_key (a class column)"
+    return f"data.source {data.source} has no labels (use synthetic, digits, folder, or csv with data.csv_label_key)"
+
 # Images or captions per forward pass when evaluation extracts features: the end-of-run eval
 # (the run config's eval.batch_size) and `nclip eval --batch-size`. 256, not the run config's
 # former 250: results.json of `nclip eval` (its "config" section) stays as it was, a power of two

@@ -140,6 +140,24 @@ class Hierarchy:
             raise NclipError(f"{len(missing)} label{'s' * (len(missing) != 1)} without a node in the hierarchy: "
                              f"{_names(missing)}")
 
+    def check_classes(self, classes: Iterable[str], of: str = "") -> None:
+        """Fail with one line unless the tree fits the class set ``classes`` (a training run's class
+        names; ``of``: where they come from, for the message): every class is a node, and every leaf is
+        a class or lies below one (a class may be an inner node, e.g. the realm labels of a tree of
+        shapes). Both lists are named, truncated."""
+        classes = list(dict.fromkeys(classes))
+        missing = [c for c in classes if c not in self._parent]
+        known = set(classes)
+        extra = [leaf for leaf in self.classes if not known.intersection(self.path(leaf))]
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} class{'es' * (len(missing) != 1)} without a node: {_names(missing)}")
+        if extra:
+            parts.append(f"{len(extra)} lea{'ves' if len(extra) != 1 else 'f'} not among the classes: {_names(extra)}")
+        if parts:
+            where = f" {of}" if of else ""
+            raise NclipError(f"the hierarchy does not match the {len(classes)} classes{where}: {'; '.join(parts)}")
+
     def children(self, name: str) -> tuple[str, ...]:
         return tuple(self._children[self.check(name)])
 

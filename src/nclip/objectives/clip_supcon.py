@@ -189,7 +189,7 @@ class ClipSupconObjective(Objective):
 
     @classmethod
     def check_run(cls, run_cfg) -> None:
-        _check_labelled_with_hierarchy(run_cfg)
+        _check_labelled_with_hierarchy(run_cfg, wants_hierarchy=cls.hierarchy_request(run_cfg.objective) is not None)
 
     @classmethod
     def hierarchy_request(cls, cfg: ClipSupconConfig) -> str | None:

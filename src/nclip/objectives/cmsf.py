@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 
-from nclip.defaults import MAP_SOURCES, has_labels
+from nclip.defaults import MAP_SOURCES, has_labels, unlabelled_reason
 from nclip.objectives import functional
 from nclip.objectives.base import (
     ClipReduction,
@@ -108,17 +108,11 @@ def _check_cmsf_run(cfg: CmsfFields, run_cfg) -> None:
     if cfg.bank_size < batch:
         raise ValueError(f"objective.bank_size {cfg.bank_size} is smaller than the batch (train.batch_size {batch})")
     if cfg.constraint in LABELLED and not has_labels(run_cfg.data):
-        raise ValueError(f"objective.constraint {cfg.constraint} needs labelled data, but {_unlabelled(run_cfg.data)}")
+        raise ValueError(f"objective.constraint {cfg.constraint} needs labelled data, but "
+                         f"{unlabelled_reason(run_cfg.data)}")
     if cfg.constraint == "cross_modal" and run_cfg.data.source not in MAP_SOURCES:
         raise ValueError(f"objective.constraint cross_modal needs the captions of a map-style source "
                          f"({', '.join(MAP_SOURCES)}), not data.source {run_cfg.data.source}")
-
-
-def _unlabelled(data) -> str:
-    """Why ``data`` has no labels and what gives them, for the one-line refusals."""
-    if data.source == "csv":
-        return "data.source csv has no labels without data.csv_label_key (a class column)"
-    return f"data.source {data.source} has no labels (use synthetic, digits, folder, or csv with data.csv_label_key)"
 
 
 def _label_request(cfg, run_cfg) -> LabelRequest | None:
@@ -282,7 +276,7 @@ class XentObjective(Objective):
     @classmethod
     def check_run(cls, run_cfg) -> None:
         if not has_labels(run_cfg.data):
-            raise ValueError(f"objective xent needs labelled data, but {_unlabelled(run_cfg.data)}")
+            raise ValueError(f"objective xent needs labelled data, but {unlabelled_reason(run_cfg.data)}")
 
     @classmethod
     def label_request(cls, run_cfg) -> LabelRequest | None:

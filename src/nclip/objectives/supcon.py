@@ -8,11 +8,13 @@ What the rest of nclip does for them (declared by the class attributes, see :cla
 - the model builds the "supcon" head: SupCon's projection MLP on the *online* image tower, applied to
   every view (``out.image_supcon`` [B, V, D], sizes ``model.supcon_hidden`` / ``model.supcon_dim``);
 - the data gives two views per image (``views = 2``: the 2N multi-view batch of Eq. 1, both views
-  anchors) and, on built-in data, the rows' training labels (:meth:`label_request`);
+  anchors) and the rows' training labels (:meth:`label_request`) of any labelled source
+  (:func:`nclip.defaults.has_labels`: the built-in data, a class-folder tree, a CSV with
+  ``data.csv_label_key``);
 - the trainer hands the run's label space in at construction (``needs_label_space``; built by
   :func:`nclip.train.labels.label_space_for`, since objectives may not import the data layer): the
   class count for PaCo's centres and, for ReCo, the [C, C] normalised class similarity s (Eq. 4) of
-  the source's built-in hierarchy or of the file ``hierarchy`` names.
+  the file ``hierarchy`` names or, on built-in data only, of the source's built-in hierarchy.
 
 State: PaCo's class centres C (a parameter [K, D], optimised with the model: the trainer's optimizer
 takes the objective's parameters, and DDP averages them); the optional queue of past embeddings
@@ -36,7 +38,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from nclip.defaults import BUILTIN_SOURCES
+from nclip.defaults import BUILTIN_SOURCES, has_labels, unlabelled_reason
 from nclip.objectives import functional
 from nclip.objectives.base import EncoderOutput, LabelRequest, LabelSpace, Objective, ObjectiveConfig
 from nclip.objectives.cmsf_bank import MemoryBank
@@ -81,8 +83,8 @@ class RecoConfig(SupconFields):
     name: Literal["reco"] = "reco"
     reco_alpha: float = Field(1.0, ge=0, title="α", description="weight of L_ReCo in Eq. 7 (paper: 1)")
     base: Literal["supcon", "paco"] = Field("supcon", title="base", description="L_SupCon or L_PaCo in Eq. 7")
-    hierarchy: str | None = Field(None, title="hierarchy", description="class hierarchy file for s (Eq. 4); "
-                                  "None: the data source's built-in hierarchy")
+    hierarchy: str | None = Field(None, title="hierarchy", description="class hierarchy file (JSON or TSV) for s "
+                                  "(Eq. 4); None: the built-in data's own hierarchy")
     paco_alpha: float = Field(functional.PACO_ALPHA, ge=0, title="α_PaCo", description=_ALPHA_DOC)
     paco_beta: float = Field(functional.PACO_BETA, ge=0, title="β_PaCo", description=_BETA_DOC)
     paco_temperature: float = Field(functional.PACO_TEMPERATURE, gt=0, title="τ_PaCo", description=_TAU_DOC)
@@ -90,18 +92,23 @@ class RecoConfig(SupconFields):
 
 
 def _check_labelled(run_cfg) -> None:
-    name = run_cfg.objective.name
-    if run_cfg.data.source not in BUILTIN_SOURCES:
-        raise ValueError(f"objective {name} needs labelled data, but data.source {run_cfg.data.source} has no labels "
-                         f"(use a built-in source: {', '.join(BUILTIN_SOURCES)})")
+    if not has_labels(run_cfg.data):
+        raise ValueError(f"objective {run_cfg.objective.name} needs labelled data, but "
+                         f"{unlabelled_reason(run_cfg.data)}")
 
 
-def _check_labelled_with_hierarchy(run_cfg) -> None:
-    """ReCo's run check: labelled data, and ``objective.hierarchy`` (if set) an existing file."""
+def _check_labelled_with_hierarchy(run_cfg, wants_hierarchy: bool) -> None:
+    """ReCo's run check: labelled data and, when the class similarity is wanted, ``objective.hierarchy``
+    an existing file, or left unset on built-in data (which has its own hierarchy). Whether the file's
+    classes match the data's is checked when the trainer reads both (:mod:`nclip.train.labels`)."""
     _check_labelled(run_cfg)
-    path = run_cfg.objective.hierarchy
+    path, source = run_cfg.objective.hierarchy, run_cfg.data.source
     if path is not None and not Path(path).is_file():
         raise ValueError(f"objective.hierarchy {path} is not a file")
+    if wants_hierarchy and path is None and source not in BUILTIN_SOURCES:
+        raise ValueError(f"objective {run_cfg.objective.name} on data.source {source} needs objective.hierarchy: a "
+                         "JSON or TSV class hierarchy whose leaves are the class names (only the built-in sources, "
+                         f"{', '.join(BUILTIN_SOURCES)}, have one of their own)")
 
 
 class SupconObjective(Objective):
@@ -131,8 +138,8 @@ class SupconObjective(Objective):
 
     @classmethod
     def label_request(cls, run_cfg) -> LabelRequest | None:
-        if run_cfg.data.source not in BUILTIN_SOURCES:
-            return None
+        if not has_labels(run_cfg.data):
+            return None  # refused by check_run
         cfg = run_cfg.objective
         return LabelRequest(cfg.label_key, cfg.label_noise, 1.0)
 
@@ -247,7 +254,7 @@ class RecoObjective(SupconObjective):
 
     @classmethod
     def check_run(cls, run_cfg) -> None:
-        _check_labelled_with_hierarchy(run_cfg)
+        _check_labelled_with_hierarchy(run_cfg, wants_hierarchy=True)
 
     @classmethod
     def hierarchy_request(cls, cfg: RecoConfig) -> str | None:

@@ -6,8 +6,12 @@ Objectives (layer 1) may not import the data layer (3) that knows the classes an
 so the trainer builds the :class:`~nclip.objectives.base.LabelSpace` here and passes it to
 :func:`nclip.objectives.build_objective`.
 
+Class names are those of the run's labels (:func:`nclip.data.loader.label_space`): the built-in data's,
+a class-folder tree's (folder names, ``_`` and ``-`` as spaces) or a CSV label column's values.
 Hierarchies come from :mod:`nclip.hierarchy` (``Hierarchy.load(path)``,
 ``Hierarchy.normalized_similarity(classes)``) and :func:`nclip.data.hierarchies.builtin_hierarchy`.
+A user's file must fit the classes (``Hierarchy.check_classes``: every class a node, every leaf a
+class), checked before any step, one line naming what is missing or extra.
 """
 
 from __future__ import annotations
@@ -21,10 +25,20 @@ from nclip.objectives.base import LabelRequest, LabelSpace
 
 
 def _class_names(cfg: RunConfig, key: str | None) -> tuple[str, tuple[str, ...]]:
-    from nclip.data.loader import build_dataset, label_space
+    from nclip.data.loader import label_space
 
-    kind, _ = label_space(cfg, key)  # one-line errors for unlabelled sources and unknown kinds
-    return kind, tuple(build_dataset(cfg, "test", length=1).label_spaces[kind].names)
+    kind, space = label_space(cfg, key)  # one-line errors for unlabelled sources and unknown kinds
+    return kind, tuple(space.names)
+
+
+def _classes_of(cfg: RunConfig) -> str:
+    """Where the run's class names come from, for error messages."""
+    d = cfg.data
+    if d.source == "folder":
+        return f"the class folders of data.folder {d.folder}"
+    if d.source == "csv":
+        return f"data.csv_label_key {d.csv_label_key!r} of {d.csv}"
+    return f"data.source {d.source}"
 
 
 def class_similarity(cfg: RunConfig, request: str, kind: str, classes: tuple[str, ...]) -> torch.Tensor:
@@ -36,10 +50,15 @@ def class_similarity(cfg: RunConfig, request: str, kind: str, classes: tuple[str
         from nclip.data.hierarchies import builtin_hierarchy
 
         tree = builtin_hierarchy(cfg.data.source, kind)
+        tree.check_covers(classes)
     else:
-        tree = Hierarchy.load(request)
-    tree.check_covers(classes)
-    s = torch.as_tensor(tree.normalized_similarity(list(classes)), dtype=torch.float32)
+        tree = Hierarchy.load(request)  # its errors name the file
+    try:
+        if request != "builtin":
+            tree.check_classes(classes, of=f"of {_classes_of(cfg)}")
+        s = torch.as_tensor(tree.normalized_similarity(list(classes)), dtype=torch.float32)
+    except NclipError as e:  # a mismatch, or two classes in different trees of a forest
+        raise NclipError(f"objective.hierarchy {request}: {e}") from None
     if tuple(s.shape) != (len(classes),) * 2:
         raise NclipError(f"the class similarity of {request} has shape {tuple(s.shape)}, expected "
                          f"{(len(classes),) * 2}")
