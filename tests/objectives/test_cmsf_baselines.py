@@ -232,3 +232,19 @@ def test_a_short_run_trains_and_logs(name, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     logged = [r for r in rows if f"{name}/loss" in r]
     assert len(logged) == 3 and all(r[f"{name}/loss"] == r[f"{name}/loss"] for r in logged)  # finite
+
+
+def test_the_tab1_grid_file_configures_every_row():
+    """benchmarks/cmsf_baselines.yaml (docs/cmsf.md): every row resolves on cmsf-tiny to the method it names."""
+    from pathlib import Path
+
+    from nclip.sweep import expand, load_grid_file
+
+    grid, settings = load_grid_file(Path(__file__).parents[2] / "benchmarks" / "cmsf_baselines.yaml")
+    runs = expand(grid, settings)
+    assert len(runs) == 12 and {r.assign["seed"] for r in runs} == {0, 1}
+    for run in runs:
+        obj = resolve("cmsf-tiny", run.set_args()).objective
+        assert obj.name == run.name.split("-")[0]
+        if obj.name == "cmsf":
+            assert obj.k == (None if run.name == "cmsf-topall" else 10)

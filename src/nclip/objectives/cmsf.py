@@ -1,6 +1,7 @@
 """CMSF (Constrained Mean Shift, Sec. 2, Eq. 1) as trainer objectives: ``cmsf`` (image-only),
 ``clip_cmsf`` (w_clip·InfoNCE + w_cmsf·CMSF on the image side) and ``xent``, the supervised
-cross-entropy baseline of the paper's Fig. 3.
+cross-entropy baseline of the paper's Fig. 3. The other baselines of Sec. 2.1.1, ProtoNW and FrzProto,
+are in :mod:`nclip.objectives.cmsf_baselines` (ProtoNW subclasses :class:`CmsfObjective`).
 
 What the rest of nclip does for them (declared by the class attributes, see :class:`Objective`):
 

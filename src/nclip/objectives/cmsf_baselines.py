@@ -49,7 +49,7 @@ from pydantic import Field, model_validator
 from nclip.defaults import has_labels
 from nclip.objectives import functional
 from nclip.objectives.base import EncoderOutput, LabelRequest, LabelSpace, Objective
-from nclip.objectives.cmsf import BankFields, CmsfObjective, LabelFields, _label_request, _unlabelled
+from nclip.objectives.cmsf import BankFields, CmsfObjective, LabelFields, _label_request
 
 _K_DOC = "classes C; None: the classes of the run's labels"
 
@@ -150,7 +150,8 @@ class FrzProtoObjective(Objective):
     @classmethod
     def check_run(cls, run_cfg) -> None:
         if not has_labels(run_cfg.data):
-            raise ValueError(f"objective frzproto needs labelled data, but {_unlabelled(run_cfg.data)}")
+            raise ValueError(f"objective frzproto needs labelled data (a built-in source, data.source folder, or csv "
+                             f"with data.csv_label_key), not data.source {run_cfg.data.source} without labels")
 
     @classmethod
     def label_request(cls, run_cfg) -> LabelRequest | None:

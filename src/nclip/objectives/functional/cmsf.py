@@ -27,6 +27,10 @@ every rank searches the same candidates as one process with the whole batch; eac
 mean over its own rows, and since row b's loss depends on v_b alone no gradient crosses ranks: the
 mean of the per-rank losses and DDP's averaged gradients equal the single-process ones. Every rank
 must hold the same number of rows.
+
+Baselines of Sec. 2.1.1 (Tab. 1): :func:`protonw_terms` (Prototypical Networks: the softmax over the
+cosines to the class means of the same candidates, τ = 0.1) and :func:`frzproto_terms` (regression
+onto frozen random class prototypes, :func:`frozen_prototypes`).
 """
 
 from __future__ import annotations
