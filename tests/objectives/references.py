@@ -185,6 +185,43 @@ def ref_cmsf(v, u, bank, k, query_labels=None, bank_labels=None, include_target=
 
 
 
+def ref_protonw(v, u, bank, query_labels, bank_labels, tau):
+    """CMSF Sec. 2.1.1, ProtoNW, one query at a time: u is in M before the search (Sec. 2), so the
+    candidates are every target of the batch and every bank row; "a prototype for each class by
+    averaging all its instances in the memory bank", then the cross-entropy of the SoftMax over the
+    temperature-scaled cosines between the input v and every prototype (τ = 0.1, App. A.1). No
+    gradient through u or M; classes without an instance have no prototype."""
+    v = v / v.norm(dim=1, keepdim=True)
+    u = u.detach() / u.detach().norm(dim=1, keepdim=True)
+    m = bank.detach() / bank.detach().norm(dim=1, keepdim=True)
+    cands = [u[j] for j in range(u.shape[0])] + [m[i] for i in range(m.shape[0])]
+    labels = [int(x) for x in query_labels] + [int(x) for x in bank_labels]
+    classes = sorted(set(labels))
+    protos = {}
+    for c in classes:
+        members = [z for z, y in zip(cands, labels) if y == c]
+        protos[c] = sum(members) / len(members)
+    total = v.new_zeros(())
+    for q in range(v.shape[0]):
+        cos = {c: (v[q] * protos[c]).sum() / protos[c].norm() for c in classes}
+        log_den = torch.log(sum(torch.exp(cos[c] / tau) for c in classes))
+        total = total - (cos[int(query_labels[q])] / tau - log_den)
+    return total / v.shape[0]
+
+
+def ref_frzproto(z, prototypes, labels):
+    """CMSF Sec. 2.1.1, FrzProto: the output embedding regressed onto its class's frozen random
+    prototype with the cosine loss, in Eq. (1)'s form ||ẑ − p̂_y||² (= 2 − 2 cos), mean over the batch;
+    no gradient to the prototypes."""
+    total = z.new_zeros(())
+    for b in range(z.shape[0]):
+        zb = z[b] / z[b].norm()
+        p = prototypes[int(labels[b])].detach()
+        p = p / p.norm()
+        total = total + ((zb - p) ** 2).sum()
+    return total / z.shape[0]
+
+
 def _multiview(features, labels):
     """The 2N multi-view batch of Sec. 4.1 as lists: z_i (unit vectors), ỹ_i and the source image of i."""
     f = features if features.ndim == 3 else features[:, None]

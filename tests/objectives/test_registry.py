@@ -65,6 +65,11 @@ COVERED_ELSEWHERE = {
 COVERED_ELSEWHERE.update({name: ("test_cmsf_train", ["test_objective_matches_float64_reference",
                                                      "test_two_ranks_match_one_process"])
                           for name in ("cmsf", "clip_cmsf", "xent")})
+# CMSF's baselines (Sec. 2.1.1) need labels, and ProtoNW two views' outputs and a memory bank: their float64
+# (against references.ref_protonw, ref_frzproto) and 2-rank checks live in test_cmsf_baselines
+COVERED_ELSEWHERE.update({name: ("test_cmsf_baselines", ["test_objective_matches_float64_reference",
+                                                         "test_two_ranks_match_one_process"])
+                          for name in ("protonw", "frzproto")})
 # the SupCon family needs the "supcon" head's multi-view projections and labels (PaCo its centres, ReCo a
 # class similarity and its seeded draws): float64 (against references.ref_supcon, ref_paco, ref_reco) and
 # 2-rank checks live in test_supcon

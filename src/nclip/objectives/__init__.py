@@ -16,6 +16,7 @@ from nclip.objectives.cmsf import (
     XentConfig,
     XentObjective,
 )
+from nclip.objectives.cmsf_baselines import FrzProtoConfig, FrzProtoObjective, ProtoNwConfig, ProtoNwObjective
 from nclip.objectives.nclip import NclipConfig, NclipObjective, XclipConfig, XclipObjective
 from nclip.objectives.protoclip import ProtoclipConfig, ProtoclipObjective
 from nclip.objectives.siglip import SiglipConfig, SiglipObjective, XsiglipConfig, XsiglipObjective
@@ -43,6 +44,8 @@ REGISTRY: dict[str, tuple[type[ObjectiveConfig], type[Objective]]] = {
     "cmsf": (CmsfConfig, CmsfObjective),
     "clip_cmsf": (ClipCmsfConfig, ClipCmsfObjective),
     "xent": (XentConfig, XentObjective),
+    "protonw": (ProtoNwConfig, ProtoNwObjective),
+    "frzproto": (FrzProtoConfig, FrzProtoObjective),
     "supcon": (SupconConfig, SupconObjective),
     "paco": (PacoConfig, PacoObjective),
     "reco": (RecoConfig, RecoObjective),

@@ -1,6 +1,7 @@
 """CMSF (Constrained Mean Shift, Sec. 2, Eq. 1) as trainer objectives: ``cmsf`` (image-only),
 ``clip_cmsf`` (w_clip·InfoNCE + w_cmsf·CMSF on the image side) and ``xent``, the supervised
-cross-entropy baseline of the paper's Fig. 3.
+cross-entropy baseline of the paper's Fig. 3. The other baselines of Sec. 2.1.1, ProtoNW and FrzProto,
+are in :mod:`nclip.objectives.cmsf_baselines` (ProtoNW subclasses :class:`CmsfObjective`).
 
 What the rest of nclip does for them (declared by the class attributes, see :class:`Objective`):
 
@@ -71,7 +72,17 @@ class LabelFields(ObjectiveConfig):
                                "uniformly at random, seeded (Sec. 2.2, Fig. 3)")
 
 
-class CmsfFields(LabelFields):
+class BankFields(LabelFields):
+    """Mixin: the memory bank M of momentum targets and the target momentum, shared by CMSF and its
+    ProtoNW baseline (:mod:`nclip.objectives.cmsf_baselines`)."""
+
+    bank_size: int = Field(128_000, ge=1, title="|M|", description="memory bank rows (Sec. 3: 128k)")
+    momentum: float = Field(0.99, ge=0, le=1, title="m", description="target momentum (Sec. 2.1.2: 0.99)")
+    momentum_schedule: Literal["constant", "cosine"] = Field("constant", title="m schedule",
+                                                             description="cosine: BYOL's ramp to 1")
+
+
+class CmsfFields(BankFields):
     """The CMSF settings shared by ``cmsf`` and ``clip_cmsf`` (defaults: the paper's Sec. 3)."""
 
     k: int | None = Field(10, ge=1, title="k", description="neighbours in the top-k (Sec. 2.1.2: 10); None: top-all")
@@ -80,10 +91,6 @@ class CmsfFields(LabelFields):
         "semi (Sec. 2.1.5); cross_modal (Sec. 2.3: neighbours in a frozen embedding of the captions)")
     labelled_share: float = Field(0.1, gt=0, le=1, title="labelled", description="semi: share of rows with a label")
     include_target: bool = Field(True, title="u ∈ S", description="u itself among its neighbours (Tab. 2e: false)")
-    bank_size: int = Field(128_000, ge=1, title="|M|", description="memory bank rows (Sec. 3: 128k)")
-    momentum: float = Field(0.99, ge=0, le=1, title="m", description="target momentum (Sec. 2.1.2: 0.99)")
-    momentum_schedule: Literal["constant", "cosine"] = Field("constant", title="m schedule",
-                                                             description="cosine: BYOL's ramp to 1")
     k_prime: int = Field(10, ge=1, title="n", description="cross_modal: neighbours in the frozen embedding "
                          "(the paper's n; Tab. 3: n = 10 with k = 5)")
     constraint_encoder: str | None = Field(None, title="frozen encoder", description="cross_modal: None = the "

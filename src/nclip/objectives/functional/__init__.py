@@ -2,8 +2,9 @@
 
 ``clip`` (InfoNCE, Eq. 1), ``nclip`` (nCLIP Eq. 2-4, xCLIP Eq. 5, the zero-shot score and head
 diagnostics), ``unified`` (Appendix A), ``yclip`` (App. B.2), ``siglip``, ``protoclip`` (PBT and
-the prototypical loss), ``cmsf`` (Constrained Mean Shift, Eq. 1 of its own paper, and its
-constraints) and ``supcon`` (SupCon, PaCo and ReCo, OmniBenchmark paper Eq. 2-7); everything
+the prototypical loss), ``cmsf`` (Constrained Mean Shift, Eq. 1 of its own paper, its
+constraints and its Sec. 2.1.1 baselines ProtoNW and FrzProto) and ``supcon`` (SupCon, PaCo and
+ReCo, OmniBenchmark paper Eq. 2-7); everything
 public is re-exported here, so
 ``from nclip.objectives.functional import clip_loss`` works for every family.
 
@@ -23,10 +24,14 @@ every function is finite in float32 for logits of magnitude 1e4 and for a batch 
 
 from nclip.objectives.functional.clip import CLIP_REDUCTIONS, clip_loss, clip_terms
 from nclip.objectives.functional.cmsf import (
+    PROTONW_TEMPERATURE,
     UNLABELLED,
     cmsf_candidates,
     cmsf_loss,
     cmsf_terms,
+    frozen_prototypes,
+    frzproto_terms,
+    protonw_terms,
     semi_supervised_constraint,
     topk_constraint,
 )
@@ -76,6 +81,7 @@ __all__ = [
     "siglip_terms", "siglip_loss",
     "pbt", "proto_loss", "proto_terms",
     "cmsf_terms", "cmsf_loss", "cmsf_candidates", "topk_constraint", "semi_supervised_constraint", "UNLABELLED",
+    "protonw_terms", "PROTONW_TEMPERATURE", "frzproto_terms", "frozen_prototypes",
     "supcon_terms", "supcon_loss", "paco_terms", "paco_loss", "reco_keep_mask", "reco_terms", "reco_loss",
     "multiview_labels", "SUPCON_TEMPERATURE", "PACO_ALPHA", "PACO_BETA", "PACO_TEMPERATURE",
 ]

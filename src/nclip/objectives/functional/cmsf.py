@@ -27,6 +27,10 @@ every rank searches the same candidates as one process with the whole batch; eac
 mean over its own rows, and since row b's loss depends on v_b alone no gradient crosses ranks: the
 mean of the per-rank losses and DDP's averaged gradients equal the single-process ones. Every rank
 must hold the same number of rows.
+
+Baselines of Sec. 2.1.1 (Tab. 1): :func:`protonw_terms` (Prototypical Networks: the softmax over the
+cosines to the class means of the same candidates, τ = 0.1) and :func:`frzproto_terms` (regression
+onto frozen random class prototypes, :func:`frozen_prototypes`).
 """
 
 from __future__ import annotations
@@ -244,3 +248,143 @@ def cmsf_loss(
     return cmsf_terms(pred, target, bank, k=k, query_labels=query_labels, bank_labels=bank_labels,
                       include_target=include_target, constraint_mask=constraint_mask,
                       global_batch=global_batch)["loss"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The baselines of Sec. 2.1.1 (Tab. 1 and Tab. 2c): ProtoNW and FrzProto
+# ---------------------------------------------------------------------------------------------
+
+PROTONW_TEMPERATURE = 0.1  # App. A.1: "For both SupCon and ProtoNW, the temperature is 0.1"
+
+
+def protonw_terms(
+    pred: torch.Tensor,
+    target: torch.Tensor,
+    bank: torch.Tensor,
+    query_labels: torch.Tensor,
+    bank_labels: torch.Tensor,
+    *,
+    num_classes: int | None = None,
+    temperature: float = PROTONW_TEMPERATURE,
+    true_query_labels: torch.Tensor | None = None,
+    global_batch: bool = True,
+) -> dict[str, torch.Tensor]:
+    """Prototypical Networks (ProtoNW), Sec. 2.1.1: "the contrastive version of our top-all variation".
+
+    "We calculate a prototype for each class by averaging all its instances in the memory bank. Then,
+    similar to prototypical networks (Snell et al., 2017), we compare the input with all prototypes by
+    passing their temperature-scaled cosine distance through a SoftMax layer to get probabilities.
+    Finally, we minimize the cross-entropy loss." With CMSF's notation (module doc):
+
+        p_c = 1/|M_c| Σ_{z ∈ M_c} z          M_c: the candidates (the batch's targets, then M) of label c
+        L   = −1/B Σ_b log softmax_c(cos(v_b, p_c) / τ)[y_b]      over the classes c with M_c ≠ ∅
+
+    Top-all CMSF (Eq. 1 with S_b = M̂_b) regresses v_b onto the same mean p_{y_b}; ProtoNW instead
+    contrasts it with every other class's mean (the softmax). The softmax of the cosine distance
+    1 − cos over −τ is the softmax of cos/τ. As in CMSF, u is added to M before the search, so the
+    query's own class always has a prototype; a class with no candidate has none (left out of the
+    softmax). Gradient to v only; the targets and the bank are detached. Every row's loss depends on
+    its own v_b and the prototypes, which are computed from every rank's targets (``global_batch``),
+    so DDP's averaged gradients equal one process's.
+
+    Args:
+        pred: [B, D] v before normalisation (online encoder + predictor, strong view).
+        target: [B, D] u before normalisation (momentum encoder, weak view).
+        bank: [N, D] M before this batch is enqueued (N may be 0).
+        query_labels, bank_labels: [B] and [N] training labels in [0, num_classes); a candidate with
+            another value (e.g. ``UNLABELLED``) belongs to no prototype.
+        num_classes: C, the number of classes; None reads max label + 1 on the host (a device sync:
+            the trainer passes the run's label space).
+        temperature: τ (App. A.1: 0.1).
+        true_query_labels: [B] clean labels, for the ``clean_acc`` diagnostic only.
+
+    Returns ``loss`` and detached diagnostics: ``acc`` (the nearest prototype's class is the
+    training label), ``clean_acc`` (… is the clean label, with ``true_query_labels``) and ``classes``
+    (the number of classes with a prototype).
+    """
+    check_pair(pred, target, "pred", "target")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    b, d = pred.shape
+    if bank.ndim != 2 or bank.shape[1] != d:
+        raise ValueError(f"bank must be [N, D={d}] like pred's rows, got {tuple(bank.shape)}")
+    _check_labels(query_labels, bank_labels, b, bank.shape[0], ("query_labels", "bank_labels"))
+    v = F.normalize(pred, dim=-1)  # [B, D]
+    u = F.normalize(target.detach(), dim=-1)
+    with torch.no_grad():
+        cand = cmsf_candidates(u, F.normalize(bank.detach().to(u.dtype), dim=-1), global_batch=global_batch)  # [C', D]
+        cand_labels = cmsf_candidates(query_labels, bank_labels, global_batch=global_batch)  # [C']
+        c = int(cand_labels.max()) + 1 if num_classes is None else int(num_classes)
+        valid = (cand_labels >= 0) & (cand_labels < c)  # no boolean indexing: no host sync on the step
+        slot = cand_labels.clamp(0, c - 1)
+        sums = cand.new_zeros(c, d).index_add_(0, slot, cand * valid[:, None])  # [C, D]
+        counts = cand.new_zeros(c).index_add_(0, slot, valid.to(cand.dtype))  # [C]: |M_c|
+        present = counts > 0
+        protos = F.normalize(sums / counts.clamp(min=1)[:, None], dim=-1)  # [C, D]: p_c / ||p_c||
+    logits = (v @ protos.to(v.dtype).T / temperature).masked_fill(~present, float("-inf"))  # [B, C]
+    loss = F.cross_entropy(logits, query_labels)
+    terms = {"loss": loss}
+    with torch.no_grad():
+        pred_class = logits.argmax(1)
+        terms["acc"] = (pred_class == query_labels).float().mean()
+        if true_query_labels is not None:
+            terms["clean_acc"] = (pred_class == true_query_labels).float().mean()
+        terms["classes"] = present.sum().float()
+    return terms
+
+
+def frzproto_terms(
+    emb: torch.Tensor,
+    prototypes: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    true_labels: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """Frozen Prototype (FrzProto), Sec. 2.1.1: "We randomly initialize a set of prototype embeddings
+    for each class and freeze them throughout training. The prototypes are used as targets for
+    regressing the output embeddings from the backbone network using Cosine similarity loss"
+    (noise-as-targets, Bojanowski & Joulin 2017), with an MLP after the backbone (Tab. 2c, App. A.1):
+
+        L = 1/B Σ_b ||ẑ_b − p̂_{y_b}||² = 2 − 2/B Σ_b cos(z_b, p_{y_b})
+
+    in Eq. (1)'s form, i.e. CMSF with S_b = {p_{y_b}} (the cosine loss up to the constant 2 and the
+    factor 2 of MSF/BYOL's regression loss). Gradient to z only; the prototypes are detached. No
+    batch statistic: each row's loss is its own, so DDP needs no gather.
+
+    Args:
+        emb: [B, D] z, the MLP's output before normalisation.
+        prototypes: [C, D] the frozen class embeddings (normalised here).
+        labels: [B] training labels in [0, C).
+        true_labels: [B] clean labels, for ``clean_acc`` only.
+
+    Returns ``loss`` and detached diagnostics: ``acc`` — the frozen prototypes as the classifier the
+    paper evaluates FrzProto with (Sec. 2.1.3: "for Xent and FrzProto, we use the linear classifier
+    trained during pre-training"), argmax_c cos(z, p_c) against the training labels — and
+    ``clean_acc`` against the clean ones.
+    """
+    if emb.ndim != 2 or prototypes.ndim != 2 or emb.shape[1] != prototypes.shape[1]:
+        raise ValueError(f"emb [B, D] and prototypes [C, D] must share D, got {tuple(emb.shape)} and "
+                         f"{tuple(prototypes.shape)}")
+    if tuple(labels.shape) != (emb.shape[0],):
+        raise ValueError(f"labels must be [B={emb.shape[0]}], got {tuple(labels.shape)}")
+    z = F.normalize(emb, dim=-1)  # [B, D]
+    p = F.normalize(prototypes.detach().to(z.dtype), dim=-1)  # [C, D]
+    cos = z @ p.T  # [B, C]
+    loss = (2 - 2 * cos.gather(1, labels[:, None]).squeeze(1)).mean()
+    terms = {"loss": loss}
+    with torch.no_grad():
+        pred_class = cos.argmax(1)
+        terms["acc"] = (pred_class == labels).float().mean()
+        if true_labels is not None:
+            terms["clean_acc"] = (pred_class == true_labels).float().mean()
+    return terms
+
+
+def frozen_prototypes(num_classes: int, dim: int, seed: int = 0) -> torch.Tensor:
+    """FrzProto's random class embeddings: [C, D] drawn uniformly on the unit sphere (normalised
+    standard normals, as noise-as-targets draws its targets) from a CPU generator seeded by ``seed``,
+    so every rank draws the same ones."""
+    if num_classes <= 0 or dim <= 0:
+        raise ValueError(f"num_classes and dim must be positive, got {num_classes} and {dim}")
+    g = torch.Generator().manual_seed(int(seed))
+    return F.normalize(torch.randn(num_classes, dim, generator=g), dim=-1)

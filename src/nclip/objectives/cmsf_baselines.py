@@ -1,0 +1,168 @@
+"""CMSF's supervised baselines of Sec. 2.1.1 (Tab. 1, Tab. 2c) as trainer objectives: ``protonw``
+(Prototypical Networks over the memory bank) and ``frzproto`` (Frozen Prototypes). With ``xent``,
+``supcon`` and ``cmsf`` (top-10 and top-all) they are the rows of the paper's Tab. 1
+(``benchmarks/cmsf_baselines.yaml`` runs them as one ``nclip sweep``; docs/cmsf.md).
+
+Why two registered objectives rather than an option of ``cmsf`` (e.g. ``objective.baseline``):
+
+- ProtoNW shares CMSF's machinery — the online projection + predictor v, the momentum target u, the
+  FIFO bank M of targets with their labels and the momentum update — and reuses it by subclassing
+  :class:`~nclip.objectives.cmsf.CmsfObjective`. But none of CMSF's own settings apply to it (k, u ∈ S,
+  the semi and cross-modal constraints, the purity diagnostic), while it has one CMSF lacks (τ): as
+  an option they would be accepted and silently ignored, or need a refusal each. Its own typed config
+  takes exactly the settings it has.
+- FrzProto shares nothing with CMSF: no bank, no momentum target, one view per image, a projection
+  MLP without a predictor and a frozen class matrix. Its head is the SupCon family's projection MLP
+  (App. A.1 gives both the same layout: linear, BN, ReLU, linear).
+- As registered objectives each row of Tab. 1 is one ``objective.name``, as ``xent`` and ``supcon``
+  already are, logs under its own prefix (``protonw/``, ``frzproto/``), and is covered by the
+  registry-wide tests (exact accumulation, 2 ranks) without a special case.
+
+ProtoNW (Sec. 2.1.1, App. A.1): L = cross-entropy of softmax_c(cos(v, p_c)/τ) against the label,
+p_c the mean of the class-c targets among [the batch's targets, M] (:func:`functional.protonw_terms`),
+τ = 0.1, bank 128k (Sec. 2.1.2), target momentum 0.99 as CMSF's (the paper gives ProtoNW's no other).
+The model builds the "cmsf" head; two views per image (v on the strong view, u on the weak one);
+``constraint`` ``noisy_labels`` with ``label_noise`` trains on corrupted labels, as CMSF's Fig. 3.
+Logged: ``protonw/loss``, ``protonw/acc`` and ``protonw/clean_acc`` (nearest prototype against the
+training / clean label), ``protonw/classes`` (classes with a prototype), ``protonw/bank_fill``,
+``protonw/momentum``.
+
+FrzProto (Sec. 2.1.1, Tab. 2c "FC = MLP", App. A.1): z = MLP(backbone) on one view (``data.augment``),
+L = mean_b ||ẑ_b − p̂_{y_b}||² against C random unit prototypes drawn once from the run's seed and
+never trained (:func:`functional.frzproto_terms`, :func:`functional.frozen_prototypes`; a buffer, so
+checkpointed). The paper's MLP is 2048 → 2048 → 2048 with a 1000 × 2048 prototype matrix on
+ImageNet-1k: ``model.supcon_hidden`` / ``model.supcon_dim`` (defaults 2048 / 128, set
+``model.supcon_dim=2048`` for the paper's width). Logged: ``frzproto/loss``, ``frzproto/acc`` and
+``frzproto/clean_acc`` (the prototypes as the classifier, Sec. 2.1.3).
+
+Both evaluate like CMSF: k-NN and linear probes of the backbone (the pre-MLP features, Tab. 2c's
+point). Inputs arrive in float32 (cast by the trainer) and the losses are computed in float32.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field, model_validator
+
+from nclip.defaults import has_labels
+from nclip.objectives import functional
+from nclip.objectives.base import EncoderOutput, LabelRequest, LabelSpace, Objective
+from nclip.objectives.cmsf import BankFields, CmsfObjective, LabelFields, _label_request
+
+_K_DOC = "classes C; None: the classes of the run's labels"
+
+
+class ProtoNwConfig(BankFields):
+    """ProtoNW (Sec. 2.1.1): prototypes of the bank's classes, a softmax over their cosines."""
+
+    name: Literal["protonw"] = "protonw"
+    constraint: Literal["labels", "noisy_labels"] = Field(
+        "labels", title="labels", description="the labels that group the bank into prototypes: labels, or "
+        "noisy_labels with label_noise (as CMSF's Sec. 2.2)")
+    temperature: float = Field(functional.PROTONW_TEMPERATURE, gt=0, title="τ", description="softmax temperature "
+                               "(App. A.1: 0.1)")
+    num_classes: int | None = Field(None, ge=1, title="C", description=_K_DOC)
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.label_noise > 0 and self.constraint != "noisy_labels":
+            raise ValueError(f"label_noise {self.label_noise} needs constraint noisy_labels (got {self.constraint})")
+        return self
+
+
+class FrzProtoConfig(LabelFields):
+    """FrzProto (Sec. 2.1.1): regress an MLP's output onto a frozen random prototype of its class."""
+
+    name: Literal["frzproto"] = "frzproto"
+    num_classes: int | None = Field(None, ge=1, title="C", description=_K_DOC)
+
+
+def _num_classes(cfg, label_space: LabelSpace | None) -> int:
+    known = label_space.num_classes if label_space is not None else None
+    if cfg.num_classes is None and known is None:
+        raise ValueError(f"objective {cfg.name} needs objective.num_classes or the run's label space")
+    if cfg.num_classes is not None and known is not None and cfg.num_classes < known:
+        raise ValueError(f"objective.num_classes {cfg.num_classes} is below the {known} classes of the run's labels")
+    return cfg.num_classes if cfg.num_classes is not None else known
+
+
+class ProtoNwObjective(CmsfObjective):
+    """ProtoNW on CMSF's bank and momentum target: L = ``functional.protonw_terms`` (v, u, M before
+    this batch); then the batch's targets of every rank are enqueued, as CMSF does."""
+
+    needs_label_space = True
+
+    def __init__(self, cfg: ProtoNwConfig, dim: int = 512, labelled_source: bool = True,
+                 num_classes: int | None = None):
+        super().__init__(cfg, dim, labelled_source)
+        self.num_classes = num_classes or _num_classes(cfg, None)
+
+    @classmethod
+    def build(cls, cfg: ProtoNwConfig, run_cfg=None, label_space: LabelSpace | None = None) -> ProtoNwObjective:
+        k = _num_classes(cfg, label_space)
+        if run_cfg is None:
+            return cls(cfg, num_classes=k)
+        return cls(cfg, dim=run_cfg.model.cmsf_dim, labelled_source=has_labels(run_cfg.data), num_classes=k)
+
+    def forward(self, out: EncoderOutput, labels: torch.Tensor | None = None,
+                true_labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        cfg = self.cfg
+        v, u = out.image_cmsf_pred, out.image_cmsf_target
+        if v is None or u is None or labels is None:
+            raise ValueError("ProtoNW needs the online prediction v, the target u (a 'cmsf' head and pixels of two "
+                             "views [B, 2, 3, S, S]) and the batch's labels")
+        g = cfg.global_batch
+        view = self.bank.view()
+        t = functional.protonw_terms(v, u, view.embeddings, labels, view.labels, num_classes=self.num_classes,
+                                     temperature=cfg.temperature, global_batch=g,
+                                     true_query_labels=true_labels if self.labelled_source else None)
+        if self.training:  # the trainer's forward; evaluation leaves M alone
+            self.bank.enqueue(u, labels, global_batch=g)
+        terms = {f"protonw/{k}": val for k, val in t.items()}
+        terms["protonw/bank_fill"] = self.bank.filled.float() / self.bank.size
+        terms["protonw/momentum"] = self.next_momentum.clone()
+        return {"loss": t["loss"], **terms}
+
+
+class FrzProtoObjective(Objective):
+    """FrzProto: L = ``functional.frzproto_terms`` of the "supcon" head's projection of one view
+    against the frozen ``prototypes`` buffer [C, D]."""
+
+    heads = frozenset({"supcon"})
+    zero_shot_head = None  # no text-aligned head: evaluated by k-NN and linear probes
+    needs_label_space = True
+
+    def __init__(self, cfg: FrzProtoConfig, dim: int = 128, seed: int = 0, num_classes: int | None = None):
+        super().__init__()
+        self.cfg = cfg
+        k = num_classes or _num_classes(cfg, None)
+        self.register_buffer("prototypes", functional.frozen_prototypes(k, dim, seed))  # [C, D], never trained
+
+    @classmethod
+    def build(cls, cfg: FrzProtoConfig, run_cfg=None, label_space: LabelSpace | None = None) -> FrzProtoObjective:
+        k = _num_classes(cfg, label_space)
+        if run_cfg is None:
+            return cls(cfg, num_classes=k)
+        return cls(cfg, dim=run_cfg.model.supcon_dim, seed=run_cfg.seed, num_classes=k)
+
+    @classmethod
+    def check_run(cls, run_cfg) -> None:
+        if not has_labels(run_cfg.data):
+            raise ValueError(f"objective frzproto needs labelled data (a built-in source, data.source folder, or csv "
+                             f"with data.csv_label_key), not data.source {run_cfg.data.source} without labels")
+
+    @classmethod
+    def label_request(cls, run_cfg) -> LabelRequest | None:
+        return _label_request(run_cfg.objective, run_cfg)
+
+    def forward(self, out: EncoderOutput, labels: torch.Tensor | None = None,
+                true_labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        if out.image_supcon is None or labels is None:
+            raise ValueError("FrzProto needs the 'supcon' head's projection and the batch's labels")
+        t = functional.frzproto_terms(out.image_supcon[:, 0], self.prototypes, labels, true_labels=true_labels)
+        return {"loss": t["loss"], **{f"frzproto/{k}": v for k, v in t.items()}}
+
+
+__all__ = ["FrzProtoConfig", "FrzProtoObjective", "ProtoNwConfig", "ProtoNwObjective"]
