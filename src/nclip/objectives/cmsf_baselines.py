@@ -131,6 +131,7 @@ class FrzProtoObjective(Objective):
     against the frozen ``prototypes`` buffer [C, D]."""
 
     heads = frozenset({"supcon"})
+    sgd_probe_recipe = "cmsf"  # a baseline of the CMSF paper, probed as CMSF is (Sec. 4)
     zero_shot_head = None  # no text-aligned head: evaluated by k-NN and linear probes
     needs_label_space = True
 
