@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from nclip.defaults import EVAL_BATCH_SIZE, PROBE_FEATURES, USER_LABEL, has_labels
 from nclip.errors import NclipError
-from nclip.jsonio import read_text
+from nclip.jsonio import parse_yaml, read_text
 from nclip.objectives import REGISTRY, ObjectiveConfig
 from nclip.vision_config import VisionConfig, image_size_problem  # model.vision (also imported from here)
 
@@ -365,10 +365,7 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
         if not res.is_file():
             raise NclipError(f"unknown preset {name_or_path!r}; available: {', '.join(preset_names())}")
         text = res.read_text()
-    try:
-        raw = yaml.safe_load(text) or {}
-    except yaml.YAMLError as e:
-        raise NclipError(f"cannot parse {name_or_path}: {str(e).splitlines()[0]}") from None
+    raw = parse_yaml(name_or_path, text) or {}
     if not isinstance(raw, dict):
         raise NclipError(f"{name_or_path}: the top level must be a mapping")
     return raw

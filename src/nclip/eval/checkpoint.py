@@ -14,7 +14,7 @@ from pathlib import Path
 
 from nclip.errors import NclipError
 from nclip.eval.cache import file_sha256
-from nclip.jsonio import read_text
+from nclip.jsonio import parse_yaml, read_text
 
 
 @dataclass
@@ -58,8 +58,6 @@ class Checkpoint:
 def resolve_checkpoint(path: str | Path) -> Checkpoint:
     """A run directory (RUN/model/), a model directory (model.safetensors + config.json) or a
     training checkpoint (RUN/checkpoints/step_N/, config from RUN/config.yaml)."""
-    import yaml
-
     from nclip.config import validate
     from nclip.models.io import CONFIG, WEIGHTS, read_config
 
@@ -73,10 +71,7 @@ def resolve_checkpoint(path: str | Path) -> Checkpoint:
         model_dir, run_dir = p, p.parent
     elif (p / WEIGHTS).is_file() and (p.parent.parent / "config.yaml").is_file():
         run_dir = p.parent.parent
-        try:
-            cfg = validate(yaml.safe_load(read_text(run_dir / "config.yaml", "config.yaml")[1]) or {})
-        except yaml.YAMLError as e:
-            raise NclipError(f"{run_dir / 'config.yaml'}: {str(e).splitlines()[0]}") from None
+        cfg = validate(parse_yaml(*read_text(run_dir / "config.yaml", "config.yaml")) or {})
         return Checkpoint(p, p / WEIGHTS, run_dir, cfg, file_sha256(p / WEIGHTS))
     else:
         raise NclipError(f"no nclip checkpoint in {p} (expected RUN_DIR/model/{CONFIG}, a model directory "
