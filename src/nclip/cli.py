@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("config", help="print the resolved, validated config")
     _add_config_args(p)
 
-    sub.add_parser("presets", help="list the shipped presets")
+    sub.add_parser("presets", help="list the shipped presets, one line each")
 
     p = sub.add_parser("export", help="export a trained model")
     p.add_argument("--checkpoint", required=True, type=Path, help="run directory or model directory")
@@ -141,12 +141,13 @@ def _positive_int(text: str) -> int:
 
 def _cmd_train(args) -> int:
     from nclip.config import resolve
-    from nclip.train.loop import train
 
     resume = args.resume == "auto" or args.extend_to is not None
     init = [f"model.init={json.dumps(args.init)}"] if args.init else []  # a JSON string is a YAML string
     preset = _train_preset(args.preset, args.out, resume)
     cfg = resolve(preset, [*args.overrides, *init])
+    from nclip.train.loop import train  # after the config: its mistakes answer before torch is imported
+
     result = train(cfg, args.out, resume=resume, progress=not args.no_progress, evaluate=not args.no_eval,
                    force=args.force, extend_to=args.extend_to, preset=preset)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 reports
@@ -189,9 +190,9 @@ def _cmd_config(args) -> int:
 
 
 def _cmd_presets(args) -> int:
-    from nclip.config import preset_names
+    from nclip.config_files import preset_table  # light: no pydantic, no torch
 
-    print("\n".join(preset_names()))
+    print(preset_table())
     return 0
 
 
