@@ -27,6 +27,16 @@ def _add_config_args(p: argparse.ArgumentParser, default: str | None = "tiny", d
                    help="override a config key, e.g. --set train.steps=100 (repeatable)")
 
 
+def _add_key_args(p: argparse.ArgumentParser, caption: bool) -> None:
+    """--image-key (and --caption-key): a CSV's columns, spelt as in `nclip eval`; the old spellings
+    --csv-image-key / --csv-caption-key still work, unlisted."""
+    keys = [("image", "filepath", "image-path")] + ([("caption", "title", "caption")] if caption else [])
+    for key, default, what in keys:
+        p.add_argument(f"--{key}-key", dest=f"{key}_key", default=default,
+                       help=f"{what} column of a CSV source (default: {default}, as data.csv_{key}_key)")
+        p.add_argument(f"--csv-{key}-key", dest=f"{key}_key", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="nclip", description="Language-image pre-training beyond the contrastive objective.")
     from nclip import __version__
@@ -76,8 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     q = data.add_parser("inspect", help="summarise a shard pattern, shard directory or CSV/TSV file")
     q.add_argument("source", help="e.g. '/data/{00000..00009}.tar', a directory of .tar, or pairs.csv")
     q.add_argument("--limit", type=int, default=10000, help="read at most this many samples")
-    q.add_argument("--csv-image-key", default="filepath")
-    q.add_argument("--csv-caption-key", default="title")
+    _add_key_args(q, caption=True)
     q.add_argument("--json", action="store_true", help="print the summary as JSON")
     q = data.add_parser("dedup", help="find target images that duplicate reference images by dHash "
                         "(OmniBenchmark Sec. 3.4): duplicates.json, duplicates.html, a filtered target")
@@ -91,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--out", type=Path, help="write duplicates.json and duplicates.html here")
     q.add_argument("--write-filtered", action="store_true",
                    help="also write the target without its duplicates (filtered.csv/.tsv, or filtered.txt)")
-    q.add_argument("--csv-image-key", default="filepath", help="image-path column of a CSV source")
+    _add_key_args(q, caption=False)
     q.add_argument("--workers", type=int, help="hashing threads (default: up to 4, one per core)")
     q.add_argument("--fast-jpeg", action="store_true", help="decode JPEGs at reduced scale (about 3x faster on "
                    "500x375; changes some hashes by a bit or so: hash both sides this way and use D >= 2)")
@@ -261,11 +270,11 @@ def _cmd_data(args) -> int:
         if args.workers is not None and args.workers < 1:
             raise NclipError(f"--workers must be >= 1, got {args.workers}")
         print(run_dedup(args.reference, args.target, args.max_distance, args.out, builtin_config,
-                        write_filtered=args.write_filtered, csv_image_key=args.csv_image_key, workers=args.workers,
+                        write_filtered=args.write_filtered, csv_image_key=args.image_key, workers=args.workers,
                         fast_jpeg=args.fast_jpeg))
         return 0
-    summary = tools.inspect_source(args.source, args.limit, csv_image_key=args.csv_image_key,
-                                   csv_caption_key=args.csv_caption_key)
+    summary = tools.inspect_source(args.source, args.limit, csv_image_key=args.image_key,
+                                   csv_caption_key=args.caption_key)
     if args.json:
         import json
 
