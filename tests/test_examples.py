@@ -37,3 +37,40 @@ def test_train_on_csv_then_zero_shot_folder(tmp_path, capsys, monkeypatch):
     lines = out.strip().splitlines()
     assert len(lines) == len(list(test_images.glob("*.png"))) == 10
     assert all(line.split("\t")[1] in ("circle", "star", "square") for line in lines)
+
+
+def test_zero_shot_folder_reads_a_folder_per_class(tmp_path, capsys, monkeypatch, micro_overrides):
+    """A class-folder tree (DIR/<class>/<image>, as `nclip eval --dataset folder:DIR` reads) is searched
+    recursively; the classes default to the sub-folders' names and the accuracy is printed (issue 28.9)."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from nclip.config import resolve
+    from nclip.models import build_model
+    from nclip.models.io import save_model
+
+    cfg = resolve("micro", micro_overrides)
+    torch.manual_seed(0)
+    model_dir = save_model(build_model(cfg, pretrained_text=False).eval(), cfg, tmp_path / "run" / "model")
+    rng = np.random.default_rng(0)
+    for cls, n in (("circle", 2), ("star", 3)):
+        (tmp_path / "pets" / cls).mkdir(parents=True)
+        for i in range(n):
+            pixels = rng.integers(0, 256, (20, 20, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(tmp_path / "pets" / cls / f"{i}.png")
+
+    out = _run("zero_shot_folder.py", model_dir.parent, tmp_path / "pets", "--device", "cpu", capsys=capsys,
+               monkeypatch=monkeypatch)
+    lines = [line.split("\t") for line in out.strip().splitlines()]
+    assert [name for name, *_ in lines] == ["circle/0.png", "circle/1.png", "star/0.png", "star/1.png", "star/2.png"]
+    assert all(best in ("circle", "star") and "circle=" in scores and "star=" in scores for _, best, scores in lines)
+
+    monkeypatch.setattr(sys, "argv", ["zero_shot_folder.py", str(model_dir.parent), str(tmp_path / "pets"),
+                                      "circle", "star", "square", "--device", "cpu"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(EXAMPLES / "zero_shot_folder.py"), run_name="__main__")
+    out, err = capsys.readouterr()
+    assert done.value.code == 0 and len(out.strip().splitlines()) == 5 and "square=" in out
+    right = sum(line.split("\t")[0].split("/")[0] == line.split("\t")[1] for line in out.strip().splitlines())
+    assert err.strip() == f"accuracy against the folder names: {right}/5 = {right / 5:.3f}"

@@ -52,3 +52,26 @@ def test_truncate_jsonl_keeps_rows_verbatim_and_drops_torn_lines(tmp_path):
 def test_truncate_jsonl_leaves_a_missing_file_missing(tmp_path):
     truncate_jsonl(tmp_path / "nope.jsonl", lambda row: True)
     assert not (tmp_path / "nope.jsonl").exists()
+
+
+def test_a_yaml_mistake_names_its_line_and_column(tmp_path):
+    """Issue 28.11: a preset file, a sweep grid file or a run's config.yaml with a YAML mistake is one
+    line that says where it is."""
+    import pytest
+
+    from nclip.cli import main
+    from nclip.config import load_preset
+    from nclip.errors import NclipError
+    from nclip.jsonio import parse_yaml
+    from nclip.sweep.grid import load_grid_file
+
+    text = "train:\n  steps: 10\n  lr: [0.1\n"  # the flow sequence is never closed
+    with pytest.raises(NclipError, match=r"cannot parse x\.yaml: expected .* but got .* \(line 4, column 1\)"):
+        parse_yaml("x.yaml", text)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  steps: 10\n   lr: 0.1\n")  # lr indented under steps
+    with pytest.raises(NclipError, match=r"bad\.yaml: mapping values are not allowed here \(line 3, column 6\)"):
+        load_preset(str(bad))
+    with pytest.raises(NclipError, match=r"\(line 3, column 6\)"):
+        load_grid_file(bad)
+    assert main(["config", "--preset", str(bad)]) == 2

@@ -28,6 +28,16 @@ def _add_config_args(p: argparse.ArgumentParser, default: str | None = "tiny", d
                    help="override a config key, e.g. --set train.steps=100 (repeatable)")
 
 
+def _add_key_args(p: argparse.ArgumentParser, caption: bool) -> None:
+    """--image-key (and --caption-key): a CSV's columns, spelt as in `nclip eval`; the old spellings
+    --csv-image-key / --csv-caption-key still work, unlisted."""
+    keys = [("image", "filepath", "image-path")] + ([("caption", "title", "caption")] if caption else [])
+    for key, default, what in keys:
+        p.add_argument(f"--{key}-key", dest=f"{key}_key", default=default,
+                       help=f"{what} column of a CSV source (default: {default}, as data.csv_{key}_key)")
+        p.add_argument(f"--csv-{key}-key", dest=f"{key}_key", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="nclip", description="Language-image pre-training beyond the contrastive objective.")
     from nclip import __version__
@@ -57,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("config", help="print the resolved, validated config")
     _add_config_args(p)
 
-    sub.add_parser("presets", help="list the shipped presets")
+    sub.add_parser("presets", help="list the shipped presets, one line each")
 
     p = sub.add_parser("export", help="export a trained model")
     p.add_argument("--checkpoint", required=True, type=Path, help="run directory or model directory")
@@ -77,8 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     q = data.add_parser("inspect", help="summarise a shard pattern, shard directory or CSV/TSV file")
     q.add_argument("source", help="e.g. '/data/{00000..00009}.tar', a directory of .tar, or pairs.csv")
     q.add_argument("--limit", type=int, default=10000, help="read at most this many samples")
-    q.add_argument("--csv-image-key", default="filepath")
-    q.add_argument("--csv-caption-key", default="title")
+    _add_key_args(q, caption=True)
     q.add_argument("--json", action="store_true", help="print the summary as JSON")
     q = data.add_parser("dedup", help="find target images that duplicate reference images by dHash "
                         "(OmniBenchmark Sec. 3.4): duplicates.json, duplicates.html, a filtered target")
@@ -92,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--out", type=Path, help="write duplicates.json and duplicates.html here")
     q.add_argument("--write-filtered", action="store_true",
                    help="also write the target without its duplicates (filtered.csv/.tsv, or filtered.txt)")
-    q.add_argument("--csv-image-key", default="filepath", help="image-path column of a CSV source")
+    _add_key_args(q, caption=False)
     q.add_argument("--workers", type=int, help="hashing threads (default: up to 4, one per core)")
     q.add_argument("--fast-jpeg", action="store_true", help="decode JPEGs at reduced scale (about 3x faster on "
                    "500x375; changes some hashes by a bit or so: hash both sides this way and use D >= 2)")
@@ -142,13 +151,14 @@ def _positive_int(text: str) -> int:
 
 def _cmd_train(args) -> int:
     from nclip.config import resolve
-    from nclip.train.loop import train
 
     resume = args.resume == "auto" or args.extend_to is not None
     init = [f"model.init={json.dumps(args.init)}"] if args.init else []  # a JSON string is a YAML string
     asks = "--extend-to" if args.extend_to else "--resume auto" if resume else ""  # to continue a run
     preset = _train_preset(args.preset, args.out, asks)
     cfg = resolve(preset, [*args.overrides, *init])
+    from nclip.train.loop import train  # after the config: its mistakes answer before torch is imported
+
     result = train(cfg, args.out, resume=resume, progress=not args.no_progress, evaluate=not args.no_eval,
                    force=args.force, extend_to=args.extend_to, preset=preset)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 reports
@@ -199,9 +209,9 @@ def _cmd_config(args) -> int:
 
 
 def _cmd_presets(args) -> int:
-    from nclip.config import preset_names
+    from nclip.config_files import preset_table  # light: no pydantic, no torch
 
-    print("\n".join(preset_names()))
+    print(preset_table())
     return 0
 
 
@@ -273,11 +283,11 @@ def _cmd_data(args) -> int:
         if args.workers is not None and args.workers < 1:
             raise NclipError(f"--workers must be >= 1, got {args.workers}")
         print(run_dedup(args.reference, args.target, args.max_distance, args.out, builtin_config,
-                        write_filtered=args.write_filtered, csv_image_key=args.csv_image_key, workers=args.workers,
+                        write_filtered=args.write_filtered, csv_image_key=args.image_key, workers=args.workers,
                         fast_jpeg=args.fast_jpeg))
         return 0
-    summary = tools.inspect_source(args.source, args.limit, csv_image_key=args.csv_image_key,
-                                   csv_caption_key=args.csv_caption_key)
+    summary = tools.inspect_source(args.source, args.limit, csv_image_key=args.image_key,
+                                   csv_caption_key=args.caption_key)
     if args.json:
         import json
 

@@ -8,18 +8,17 @@ built from the objective registry, so each objective validates its own keys.
 
 from __future__ import annotations
 
-import copy
-from importlib import resources
+import functools
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
+from nclip.config_files import apply_overrides, preset_dir, preset_names  # noqa: F401 (re-exported)
 from nclip.defaults import EVAL_BATCH_SIZE, PROBE_FEATURES, USER_LABEL, has_labels
 from nclip.errors import NclipError
-from nclip.jsonio import read_text
-from nclip.objectives import REGISTRY, ObjectiveConfig
+from nclip.jsonio import parse_yaml, read_text
 from nclip.vision_config import VisionConfig, image_size_problem  # model.vision (also imported from here)
 
 
@@ -310,16 +309,29 @@ class EvalConfig(_Section):
     nclip_score: Literal["symmetric", "image_to_text"] = "symmetric"
 
 
-def _objective_union():
-    configs = tuple(cfg for cfg, _ in REGISTRY.values())
-    return Annotated[Union[configs], Field(discriminator="name")]  # type: ignore[valid-type]
+def _registry():
+    from nclip.objectives import REGISTRY
+
+    return REGISTRY
+
+
+class _ObjectiveUnion:
+    """The objective section's type: the registered objectives' configs, a union discriminated by
+    ``name``. The registry imports torch, so RunConfig builds its schema on first use (defer_build),
+    not on import: `nclip --help`, `nclip presets` and a mistake outside the objective answer at once."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source, handler):
+        configs = tuple(cfg for cfg, _ in _registry().values())
+        return handler.generate_schema(Annotated[Union[configs], Field(discriminator="name")])  # type: ignore
 
 
 class RunConfig(_Section):
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)  # see _ObjectiveUnion
     seed: int = 0
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
-    objective: _objective_union() = Field(default_factory=lambda: REGISTRY["xclip"][0]())  # type: ignore[valid-type]
+    objective: _ObjectiveUnion = Field(default_factory=lambda: _registry()["xclip"][0]())
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
 
@@ -334,8 +346,9 @@ class RunConfig(_Section):
         if self.train.batch_size % self.data.hard_negative_group:
             raise ValueError(f"train.batch_size {self.train.batch_size} is not divisible by "
                              f"data.hard_negative_group {self.data.hard_negative_group}")
-        REGISTRY[self.objective.name][1].check_run(self)  # e.g. a label constraint needs labelled data
-        heads = REGISTRY[self.objective.name][1].heads_for(self.objective)
+        objective = _registry()[self.objective.name][1]
+        objective.check_run(self)  # e.g. a label constraint needs labelled data
+        heads = objective.heads_for(self.objective)
         if self.model.nclip_shared_layers and not {"clip", "nclip"} <= heads:
             raise ValueError(f"model.nclip_shared_layers {self.model.nclip_shared_layers}: objective "
                              f"{self.objective.name!r} has no CLIP and nCLIP heads to share layers (xclip has)")
@@ -350,54 +363,33 @@ class RunConfig(_Section):
 # ---------------------------------------------------------------------------------------------
 
 
-def preset_names() -> list[str]:
-    files = resources.files("nclip") / "presets"
-    return sorted(p.name[: -len(".yaml")] for p in files.iterdir() if p.name.endswith(".yaml"))
-
-
 def load_preset(name_or_path: str) -> dict[str, Any]:
     """A preset by name (shipped in nclip/presets) or a path to a YAML file, as a raw dict."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml"):
         text = read_text(path, "config file")[1]
     else:
-        res = resources.files("nclip") / "presets" / f"{name_or_path}.yaml"
+        res = preset_dir() / f"{name_or_path}.yaml"
         if not res.is_file():
             raise NclipError(f"unknown preset {name_or_path!r}; available: {', '.join(preset_names())}")
         text = res.read_text()
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise NclipError(f"cannot parse {name_or_path}: {str(e).splitlines()[0]}") from None
+    raw = parse_yaml(name_or_path, text)
     if not isinstance(raw, dict):  # an empty file too: never the library defaults by accident
         raise NclipError(f"{name_or_path}: {'the file is empty' if raw is None else 'the top level must be a mapping'}")
     return raw
 
 
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides; values are parsed as YAML (numbers, lists, booleans)."""
-    out = copy.deepcopy(raw)
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise NclipError(f"override {item!r} is not of the form key=value")
-        try:
-            parsed = yaml.safe_load(value)
-        except yaml.YAMLError:
-            raise NclipError(f"override {item!r}: cannot parse the value") from None
-        node = out
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise NclipError(f"override {item!r}: {part!r} is not a section")
-            node = child
-        node[parts[-1]] = parsed
-    return out
+@functools.cache
+def _sections() -> type[BaseModel]:
+    """RunConfig less its objective: checked first, before the objective's union imports torch."""
+    fields = {k: (f.annotation, f) for k, f in RunConfig.model_fields.items() if k != "objective"}
+    return create_model("RunConfig", __base__=_Section, **fields)
 
 
 def validate(raw: dict[str, Any]) -> RunConfig:
     try:
+        if isinstance(raw, dict):  # a mistake outside the objective answers before torch is imported
+            _sections().model_validate({k: v for k, v in raw.items() if k != "objective"})
         return RunConfig.model_validate(raw)
     except ValidationError as e:
         raise NclipError(describe_validation_error(e)) from None
@@ -419,14 +411,14 @@ def describe_validation_error(e: ValidationError, subject: str = "config",
     parts = [str(p) for p in err["loc"] if not str(p).startswith("function-after")]
     # the discriminated union adds the objective name to the location; keep the user's key path
     # (a whole segment: "clip" must not eat the start of "clip_supcon")
-    if len(parts) >= 2 and parts[0] == "objective" and parts[1] in REGISTRY:
+    if len(parts) >= 2 and parts[0] == "objective" and parts[1] in _registry():
         del parts[1]
     loc = ".".join(parts)
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         msg = "unknown key"
     elif err["type"] == "union_tag_invalid":
-        msg = f"unknown objective {err['input'].get('name')!r}; available: {', '.join(REGISTRY)}"
+        msg = f"unknown objective {err['input'].get('name')!r}; available: {', '.join(_registry())}"
         loc = "objective.name"
     quiet = err["type"] in ("extra_forbidden", "union_tag_invalid", "value_error") or isinstance(err.get("input"), dict)
     suffix = "" if quiet else f" (got {err.get('input')!r})"
@@ -445,6 +437,8 @@ def to_yaml(cfg: RunConfig) -> str:
     # the objective's name first and the base class's fields last, whatever order the config
     # classes' mixins (nclip.objectives.base) collect their fields in
     objective = data["objective"]
+    from nclip.objectives import ObjectiveConfig
+
     base = [key for key in ObjectiveConfig.model_fields if key in objective]
     data["objective"] = {"name": objective["name"],
                          **{k: v for k, v in objective.items() if k != "name" and k not in base},

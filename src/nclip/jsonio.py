@@ -47,6 +47,20 @@ def read_json(path: Path) -> Any:
     return parse_json(*read_text(path, "JSON file"))
 
 
+def parse_yaml(path: str | Path, text: str) -> Any:
+    """``text`` (read from ``path``, or a preset's name) parsed as YAML; invalid YAML is an
+    NclipError naming the file, the problem and where it is (line and column, from 1)."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise NclipError(f"cannot parse {path}: {what}{where}") from None
+
+
 def parse_json(path: Path, text: str) -> Any:
     """``text`` (read from ``path``) parsed as JSON; invalid JSON is an NclipError naming file and
     line."""

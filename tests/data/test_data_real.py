@@ -265,7 +265,7 @@ def test_csv_source_skips_bad_rows_and_trains(tmp_path, tokenizer):
     # step-indexed: a resumed loader gives the same batches
     later = list(train_loader(cfg, tokenizer, start_step=5, state=data.state()))
     assert all(torch.equal(a[0], b[0]) for a, b in zip(batches[5:], later))
-    assert main(["data", "inspect", str(tsv), "--csv-image-key", "path", "--csv-caption-key", "caption"]) == 0
+    assert main(["data", "inspect", str(tsv), "--image-key", "path", "--caption-key", "caption"]) == 0
 
 
 def test_empty_shards_stop_with_a_clear_error(tmp_path, tokenizer):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from nclip.errors import NclipError
 from nclip.eval.cache import file_sha256
-from nclip.jsonio import read_text
+from nclip.jsonio import parse_yaml, read_text
 
 
 @dataclass
@@ -56,10 +56,9 @@ class Checkpoint:
 
 
 def resolve_checkpoint(path: str | Path) -> Checkpoint:
-    """A run directory (RUN/model/), a model directory (model.safetensors + config.json) or a
-    training checkpoint (RUN/checkpoints/step_N/, config from RUN/config.yaml)."""
-    import yaml
-
+    """A run directory (RUN/model/; without it, the run's newest training checkpoint), a model
+    directory (model.safetensors + config.json) or a training checkpoint (RUN/checkpoints/step_N/,
+    config from RUN/config.yaml)."""
     from nclip.config import validate
     from nclip.models.io import CONFIG, WEIGHTS, read_config
 
@@ -71,22 +70,35 @@ def resolve_checkpoint(path: str | Path) -> Checkpoint:
         model_dir, run_dir = p / "model", p
     elif (p / CONFIG).is_file():
         model_dir, run_dir = p, p.parent
-    elif (p / WEIGHTS).is_file() and (p.parent.parent / "config.yaml").is_file():
+    elif (p / WEIGHTS).is_file():  # a training checkpoint, RUN/checkpoints/step_N, whose config is RUN's
         run_dir = p.parent.parent
-        try:
-            cfg = validate(yaml.safe_load(read_text(run_dir / "config.yaml", "config.yaml")[1]) or {})
-        except yaml.YAMLError as e:
-            raise NclipError(f"{run_dir / 'config.yaml'}: {str(e).splitlines()[0]}") from None
+        if not (run_dir / "config.yaml").is_file():
+            raise NclipError(f"{p} holds {WEIGHTS} but no {CONFIG}, and {run_dir / 'config.yaml'} (the config of "
+                             "a training checkpoint's run) does not exist")
+        cfg = validate(parse_yaml(*read_text(run_dir / "config.yaml", "config.yaml")) or {})
         return Checkpoint(p, p / WEIGHTS, run_dir, cfg, file_sha256(p / WEIGHTS))
+    elif steps := _training_checkpoints(p):  # a run that has not written model/ (stopped, or still training)
+        return resolve_checkpoint(steps[-1])
     else:
+        found = (f"; {p / 'checkpoints'} holds no step_N with {WEIGHTS}" if (p / "checkpoints").is_dir()
+                 else "")
         raise NclipError(f"no nclip checkpoint in {p} (expected RUN_DIR/model/{CONFIG}, a model directory "
-                         f"with {CONFIG} and {WEIGHTS}, or RUN_DIR/checkpoints/step_N)")
+                         f"with {CONFIG} and {WEIGHTS}, or RUN_DIR/checkpoints/step_N){found}")
     weights = model_dir / WEIGHTS
     if not weights.is_file():
         raise NclipError(f"missing weights file: {weights}")
     cfg = read_config(model_dir)
     return Checkpoint(p, weights, run_dir if (run_dir / "metrics.jsonl").is_file() else None, cfg,
                       file_sha256(weights))
+
+
+def _training_checkpoints(run_dir: Path) -> list[Path]:
+    """RUN/checkpoints/step_N directories that hold weights, oldest first (as the trainer names them,
+    nclip.train.checkpoint; the training state beside them is not needed to evaluate)."""
+    from nclip.models.io import WEIGHTS
+
+    found = [d for d in (run_dir / "checkpoints").glob("step_*") if d.name[5:].isdigit() and (d / WEIGHTS).is_file()]
+    return sorted(found, key=lambda d: int(d.name[5:]))
 
 
 def _hf_checkpoint(p: Path) -> Checkpoint | None:

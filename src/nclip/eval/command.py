@@ -100,7 +100,6 @@ def run_eval_command(args) -> int:
     if args.checkpoint is None or args.out is None:
         raise NclipError("eval: --checkpoint and --out are required (or use `nclip eval compare`)")
 
-    from nclip.eval.runner import run_eval
     from nclip.eval.settings import EvalSettings
 
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
@@ -114,6 +113,8 @@ def run_eval_command(args) -> int:
         sts_pairs=args.sts_pairs, mask_samples=args.mask_samples, batch_size=args.batch_size, seed=args.seed,
         tsne_iters=args.tsne_iters,
         device=args.device, **({"nclip_score": args.nclip_score} if args.nclip_score else {}))
+    from nclip.eval.runner import run_eval  # after the settings: their mistakes answer before torch is imported
+
     cache = None if args.no_cache else (args.cache_dir if args.cache_dir else "default")
     log = None if args.quiet else (lambda msg: print(f"eval: {msg}", file=sys.stderr, flush=True))
     doc = run_eval(args.checkpoint, args.out, settings=settings, cache_dir=cache, report=not args.no_report, log=log)

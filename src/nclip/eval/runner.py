@@ -64,6 +64,8 @@ def run_eval(checkpoint: str | Path, out: str | Path | None = None, *, tasks=Non
     settings = _resolve_settings(settings or EvalSettings(), out, cache_dir,
                                  tasks=tasks, datasets=datasets, head=head, baseline=baseline)
     ck = resolve_checkpoint(checkpoint)
+    if log and Path(ck.path) != Path(checkpoint).expanduser():  # a run without model/: its newest checkpoint
+        log(f"{checkpoint} has no model/ (training did not finish): evaluating its newest checkpoint, {ck.path}")
     from nclip.objectives import REGISTRY
 
     objective = REGISTRY[ck.cfg.objective.name][1]

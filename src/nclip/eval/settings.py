@@ -169,7 +169,7 @@ def validated(fields: dict[str, Any], location_name: Callable[[str], str] | None
     try:
         return EvalSettings.model_validate(fields)
     except ValidationError as e:
-        from nclip.config import describe_validation_error  # the one formatter (imports torch: errors only)
+        from nclip.config import describe_validation_error  # the one formatter (no torch: errors only)
 
         naming = {"location_name": location_name} if location_name else {}
         raise NclipError(describe_validation_error(e, "eval", **naming)) from None

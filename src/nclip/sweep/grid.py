@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from nclip.errors import NclipError
+from nclip.jsonio import parse_yaml, read_text
 
 # ---------------------------------------------------------------------------------------------
 # built-in tables
@@ -162,10 +163,7 @@ def load_grid_file(path: str | Path) -> tuple[dict[str, list], dict[str, dict] |
     p = Path(path).expanduser()
     if not p.is_file():
         raise NclipError(f"grid file not found: {p}")
-    try:
-        doc = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise NclipError(f"cannot parse {p}: {str(e).splitlines()[0]}") from None
+    doc = parse_yaml(*read_text(p, "grid file"))
     if not isinstance(doc, dict) or not doc or set(doc) - {"grid", "settings"}:
         raise NclipError(f"{p}: the top level must be a mapping with the keys 'grid' and/or 'settings'")
     grid: dict[str, list] = {}

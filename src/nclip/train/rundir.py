@@ -25,7 +25,7 @@ import yaml
 
 from nclip.config import RunConfig, to_yaml, validate
 from nclip.errors import NclipError
-from nclip.jsonio import check_writable_dir, read_text, writing
+from nclip.jsonio import check_writable_dir, parse_yaml, read_text, writing
 from nclip.train.runlock import LOCK_NAME, DirLock
 
 CONFIG = "config.yaml"
@@ -152,10 +152,7 @@ def saved_config(run_dir: Path, found: tuple[str, ...]) -> RunConfig:
     if not path.is_file():
         raise NclipError(f"{run_dir} holds a run ({', '.join(found)}) but no {CONFIG}, so --resume auto cannot "
                          "check that it continues with the same config; start over with --force or use a new --out")
-    try:
-        raw = yaml.safe_load(read_text(path, CONFIG)[1])
-    except yaml.YAMLError as e:
-        raise NclipError(f"cannot parse {path}: {str(e).splitlines()[0]}") from None
+    raw = parse_yaml(path, read_text(path, CONFIG)[1])  # a YAML mistake names its line and column
     if not isinstance(raw, dict):
         raise NclipError(f"{path} is not a config (the top level must be a mapping)")
     try:

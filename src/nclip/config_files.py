@@ -1,0 +1,62 @@
+"""The config's text, read without its models (so without pydantic and torch): the shipped presets'
+names and one-line descriptions (``nclip presets``), and ``--set key=value`` overrides.
+
+A preset's description is the first line of its header comment, a summary that stands alone; the
+lines after it say why each setting is what it is. (A ``description:`` key would be a config key,
+and unknown keys are errors.)
+"""
+
+from __future__ import annotations
+
+import copy
+from importlib import resources
+from typing import Any
+
+from nclip.errors import NclipError
+
+SUFFIX = ".yaml"
+
+
+def preset_dir():
+    return resources.files("nclip") / "presets"
+
+
+def preset_names() -> list[str]:
+    return sorted(p.name[: -len(SUFFIX)] for p in preset_dir().iterdir() if p.name.endswith(SUFFIX))
+
+
+def preset_description(name: str) -> str:
+    """The first line of the shipped preset's header comment ("" without one)."""
+    first = (preset_dir() / f"{name}{SUFFIX}").read_text(encoding="utf-8").lstrip().partition("\n")[0]
+    return first.removeprefix("#").strip() if first.startswith("#") else ""
+
+
+def preset_table() -> str:
+    """One line per shipped preset: its name and description, aligned."""
+    names = preset_names()
+    width = max(map(len, names))
+    return "\n".join(f"{name:<{width}}  {preset_description(name)}".rstrip() for name in names)
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides; values are parsed as YAML (numbers, lists, booleans)."""
+    import yaml
+
+    out = copy.deepcopy(raw)
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise NclipError(f"override {item!r} is not of the form key=value")
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise NclipError(f"override {item!r}: cannot parse the value") from None
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise NclipError(f"override {item!r}: {part!r} is not a section")
+            node = child
+        node[parts[-1]] = parsed
+    return out
