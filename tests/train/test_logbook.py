@@ -71,3 +71,16 @@ def test_tensorboard_without_the_package_is_a_one_line_config_error(monkeypatch,
     assert main(["train", "--preset", "micro", "--out", str(tmp_path / "r"), "--set", "train.tensorboard=true"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "train.tensorboard" in err and "pip install nclip[tensorboard]" in err
+
+
+def test_an_image_only_run_counts_images_per_step():
+    from types import SimpleNamespace
+
+    from nclip.models import build_model
+    from nclip.train.launch import DistContext
+    from nclip.train.logbook import startup_block
+
+    cfg = resolve("micro", micro_sizes() + ["objective.name=cmsf"])
+    run = SimpleNamespace(cfg=cfg, model=build_model(cfg), ctx=DistContext(), start=0, data=None, run_dir="r")
+    block = {line.split()[0]: line for line in startup_block(run, "micro").splitlines()[1:]}
+    assert f"{cfg.train.batch_size} images per step" in block["batch"] and "none" in block["text"]
