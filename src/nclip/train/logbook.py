@@ -81,8 +81,8 @@ def startup_block(run, preset: str | None) -> str:
         ("device", f"{ctx.device}, {ctx.world_size} rank{'s' * (ctx.world_size > 1)}, {precision}"),
         ("steps", f"{steps}, lr {t.lr:g} ({t.warmup_steps} warm-up, cosine to {t.min_lr:g}), log every "
                   f"{t.log_every}, checkpoint every {t.checkpoint_every}"),
-        ("batch", f"{t.batch_size} {'pairs' if text is not None else 'images'} per step" + (f" in {t.accumulation} micro-batches ({t.accumulation_mode})"
-                                                      if t.accumulation > 1 else "")),
+        ("batch", f"{t.batch_size} {'pairs' if text is not None else 'images'} per step"
+                  + (f" in {t.accumulation} micro-batches ({t.accumulation_mode})" if t.accumulation > 1 else "")),
         ("output", str(run.run_dir)),
     ]
     width = max(len(k) for k, _ in rows)
