@@ -18,7 +18,8 @@ from pathlib import Path
 from nclip.errors import NclipError
 
 _DATASET_HELP = ("synthetic | digits | folder:DIR | realms:DIR | captions:FILE.csv|.jsonl | sts:FILE.csv | "
-                 "multilabel:FILE.csv | masks:DIR (repeatable; default: synthetic and digits)")
+                 "multilabel:FILE.csv | masks:DIR | wds:DIR[:SPLIT] (CLIP_benchmark) | imagefolder:SPLIT_DIR | "
+                 "karpathy:FILE.json:IMAGES_DIR[:SPLIT] (repeatable; default: synthetic and digits)")
 
 
 def add_eval_parser(sub) -> argparse.ArgumentParser:
@@ -48,11 +49,14 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
                         "steps at 15/30 of 40 epochs), protoclip (App. B: lr 0.3, cosine, 100 epochs); "
                         "default: the objective's paper")
     p.add_argument("--probe-epochs", type=int, help="SGD probe epochs (default: the recipe's)")
-    p.add_argument("--classnames", metavar="FILE", help="class names of folder:/multilabel: data: one per line in "
-                                                        "sorted folder (label) order, or a JSON map folder -> name")
+    p.add_argument("--classnames", metavar="FILE",
+                   help="class names of folder:/imagefolder:/wds:/multilabel: data: one per line in sorted folder "
+                        "(label, class-index) order, a JSON map folder -> name, or a JSON class-index file "
+                        "index -> name | [folder, name] (default: the folder names; wds: its classnames.txt)")
     p.add_argument("--templates", metavar="FILE|imagenet80",
-                   help="prompt templates of folder:/realms:/multilabel: data: a file, one per line with {} for "
-                        "the class name, or imagenet80 (CLIP's 80 ImageNet prompts)")
+                   help="prompt templates of folder:/imagefolder:/wds:/realms:/multilabel: data: a file, one per "
+                        "line with {} for the class name, or imagenet80 (CLIP's 80 ImageNet prompts; default: "
+                        "wds: its zeroshot_classification_templates.txt)")
     p.add_argument("--topk", default=",".join(map(str, d.multilabel_topk)),
                    help="k of multi-label precision/recall/F1@k (xCLIP Tab. 3)")
     p.add_argument("--image-key", help="image-path column of a captions: CSV (default: the run's "
