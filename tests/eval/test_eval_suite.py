@@ -59,6 +59,7 @@ datasets:
     return root, suite
 
 
+@pytest.mark.slow  # two evaluations and a report (~20 s on 2 cores)
 def test_suite_one_command_one_table_and_compare(tmp_path, suite_data, capsys):
     root, suite = suite_data
     outs = []
@@ -132,3 +133,20 @@ def test_suite_option_errors(tmp_path, capsys, extra, needle):
     assert main(argv + [a.format(tmp=tmp_path) for a in extra]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1
+
+
+def test_suite_on_an_image_only_objective(tmp_path, suite_data, capsys):
+    """CMSF trains no text-aligned head: the suite's text cells are skipped with their reason, the
+    mean is over the cells that have a value, and the table says how many."""
+    _, suite = suite_data
+    out = tmp_path / "eval"
+    assert main(["eval", "--checkpoint", str(_model(tmp_path, "cmsf", 0)), "--out", str(out), "--suite", str(suite),
+                 "--quiet", "--no-report"]) == 0
+    doc = json.loads((out / "results.json").read_text())
+    assert set(doc["skipped"]) == {"zeroshot", "retrieval"}  # only the tasks the suite asked for
+    assert doc["suite"]["mean"]["cells"] == [1, 4]
+    assert doc["suite"]["mean"]["all"] == doc["results"]["linear/cifar10-class/top1"]
+    from nclip.eval.suite_table import table_rows
+
+    head, rows = table_rows([doc["suite"]])
+    assert rows[0][head.index("Mean")].endswith("(1/4)") and rows[0][0] == "–"

@@ -162,7 +162,10 @@ def run_suite(checkpoint: str | Path, out: str | Path | None, suite_file: str | 
                 realms.attach_hierarchies(built, st.settings.hierarchy)
             for data in built:
                 evaluate(st, data)
-    st.settings = st.settings.updated(datasets=specs, tasks=tuple(used) or allowed, classnames=None, templates=None)
+    requested = tuple(dict.fromkeys(t for _, s, _ in steps for t in s.tasks))
+    st.skipped = {t: why for t, why in st.skipped.items() if t in requested}  # start() saw every task
+    st.settings = st.settings.updated(datasets=specs, tasks=tuple(used) or requested, classnames=None,
+                                      templates=None)
     entries = [{"spec": e.spec, "tasks": list(s.tasks), "datasets": [d.name for d in b if not d.sts],
                 "classnames": s.classnames, "templates": s.templates}
                for e, (_, s, b) in zip(suite.datasets, steps)]
