@@ -126,6 +126,10 @@ def run_eval_command(args) -> int:
         sts_pairs=args.sts_pairs, mask_samples=args.mask_samples, batch_size=args.batch_size, seed=args.seed,
         tsne_iters=args.tsne_iters,
         device=args.device, **({"nclip_score": args.nclip_score} if args.nclip_score else {}))
+    if args.suite is not None:
+        from nclip.eval.suite import load_suite
+
+        load_suite(args.suite)  # checked here too: a mistake in the file answers before torch is imported
     from nclip.eval.runner import run_eval  # after the settings: their mistakes answer before torch is imported
 
     cache = None if args.no_cache else (args.cache_dir if args.cache_dir else "default")
