@@ -98,9 +98,10 @@ def test_prompt_settings_record_the_source_and_need_a_user_dataset(tmp_path, mon
     s = EvalSettings(datasets=("folder:x", "synthetic"), classnames="names.txt", templates="imagenet80")
     assert s.classnames == str(tmp_path / "names.txt") and s.templates == "imagenet80"  # as results.json records
     assert s.multilabel_topk == (3, 5, 10, 20)
-    with pytest.raises(NclipError, match=r"^eval: --classnames: applies to folder:, multilabel: datasets and none"):
+    with pytest.raises(NclipError, match=r"^eval: --classnames: applies to folder:, multilabel:, wds:, imagefolder: "
+                                         r"datasets and none"):
         validated({"datasets": ("synthetic", "realms:x"), "classnames": "n.txt"}, _option)
-    with pytest.raises(NclipError, match=r"^eval: --templates: applies to folder:, realms:, multilabel:"):
+    with pytest.raises(NclipError, match=r"^eval: --templates: applies to folder:, realms:, multilabel:, wds:, "):
         validated({"datasets": ("digits",), "templates": "imagenet80"}, _option)
     with pytest.raises(NclipError, match=r"^eval: --topk: "):
         validated({"multilabel_topk": (3, 0)}, _option)

@@ -1,6 +1,6 @@
 """The ``nclip eval`` subcommand (registered by :mod:`nclip.cli`).
 
-    nclip eval --checkpoint RUN_DIR --out DIR [--tasks zeroshot,linear,...] [--dataset SPEC ...]
+    nclip eval --checkpoint RUN_DIR --out DIR [--tasks zeroshot,linear,...] [--dataset SPEC ... | --suite FILE.yaml]
                [--head clip|nclip|yclip] [--nclip-score symmetric|image_to_text]
                [--features backbone|clip|nclip|proto] [--baseline RUN_DIR] [--hierarchy FILE|builtin]
                [--cache-dir DIR | --no-cache]
@@ -18,7 +18,8 @@ from pathlib import Path
 from nclip.errors import NclipError
 
 _DATASET_HELP = ("synthetic | digits | folder:DIR | realms:DIR | captions:FILE.csv|.jsonl | sts:FILE.csv | "
-                 "multilabel:FILE.csv | masks:DIR (repeatable; default: synthetic and digits)")
+                 "multilabel:FILE.csv | masks:DIR | wds:DIR[:SPLIT] (CLIP_benchmark) | imagefolder:SPLIT_DIR | "
+                 "karpathy:FILE.json:IMAGES_DIR[:SPLIT] (repeatable; default: synthetic and digits)")
 
 
 def add_eval_parser(sub) -> argparse.ArgumentParser:
@@ -31,8 +32,12 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
                                    "representation diagnostics. `nclip eval compare A B ...` tabulates evaluations.")
     p.add_argument("--checkpoint", type=Path, help="run directory, model directory or RUN/checkpoints/step_N")
     p.add_argument("--out", type=Path, help="output directory for results.json and report.html")
-    p.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated subset of: {','.join(TASKS)}")
+    p.add_argument("--tasks", help=f"comma-separated subset of: {','.join(TASKS)} (default: all)")
     p.add_argument("--dataset", dest="datasets", action="append", metavar="SPEC", help=_DATASET_HELP)
+    p.add_argument("--suite", type=Path, metavar="FILE.yaml",
+                   help="a benchmark suite: datasets with their tasks (and prompts) in one YAML file; one "
+                        "results.json and report with a table across the datasets and their mean "
+                        "(docs/eval-data.md); instead of --dataset/--tasks/--classnames/--templates")
     p.add_argument("--head", choices=["clip", "nclip", "yclip"],
                    help="zero-shot score: clip cosine, nclip −L_CE, yclip S (default: the objective's)")
     p.add_argument("--nclip-score", choices=["symmetric", "image_to_text"],
@@ -48,11 +53,14 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
                         "steps at 15/30 of 40 epochs), protoclip (App. B: lr 0.3, cosine, 100 epochs); "
                         "default: the objective's paper")
     p.add_argument("--probe-epochs", type=int, help="SGD probe epochs (default: the recipe's)")
-    p.add_argument("--classnames", metavar="FILE", help="class names of folder:/multilabel: data: one per line in "
-                                                        "sorted folder (label) order, or a JSON map folder -> name")
+    p.add_argument("--classnames", metavar="FILE",
+                   help="class names of folder:/imagefolder:/wds:/multilabel: data: one per line in sorted folder "
+                        "(label, class-index) order, a JSON map folder -> name, or a JSON class-index file "
+                        "index -> name | [folder, name] (default: the folder names; wds: its classnames.txt)")
     p.add_argument("--templates", metavar="FILE|imagenet80",
-                   help="prompt templates of folder:/realms:/multilabel: data: a file, one per line with {} for "
-                        "the class name, or imagenet80 (CLIP's 80 ImageNet prompts)")
+                   help="prompt templates of folder:/imagefolder:/wds:/realms:/multilabel: data: a file, one per "
+                        "line with {} for the class name, or imagenet80 (CLIP's 80 ImageNet prompts; default: "
+                        "wds: its zeroshot_classification_templates.txt)")
     p.add_argument("--topk", default=",".join(map(str, d.multilabel_topk)),
                    help="k of multi-label precision/recall/F1@k (xCLIP Tab. 3)")
     p.add_argument("--image-key", help="image-path column of a captions: CSV (default: the run's "
@@ -100,9 +108,14 @@ def run_eval_command(args) -> int:
     if args.checkpoint is None or args.out is None:
         raise NclipError("eval: --checkpoint and --out are required (or use `nclip eval compare`)")
 
-    from nclip.eval.settings import EvalSettings
+    if args.suite is not None:
+        given = [o for o, v in (("--dataset", args.datasets), ("--tasks", args.tasks),
+                                ("--classnames", args.classnames), ("--templates", args.templates)) if v]
+        if given:
+            raise NclipError(f"eval: --suite names each dataset with its tasks and prompts; drop {', '.join(given)}")
+    from nclip.eval.settings import TASKS, EvalSettings
 
-    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip()) if args.tasks is not None else TASKS
     settings = EvalSettings().updated(
         _option, tasks=tasks, datasets=tuple(args.datasets or EvalSettings().datasets), head=args.head,
         features=args.features, probe=args.probe, probe_recipe=args.probe_recipe, probe_epochs=args.probe_epochs,
@@ -113,11 +126,22 @@ def run_eval_command(args) -> int:
         sts_pairs=args.sts_pairs, mask_samples=args.mask_samples, batch_size=args.batch_size, seed=args.seed,
         tsne_iters=args.tsne_iters,
         device=args.device, **({"nclip_score": args.nclip_score} if args.nclip_score else {}))
+    if args.suite is not None:
+        from nclip.eval.suite import load_suite
+
+        load_suite(args.suite)  # checked here too: a mistake in the file answers before torch is imported
     from nclip.eval.runner import run_eval  # after the settings: their mistakes answer before torch is imported
 
     cache = None if args.no_cache else (args.cache_dir if args.cache_dir else "default")
     log = None if args.quiet else (lambda msg: print(f"eval: {msg}", file=sys.stderr, flush=True))
-    doc = run_eval(args.checkpoint, args.out, settings=settings, cache_dir=cache, report=not args.no_report, log=log)
+    if args.suite is not None:
+        from nclip.eval.suite import run_suite
+
+        doc = run_suite(args.checkpoint, args.out, args.suite, settings=settings, cache_dir=cache,
+                        report=not args.no_report, log=log)
+    else:
+        doc = run_eval(args.checkpoint, args.out, settings=settings, cache_dir=cache, report=not args.no_report,
+                       log=log)
     print(summary(doc, args.out, report=not args.no_report))
     return 0
 
@@ -154,6 +178,10 @@ def summary(doc: dict, out: Path, report: bool = True) -> str:
     width = max([len(k) for k, _ in rows] + [10])
     c = doc["cache"]
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    if doc.get("suite"):  # the suite's row: its mean over the datasets' headline numbers
+        m = doc["suite"]["mean"]
+        lines.append(f"{'suite mean':<{width}}  {fmt('top1', m['all'])} ({m['cells'][0]} of {m['cells'][1]} "
+                     f"headline numbers of {doc['suite']['name']})")
     lines += [f"{task:<{width}}  skipped: {reason}" for task, reason in doc.get("skipped", {}).items()]
     lines.append(f"{'(percent; STS: Spearman x 100)':<{width}}")
     lines.append(f"{'results':<{width}}  {Path(out) / 'results.json'}")

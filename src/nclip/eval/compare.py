@@ -3,7 +3,9 @@
 One markdown table per task, one row per run, columns per dataset (and metric) -- the layout of
 xCLIP Tab. 1 (zero-shot, with an Average column), Tab. 4 (retrieval: I→T and T→I R@1/5/10 per
 dataset) and Tab. 5 (linear probe, with Average). Every run after the first shows its delta to the
-first run in parentheses. Values are percentages (STS: Spearman x 100), as in the papers.
+first run in parentheses. Values are percentages (STS: Spearman x 100), as in the papers. Results
+of ``nclip eval --suite`` add the suite's table (a column per dataset, and the mean) on top
+(:mod:`nclip.eval.suite_table`).
 
 Runs that differ in training steps, training data or evaluation settings are flagged rather than
 silently tabulated side by side: one ``differs:`` line per such setting, on stderr and in the
@@ -115,6 +117,11 @@ def markdown(paths: list[str | Path], warn=None) -> str:
         lines += ["", "**Warning: these runs are not comparable as they stand; the settings that differ:**", ""]
         lines += [f"- {line}" for line in differs]
     lines += ["", "Percentages (STS: Spearman x 100); in parentheses the difference to run 1, in points."]
+    suites = [(d["suite"], n) for d, n in zip(docs, names) if isinstance(d.get("suite"), dict)]
+    if suites:  # nclip eval --suite results: the papers' suite table first
+        from nclip.eval.suite_table import markdown as suite_markdown
+
+        lines += suite_markdown([s for s, _ in suites], [n for _, n in suites])
     for title, task, metrics, average in TABLES:
         datasets = sorted({k.split("/")[1] for r in results for k in r if k.startswith(task + "/")})
         cols = [(f"{d} {label}".strip(), f"{task}/{d}/{m}", m) for d in datasets for label, m in metrics

@@ -23,10 +23,18 @@ description of which protocols apply to it. Spec strings (``--dataset``) select 
                        labels), :mod:`nclip.eval.multilabel_file`
 ``masks:DIR``          mask probing: ``DIR/JPEGImages`` + ``DIR/SegmentationClass`` (VOC) or
                        ``DIR/images`` + ``DIR/masks``, :mod:`nclip.eval.mask_folder`
+``wds:DIR[:SPLIT]``     CLIP_benchmark's WebDataset copy (``classnames.txt``, templates, ``SPLIT/``
+                       tar shards with ``nshards.txt``; split ``test`` by default),
+                       :mod:`nclip.eval.wds_benchmark`
+``imagefolder:DIR``    one ImageFolder split evaluated whole (``val/<class>/...``; a sibling
+                       ``train/`` for probes), :mod:`nclip.eval.imagefolder`
+``karpathy:F:IMAGES``  COCO / Flickr30k retrieval from a Karpathy-split JSON and an image folder
+                       (``karpathy:FILE.json:IMAGES_DIR[:SPLIT]``, ``test`` by default),
+                       :mod:`nclip.eval.karpathy`
 =====================  =========================================================================
 
 ``--classnames`` and ``--templates`` (:mod:`nclip.eval.prompts`) replace the class names and
-prompts of ``folder:`` (and ``multilabel:``) data, ``--templates`` those of ``realms:`` too.
+prompts of ``folder:``, ``imagefolder:``, ``wds:`` (and ``multilabel:``) data, ``--templates`` those of ``realms:`` too.
 
 Problems with user data (a missing file, a malformed row, an unreadable image) raise one
 :class:`~nclip.errors.NclipError` whose message names the file and the row.
@@ -387,7 +395,7 @@ def sts_file(path: str | Path) -> EvalData:
 # spec strings
 # ---------------------------------------------------------------------------------------------
 
-USER_KINDS = ("folder", "realms", "captions", "sts", "multilabel", "masks")
+USER_KINDS = ("folder", "realms", "captions", "sts", "multilabel", "masks", "wds", "imagefolder", "karpathy")
 
 
 def parse_spec(spec: str) -> tuple[str, str | None]:
@@ -433,4 +441,16 @@ def build(spec: str, *, image_size: int, max_objects: int, seed: int, test_sampl
         return [mask_folder(arg)]
     if kind == "captions":
         return [caption_file(arg, image_key, caption_key, run_keys)]
+    if kind == "wds":
+        from nclip.eval.wds_benchmark import wds_benchmark
+
+        return [wds_benchmark(arg, classnames, templates)]
+    if kind == "imagefolder":
+        from nclip.eval.imagefolder import image_split
+
+        return [image_split(arg, classnames, templates)]
+    if kind == "karpathy":
+        from nclip.eval.karpathy import karpathy
+
+        return [karpathy(arg)]
     return [sts_file(arg)]

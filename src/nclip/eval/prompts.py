@@ -9,8 +9,10 @@ for the built-in data (:func:`nclip.eval.features.ensemble`: CLIP head, mean of 
 prompt embeddings renormalised; nCLIP head, mean of the prompts' distributions).
 
 Class names: a text file with one name per line in the sorted order of the class folders (or, for a
-``multilabel:`` CSV, of the sorted labels), or a JSON object mapping each folder name (label) to its
-class name. A missing file, a wrong line count and a class the map lacks are one-line errors.
+``multilabel:`` CSV, of the sorted labels), a JSON object mapping each folder name (label) to its
+class name, or a class-index file: a JSON object mapping each index of that order to its name or to
+``[folder, name]`` (ImageNet's ``imagenet_class_index.json``; the folder is checked). A missing
+file, a wrong line count, a class the map lacks and an index out of range are one-line errors.
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ def _from_map(path: Path, text: str, keys: Sequence[str], what: str) -> tuple[st
     mapping = parse_json(path, text)
     if not isinstance(mapping, dict):
         raise NclipError(f"{path}: expected a JSON object mapping each {what} to its class name")
+    if mapping and not any(k in mapping for k in keys) and all(k.strip().isdigit() for k in mapping):
+        return _from_index_map(path, mapping, keys, what)
     missing = [k for k in keys if k not in mapping]
     if missing:
         raise NclipError(f"{path}: {what} {missing[0]!r} has no class name"
@@ -85,6 +89,30 @@ def _from_map(path: Path, text: str, keys: Sequence[str], what: str) -> tuple[st
     if bad is not None:
         raise NclipError(f"{path}: the class name of {what} {bad!r} must be a non-empty string")
     return tuple(mapping[k].strip() for k in keys)
+
+
+def _from_index_map(path: Path, mapping: dict, keys: Sequence[str], what: str) -> tuple[str, ...]:
+    """Names from a class-index file: index -> name, or index -> [key, name] (ImageNet's
+    ``imagenet_class_index.json``), whose key must be the index's own (the sorted ``keys``)."""
+    names: dict[int, str] = {}
+    for raw, value in mapping.items():
+        i = int(raw)
+        if i >= len(keys):
+            raise NclipError(f"{path}: class index {i} out of range for {len(keys)} {what}s")
+        key = None
+        if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
+            key, value = value
+        if not isinstance(value, str) or not value.strip():
+            raise NclipError(f"{path}: class index {i}: expected a class name or [{what}, name], got {value!r}")
+        if key is not None and key != keys[i]:
+            raise NclipError(f"{path}: class index {i} is {what} {key!r}, but the {what} of index {i} "
+                             f"(sorted order) is {keys[i]!r}")
+        names[i] = value.strip()
+    missing = [i for i in range(len(keys)) if i not in names]
+    if missing:
+        raise NclipError(f"{path}: class index {missing[0]} ({what} {keys[missing[0]]!r}) has no class name"
+                         + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    return tuple(names[i] for i in range(len(keys)))
 
 
 def _head(keys: Sequence[str], n: int = 3) -> list[str]:

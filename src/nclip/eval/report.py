@@ -218,6 +218,10 @@ def render(doc: dict, artifacts: dict, ck=None) -> str:
 
     r = doc["results"]
     sections: list[tuple[str, str, str]] = []  # (id, title, html)
+    if doc.get("suite"):  # nclip eval --suite: the papers' one-row table first
+        from nclip.eval.suite_table import html_table
+
+        sections.append(("suite", f"Suite: {doc['suite']['name']}", html_table(doc["suite"])))
     sections.append(("results", "Results",
                      _tables(r, _task_notes(doc["config"])) + _skipped(doc.get("skipped", {}))))
     said: list[str] = []

@@ -63,6 +63,22 @@ def run_eval(checkpoint: str | Path, out: str | Path | None = None, *, tasks=Non
     t0 = time.perf_counter()
     settings = _resolve_settings(settings or EvalSettings(), out, cache_dir,
                                  tasks=tasks, datasets=datasets, head=head, baseline=baseline)
+    st, objective = start(checkpoint, settings, log)
+    all_data = build_datasets(st.ck.cfg, st.settings)
+    if "realms" in st.settings.tasks:
+        realms.attach_hierarchies(all_data, st.settings.hierarchy)
+    with _threads(1):
+        for data in all_data:
+            evaluate(st, data)
+        if st.settings.baseline and "realms" in st.settings.tasks:
+            _add_relative(st)
+    return finish(st, objective, out, report, t0)
+
+
+def start(checkpoint: str | Path, settings: EvalSettings, log: Callable[[str], None] | None = None):
+    """(the evaluation state, the objective class) of ``checkpoint`` under resolved ``settings``: the
+    zero-shot head chosen and checked, the text tasks of an image-only objective skipped with their
+    reason, the probe features and SGD recipe resolved (the model loads on first use)."""
     ck = resolve_checkpoint(checkpoint)
     if log and Path(ck.path) != Path(checkpoint).expanduser():  # a run without model/: its newest checkpoint
         log(f"{checkpoint} has no model/ (training did not finish): evaluating its newest checkpoint, {ck.path}")
@@ -84,21 +100,24 @@ def run_eval(checkpoint: str | Path, out: str | Path | None = None, *, tasks=Non
     st = EvalState(ck, settings, head_name, FeatureCache(settings.cache_dir, ck.sha256), _device(settings.device),
                    log or (lambda msg: None))
     st.skipped.update(text_skipped)
-    all_data = build_datasets(ck.cfg, settings)
-    if "realms" in settings.tasks:
-        realms.attach_hierarchies(all_data, settings.hierarchy)
     st.extract_threads = torch.get_num_threads()
-    with _threads(1):
-        for data in all_data:
-            t = time.perf_counter()
-            eval_dataset(st, data)
-            st.timing[f"dataset/{data.name}{'-sts' if data.sts else ''}_s"] = time.perf_counter() - t
-        if settings.baseline and "realms" in settings.tasks:
-            _add_relative(st)
+    return st, objective
+
+
+def evaluate(st: EvalState, data: eval_data.EvalData) -> None:
+    """Every selected task on one dataset, timed (call under ``_threads(1)``: the probes' threads)."""
+    t = time.perf_counter()
+    eval_dataset(st, data)
+    st.timing[f"dataset/{data.name}{'-sts' if data.sts else ''}_s"] = time.perf_counter() - t
+
+
+def finish(st: EvalState, objective, out, report: bool, t0: float, extra: dict | None = None) -> dict:
+    """The results document of a finished evaluation (with ``extra`` sections, e.g. a suite's),
+    written to ``out`` (results.json, report.html with ``report``) unless ``out`` is None."""
     explain_missing(st)
 
     st.timing["total_s"] = time.perf_counter() - t0
-    doc = _document(st, objective)
+    doc = {**_document(st, objective), **(extra or {})}
     if out is not None:
         _write(Path(out).expanduser(), doc, st, report, t0)
     return doc

@@ -40,7 +40,8 @@ L2_GRID = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 1e-5, 1e-6)  # linear-probe
 MASK_THRESHOLD = 0.6  # DINO: keep the patches holding 60% of the [CLS] attention mass
 MULTILABEL_TOPK = (3, 5, 10, 20)  # xCLIP Tab. 3: F1@3, F1@5 (NUS-WIDE), F1@10, F1@20 (OpenImages)
 PROMPT_SETS = ("imagenet80",)  # built-in template sets (nclip.eval.prompts.BUILTIN_TEMPLATES)
-_PROMPT_TAKERS = {"classnames": ("folder", "multilabel"), "templates": ("folder", "realms", "multilabel")}
+_PROMPT_TAKERS = {"classnames": ("folder", "multilabel", "wds", "imagefolder"),
+                  "templates": ("folder", "realms", "multilabel", "wds", "imagefolder")}
 
 
 class EvalSettings(BaseModel):
