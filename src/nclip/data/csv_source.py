@@ -25,7 +25,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from nclip.config import RunConfig
-from nclip.data.transforms import augment, to_uint8_tensor
+from nclip.data.transforms import augment, csv_view_side, to_uint8_tensor, view_source
 from nclip.errors import NclipError
 
 _AUG_STREAM = 0xA06
@@ -111,7 +111,7 @@ class CsvTrainPairs(Dataset):
     """Row i → (augmented image [3, S, S], caption, [(path, reason) of rows skipped for it], the row
     read). ``labels`` [N]: the class id of every row with ``data.csv_label_key`` (else None).
 
-    ``raw``: the un-augmented image instead (:func:`nclip.data.loader.view_source`), from which the
+    ``raw``: the un-augmented image instead (:func:`nclip.data.transforms.view_source`), from which the
     collate function makes two views (CMSF). With ``data.tagging`` the caption column is not read:
     the caption is made from the row's label by the loader (the class name stands in for it here)."""
 
@@ -142,8 +142,6 @@ class CsvTrainPairs(Dataset):
                 continue
             image, caption = out
             if self.raw:
-                from nclip.data.loader import csv_view_side, view_source
-
                 return view_source(image, csv_view_side(self.cfg.data.image_size)), caption, bad, row
             aug = self.cfg.data.augment
             rng = np.random.default_rng([self.cfg.seed, _AUG_STREAM, index])

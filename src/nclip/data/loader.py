@@ -48,7 +48,7 @@ from nclip.config import RunConfig
 from nclip.data.shards import Bad
 from nclip.data.tagging import TagCaptions
 from nclip.data.tokenization import CaptionTokenizer
-from nclip.data.transforms import augment, resize_center_crop, to_tensor, to_uint8_tensor
+from nclip.data.transforms import augment, csv_view_side, resize_center_crop, to_tensor, to_uint8_tensor, view_source
 from nclip.data.types import LabelSpace, Sample
 from nclip.data.workers import loader_options, loader_workers, worker_message
 from nclip.defaults import BUILTIN_SOURCES, USER_LABEL, has_labels
@@ -171,18 +171,6 @@ class RowLabels:
         if self.labelled is not None and not bool(self.labelled[index]):
             train = UNLABELLED
         return train, true
-
-
-def view_source(image: np.ndarray, side: int) -> torch.Tensor:
-    """An un-augmented image for :class:`TwoViews`: float [3, side, side] in [0, 1] (resized and
-    centre-cropped unless it has that size already). Built-in images keep their size S; CSV images
-    get ⌈8·S/7⌉ (:data:`csv_view_side`), which the views' random resized crop brings to S."""
-    image = resize_center_crop(image, side)
-    return torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1))).float() / 255.0
-
-
-def csv_view_side(size: int) -> int:
-    return math.ceil(size * 8 / 7)  # 256 for 224, as ImageNet's resize-then-crop
 
 
 class Tagged:
