@@ -258,6 +258,8 @@ class TrainConfig(_Section):
     compile: bool = False
     strategy: Literal["ddp", "fsdp"] = "ddp"  # under torchrun: replicate (DDP) or shard (FSDP2)
     max_nonfinite_steps: int = Field(10, ge=1, description="stop after this many skipped steps in a row")
+    # estimate the step's memory before the first step and refuse a batch that cannot fit (nclip.train.memory_check)
+    memory_check: bool = True
     unmasked_steps: int = Field(0, ge=0, description="FLIP's unmasked tuning: the last N steps keep every patch")
     # the scalars of metrics.jsonl also as TensorBoard events in RUN/tensorboard/ (rank 0); needs the
     # optional tensorboard package (pip install nclip[tensorboard])

@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import gc
 import json
-import math
 import sys
 import tempfile
 from pathlib import Path
+
+from nclip.train.memory_check import fit_line, largest_batch  # noqa: F401 (the bench's API)
 
 GIB = 2**30
 CPU_LIMIT_GIB = 8.0
@@ -44,29 +45,6 @@ SETTINGS = {
     "grad checkpointing": ["model.grad_checkpointing=true"],
     "exact accumulation": ["train.accumulation_mode=exact"],
 }
-
-
-def fit_line(xs: list[float], ys: list[float]) -> dict:
-    """Least squares ys ≈ a + b·xs: ``a``, ``b`` and ``residual``, the largest distance of a point
-    from the line over the largest point (0: on the line; two points always give 0)."""
-    if len(xs) != len(ys) or len(set(xs)) < 2:
-        raise ValueError(f"a line needs two distinct batch sizes, got {xs}")
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    a = my - b * mx
-    worst = max(abs(y - (a + b * x)) for x, y in zip(xs, ys))
-    return {"a": a, "b": b, "residual": worst / max(max(abs(y) for y in ys), 1e-12)}
-
-
-def largest_batch(fixed: float, per_sample: float, limit: float, multiple: int = 1) -> int | None:
-    """The largest batch B (a multiple of ``multiple``) with fixed + per_sample·B ≤ limit; 0 where
-    not even one fits; None where the fit has no positive slope (memory that does not grow with
-    the batch bounds nothing)."""
-    if per_sample <= 0:
-        return None
-    n = math.floor((limit - fixed) / per_sample)
-    return max(0, n // multiple * multiple)
 
 
 def exact_largest(none: dict, exact: dict, m0: int, micro: int, limit: float) -> dict:

@@ -12,7 +12,8 @@ and ``data.tagging`` (captions made from the class names) train on it.
 The dataset is map-style, so it runs under the trainer's step-indexed sampler like the built-in
 datasets (exact resume by step). Images are decoded lazily; a row whose image is missing or does
 not decode, or whose caption is empty, is replaced deterministically by the next good row and
-counted, so every batch keeps its size (contrastive batches must be equal on every rank).
+counted, so every batch keeps its size (contrastive batches must be equal on every rank): the policy
+of every source, :mod:`nclip.data.bad_samples`.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from nclip.config import RunConfig
-from nclip.data.transforms import augment, to_uint8_tensor
+from nclip.data.bad_samples import first_good
+from nclip.data.transforms import augment, csv_view_side, to_uint8_tensor, view_source
 from nclip.errors import NclipError
 
 _AUG_STREAM = 0xA06
-MAX_BAD_IN_A_ROW = 100
 
 
 def read_table(path: str | Path, image_key: str, columns: dict[str, str]) -> tuple[list[str], dict[str, list[str]]]:
@@ -111,7 +112,7 @@ class CsvTrainPairs(Dataset):
     """Row i → (augmented image [3, S, S], caption, [(path, reason) of rows skipped for it], the row
     read). ``labels`` [N]: the class id of every row with ``data.csv_label_key`` (else None).
 
-    ``raw``: the un-augmented image instead (:func:`nclip.data.loader.view_source`), from which the
+    ``raw``: the un-augmented image instead (:func:`nclip.data.transforms.view_source`), from which the
     collate function makes two views (CMSF). With ``data.tagging`` the caption column is not read:
     the caption is made from the row's label by the loader (the class name stands in for it here)."""
 
@@ -132,22 +133,16 @@ class CsvTrainPairs(Dataset):
         return len(self.images)
 
     def __getitem__(self, index: int):
-        bad = []
-        n = len(self.images)
-        for attempt in range(min(MAX_BAD_IN_A_ROW, n)):
-            row = (index + attempt) % n
-            out = load_pair(self.images[row], self.captions[row])
-            if isinstance(out, str):
-                bad.append((f"{self.file} row {row + 2} ({self.images[row]})", out))
-                continue
-            image, caption = out
-            if self.raw:
-                from nclip.data.loader import csv_view_side, view_source
+        (image, caption), row, bad = first_good(index, len(self.images), self._read, self._where)
+        if self.raw:
+            return view_source(image, csv_view_side(self.cfg.data.image_size)), caption, bad, row
+        aug = self.cfg.data.augment
+        rng = np.random.default_rng([self.cfg.seed, _AUG_STREAM, index])
+        crop = augment(image, self.cfg.data.image_size, aug, rng)
+        return to_uint8_tensor(crop), caption, bad, row
 
-                return view_source(image, csv_view_side(self.cfg.data.image_size)), caption, bad, row
-            aug = self.cfg.data.augment
-            rng = np.random.default_rng([self.cfg.seed, _AUG_STREAM, index])
-            crop = augment(image, self.cfg.data.image_size, aug, rng)
-            return to_uint8_tensor(crop), caption, bad, row
-        raise NclipError(f"{self.file}: {len(bad)} unusable rows in a row from row {index + 2} "
-                         f"(e.g. {bad[0][0]}: {bad[0][1]})")
+    def _read(self, row: int) -> tuple[np.ndarray, str] | str:
+        return load_pair(self.images[row], self.captions[row])
+
+    def _where(self, row: int) -> str:
+        return f"{self.file} row {row + 2} ({self.images[row]})"

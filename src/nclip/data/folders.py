@@ -4,7 +4,9 @@
 A tree is ``DIR/<class>/<image>`` or ``DIR/train/<class>/...`` with ``DIR/test/<class>/...``;
 class ids are the sorted class-folder names, class names the folder names with ``_`` and ``-`` as
 spaces. Listings are sorted, so the dataset order is deterministic. Problems (a missing folder, a
-class without images, an unreadable image) raise one :class:`~nclip.errors.NclipError` naming it.
+class without images, an unreadable image) raise one :class:`~nclip.errors.NclipError` naming it,
+except an unreadable image in training, which is skipped like a bad CSV row
+(:meth:`FileSamples.read`, :mod:`nclip.data.bad_samples`).
 """
 
 from __future__ import annotations
@@ -24,17 +26,27 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".ti
 FOLDER_TEMPLATES = ("a photo of a {}.", "a picture of a {}.", "an image of a {}.", "a {}.")
 
 
-def load_image(path: Path, where: str = "") -> np.ndarray:
-    """uint8 [H, W, 3] RGB, or an NclipError naming the file (and ``where`` it was listed)."""
+def image_or_reason(path: Path) -> np.ndarray | str:
+    """uint8 [H, W, 3] RGB, or why the file cannot be read: ``image not found`` or ``cannot read
+    image: <the decoder's first line>``."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(path) as im:
             return np.asarray(im.convert("RGB"))
     except FileNotFoundError:
-        raise NclipError(f"{where}image not found: {path}") from None
+        return "image not found"
     except (UnidentifiedImageError, OSError, ValueError) as e:
-        raise NclipError(f"{where}cannot read image {path}: {str(e).splitlines()[0]}") from None
+        return f"cannot read image: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+
+
+def load_image(path: Path, where: str = "") -> np.ndarray:
+    """uint8 [H, W, 3] RGB, or an NclipError naming the file (and ``where`` it was listed)."""
+    out = image_or_reason(path)
+    if not isinstance(out, str):
+        return out
+    what, _, detail = out.partition(": ")
+    raise NclipError(f"{where}{what}: {path}" if not detail else f"{where}{what} {path}: {detail}")
 
 
 class FileSamples(Sequence):
@@ -52,9 +64,19 @@ class FileSamples(Sequence):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
+        return self._sample(i, load_image(self.paths[i], self.where[i]))
+
+    def read(self, i: int) -> Sample | str:
+        """Sample ``i``, or why its image cannot be read (training skips it: :mod:`nclip.data.bad_samples`)."""
+        image = image_or_reason(self.paths[i])
+        return image if isinstance(image, str) else self._sample(i, image)
+
+    def where_of(self, i: int) -> str:
+        return f"{self.where[i]}{self.paths[i]}"
+
+    def _sample(self, i: int, image: np.ndarray) -> Sample:
         caps = self.captions[i]
-        return Sample(image=load_image(self.paths[i], self.where[i]), caption=caps[0], captions=caps,
-                      labels=dict(self.labels[i]))
+        return Sample(image=image, caption=caps[0], captions=caps, labels=dict(self.labels[i]))
 
 
 def fingerprint(paths: list[Path], extra: str = "") -> str:

@@ -32,12 +32,14 @@ What an objective needs beyond (pixels, ids, mask) comes from its class (``Objec
   by (seed, epoch of the step, index): :mod:`nclip.data.tagging`.
 
 :func:`train_loader` returns a :class:`TrainData`: iterate it for batches; ``skipped`` counts the
-bad samples skipped so far on this rank and ``state()`` is the data position to checkpoint.
+bad samples skipped so far on this rank (named on stderr as they are, and summed up at the end of the
+batches: :mod:`nclip.data.bad_samples`) and ``state()`` is the data position to checkpoint.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -45,10 +47,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from nclip.config import RunConfig
+from nclip.data.bad_samples import BadWindow, SkipLog, first_good
 from nclip.data.shards import Bad
 from nclip.data.tagging import TagCaptions
 from nclip.data.tokenization import CaptionTokenizer
-from nclip.data.transforms import augment, resize_center_crop, to_tensor, to_uint8_tensor
+from nclip.data.transforms import augment, csv_view_side, resize_center_crop, to_tensor, to_uint8_tensor, view_source
 from nclip.data.types import LabelSpace, Sample
 from nclip.data.workers import loader_options, loader_workers, worker_message
 from nclip.defaults import BUILTIN_SOURCES, USER_LABEL, has_labels
@@ -173,18 +176,6 @@ class RowLabels:
         return train, true
 
 
-def view_source(image: np.ndarray, side: int) -> torch.Tensor:
-    """An un-augmented image for :class:`TwoViews`: float [3, side, side] in [0, 1] (resized and
-    centre-cropped unless it has that size already). Built-in images keep their size S; CSV images
-    get ⌈8·S/7⌉ (:data:`csv_view_side`), which the views' random resized crop brings to S."""
-    image = resize_center_crop(image, side)
-    return torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1))).float() / 255.0
-
-
-def csv_view_side(size: int) -> int:
-    return math.ceil(size * 8 / 7)  # 256 for 224, as ImageNet's resize-then-crop
-
-
 class Tagged:
     """The tagging caption of a row of a step-indexed source (:mod:`nclip.data.tagging`): the
     template is drawn by the epoch of the step, as the sampler counts epochs (``epoch_of``)."""
@@ -215,7 +206,10 @@ class TrainPairs(Dataset):
 
     def __getitem__(self, key) -> tuple:
         step, index = key
-        s = self.samples[index]
+        if hasattr(self.samples, "read"):  # a folder's images may be bad: skipped (nclip.data.bad_samples)
+            s, _, bad = first_good(index, len(self.samples), self.samples.read, self.samples.where_of)
+        else:  # built-in samples are never bad
+            s, bad = self.samples[index], []
         if self.raw:
             image = view_source(s.image, self.raw_side)  # built-in images are S × S
         else:
@@ -223,7 +217,7 @@ class TrainPairs(Dataset):
             image = to_uint8_tensor(augment(s.image, self.cfg.data.image_size, self.cfg.data.augment, rng))
         labels = self.labels(index, s.labels[self.label_key]) if self.labels is not None else None
         caption = self.tags(step, index, s.labels[self.tags.key]) if self.tags is not None else s.caption
-        return image, caption, [], labels, step, index  # built-in samples are never bad (a folder's: an error)
+        return image, caption, bad, labels, step, index
 
 
 class _Keyed(Dataset):
@@ -381,9 +375,8 @@ class TrainData:
         self.size: int | None = None  # samples of a map-style source (None: streamed)
         # streamed sources: [records consumed, bad skipped, *per-source consumed (data.sampling per_source)]
         self.streams = streams or []
-        from nclip.data.webdataset import BadWindow
-
-        self._window = BadWindow(cfg.data.bad_window, cfg.data.max_bad_fraction)
+        self._window = BadWindow(cfg.data.bad_window, cfg.data.max_bad_fraction)  # map-style: checked here
+        self.skip_log = SkipLog(what)
 
     @property
     def skipped(self) -> int:
@@ -413,7 +406,10 @@ class TrainData:
             else:
                 self.streams[info["stream"]] = [int(info["consumed"]), int(info["skipped"]),
                                                 *(int(n) for n in info.get("sources", ()))]
+            self.skip_log.add(info.get("bad", ()))
             yield pixels, ids, mask, *rows
+        if (summary := self.skip_log.summary()) is not None:
+            print(summary, file=sys.stderr, flush=True)
 
     def _account_map(self, good: int, bad: list) -> None:
         self._skipped += len(bad)

@@ -39,7 +39,6 @@ stream ids are rotated by the resume step so that step ``s`` is always served by
 
 from __future__ import annotations
 
-import collections
 import itertools
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -49,6 +48,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from nclip.config import RunConfig
+from nclip.data.bad_samples import BadWindow
 from nclip.data.shards import Bad, Record, check_shards, decode, expand_shards, iter_records
 from nclip.data.transforms import augment, to_uint8_tensor
 from nclip.errors import NclipError
@@ -184,40 +184,13 @@ def _shuffled(records: Iterator[Record | Bad], size: int, rng: np.random.Generat
         yield rec
 
 
-class BadWindow:
-    """Share of bad records among the last ``window`` ones; raises when it passes ``max_fraction``."""
-
-    def __init__(self, window: int, max_fraction: float):
-        self.window, self.limit = window, max_fraction * window
-        self.outcomes: collections.deque = collections.deque()
-        self.bad_urls: collections.Counter = collections.Counter()
-        self.examples: dict[str, str] = {}
-
-    def add(self, bad: Bad | None, url: str) -> None:
-        self.outcomes.append(url if bad is not None else None)
-        if bad is not None:
-            self.bad_urls[url] += 1
-            self.examples[url] = f"{bad.key}: {bad.reason}" if bad.key else bad.reason
-        if len(self.outcomes) > self.window:
-            old = self.outcomes.popleft()
-            if old is not None:
-                self.bad_urls[old] -= 1
-        n_bad = sum(self.bad_urls.values())
-        if n_bad > self.limit:
-            worst, count = self.bad_urls.most_common(1)[0]
-            raise NclipError(
-                f"too many bad samples: {n_bad} of the last {len(self.outcomes)} "
-                f"(more than {self.limit / self.window:.0%} of a window of {self.window}); "
-                f"{count} from shard {worst} (e.g. {self.examples.get(worst, '?')})"
-            )
-
-
 class ShardStreamDataset(IterableDataset):
     """This rank's endless sequence of local batches (see the module docstring).
 
     Yields (pixels [b, 3, S, S], ids [b, L], mask [b, L], info) with info = {"stream": id,
-    "consumed": raw records consumed by that stream, "skipped": bad records skipped by it} and, under
-    ``data.sampling: per_source``, "sources": the records consumed from each source.
+    "consumed": raw records consumed by that stream, "skipped": bad records skipped by it, "bad": the
+    (where, reason) of those skipped since the previous batch} and, under ``data.sampling:
+    per_source``, "sources": the records consumed from each source.
     """
 
     def __init__(self, cfg: RunConfig, collate: Callable, local_batch: int, rank: int = 0, world_size: int = 1,
@@ -235,6 +208,7 @@ class ShardStreamDataset(IterableDataset):
 
             self.excluded = frozenset(load_exclusions(cfg.data.exclude))
         self.per_source = cfg.data.sampling == "per_source"
+        self._bad: list[tuple[str, str]] = []  # this worker's skipped records since its last batch
 
     def _position_length(self) -> int:
         return 2 + (len(self.sources) if self.per_source else 0)
@@ -292,7 +266,8 @@ class ShardStreamDataset(IterableDataset):
             if len(items) == self.local_batch:
                 pixels, ids, mask, _ = self.collate(items)
                 items = []
-                yield pixels, ids, mask, {"stream": stream, "consumed": consumed, "skipped": skipped}
+                yield pixels, ids, mask, {"stream": stream, "consumed": consumed, "skipped": skipped,
+                                          "bad": self._take_bad()}
 
     def _decode(self, rec: Record | Bad, stream: int, index: int, window: BadWindow):
         """(pixels, uint8 [3, S, S], caption, []) of the stream's ``index``-th raw record, augmented with
@@ -300,6 +275,7 @@ class ShardStreamDataset(IterableDataset):
         out = decode(rec)
         window.add(out if isinstance(out, Bad) else None, rec.url)
         if isinstance(out, Bad):
+            self._bad.append((f"{out.url} {out.key}".rstrip(), out.reason))
             return None
         image, caption, _ = out
         d = self.cfg.data
@@ -331,4 +307,8 @@ class ShardStreamDataset(IterableDataset):
                     items.append(item)
             pixels, ids, mask, _ = self.collate(items)
             yield pixels, ids, mask, {"stream": stream, "consumed": consumed, "skipped": skipped,
-                                      "sources": list(per_source)}
+                                      "sources": list(per_source), "bad": self._take_bad()}
+
+    def _take_bad(self) -> list[tuple[str, str]]:
+        bad, self._bad = self._bad, []
+        return bad

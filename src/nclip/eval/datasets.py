@@ -45,48 +45,19 @@ from __future__ import annotations
 import csv
 import json
 import os
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 from nclip.data.folders import FOLDER_TEMPLATES, FileSamples, class_folders, class_name, fingerprint, scan_classes
-from nclip.data.types import LabelSpace, Sample
+from nclip.data.types import LabelSpace
 from nclip.defaults import BUILTIN_SOURCES
 from nclip.errors import NclipError
+from nclip.eval.evaldata import EvalData
+from nclip.eval.evaldata import dataset_name as _dataset_name
 
 USER_SPLIT_TEST_FRACTION = 0.3
-
-
-@dataclass
-class EvalData:
-    """One evaluation dataset.
-
-    name: the dataset part of the result keys (``zeroshot/<name>-<kind>/top1``).
-    identity: JSON-able description that, with the split, identifies the extracted features
-        (it keys the feature cache, so it must change whenever the data would).
-    splits: "test" (zero-shot, retrieval, ...) and, for probes, "train".
-    label_spaces: single-label kinds with their class names and prompt templates.
-    retrieval: whether captions are real descriptions (image-text retrieval makes sense).
-    multilabel_kinds: kinds with a multi-hot target (zero-shot multi-label).
-    masks: whether samples carry object masks (mask probing).
-    realm: (realm kind, class kind) for realm-wise probing, or None.
-    realm_hierarchy: (class kind, Hierarchy) whose realms label the samples for realm-wise probing
-        instead of ``realm`` (``nclip eval --hierarchy``, :func:`nclip.eval.realms.attach_hierarchies`).
-    sts: sentence pairs (a, b, score) for text STS, or None.
-    """
-
-    name: str
-    identity: dict
-    splits: dict[str, Sequence[Sample]] = field(default_factory=dict)
-    label_spaces: dict[str, LabelSpace] = field(default_factory=dict)
-    retrieval: bool = False
-    multilabel_kinds: tuple[str, ...] = ()
-    masks: bool = False
-    realm: tuple[str, str] | None = None
-    realm_hierarchy: tuple[str, object] | None = None
-    sts: list[tuple[str, str, float]] | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,12 +202,6 @@ def _with_splits(data: EvalData, splits: dict[str, tuple[list, list]], classes: 
     data.identity = {"kind": kind, "root": str(root.resolve()), "seed": seed,
                      "files": fingerprint(files, json.dumps(names))}
     return data
-
-
-def _dataset_name(path: Path) -> str:
-    stem = path.resolve().name if path.is_dir() else path.stem
-    clean = "".join(ch if ch.isalnum() or ch in "_." else "_" for ch in stem.lower()).strip("_")
-    return clean or "data"
 
 
 _IMAGE_KEYS = ("image", "image_path", "filepath", "file", "path")

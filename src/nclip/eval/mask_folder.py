@@ -22,7 +22,7 @@ import numpy as np
 from nclip.data.folders import IMAGE_SUFFIXES, fingerprint, images_in, load_image
 from nclip.data.types import Sample
 from nclip.errors import NclipError
-from nclip.eval.datasets import EvalData, _dataset_name
+from nclip.eval.evaldata import EvalData, dataset_name
 
 LAYOUTS = (("JPEGImages", "SegmentationClass"), ("images", "masks"))
 VOID = 255  # VOC: object borders and ambiguous pixels
@@ -127,7 +127,7 @@ def mask_folder(root: str | Path) -> EvalData:
         pairs.append((image, mask))
     if not pairs:
         raise NclipError(f"{images}: no images ({', '.join(IMAGE_SUFFIXES)})")
-    return EvalData(name=_dataset_name(root),
+    return EvalData(name=dataset_name(root),
                     identity={"kind": "masks", "root": str(root.resolve()),
                               "files": fingerprint([p for pair in pairs for p in pair])},
                     splits={"test": MaskedImages(pairs)}, masks=True)

@@ -24,7 +24,7 @@ from nclip.data.folders import FOLDER_TEMPLATES, FileSamples, class_name, finger
 from nclip.data.types import LabelSpace
 from nclip.errors import NclipError
 from nclip.eval import prompts
-from nclip.eval.datasets import EvalData, _dataset_name
+from nclip.eval.evaldata import EvalData, dataset_name
 
 KIND = "label"  # result keys: multilabel/<file stem>-label/<metric>
 
@@ -92,7 +92,7 @@ def multilabel_file(path: str | Path, classnames: str | None = None, templates: 
     space = LabelSpace(names, prompts.templates(templates, FOLDER_TEMPLATES))
     paths = [img for img, _, _ in rows]
     samples = MultiLabelSamples(paths, targets, names, [f"{where}: " for _, _, where in rows])
-    return EvalData(name=_dataset_name(path),
+    return EvalData(name=dataset_name(path),
                     identity={"kind": "multilabel", "file": str(path.resolve()),
                               "files": fingerprint([path, *paths])},
                     splits={"test": samples}, label_spaces={KIND: space}, multilabel_kinds=(KIND,))

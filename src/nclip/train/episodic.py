@@ -141,7 +141,8 @@ class CsvSamples:
     def __getitem__(self, index: int):
         from types import SimpleNamespace
 
-        from nclip.data.csv_source import MAX_BAD_IN_A_ROW, load_pair
+        from nclip.data.bad_samples import MAX_BAD_IN_A_ROW
+        from nclip.data.csv_source import load_pair
 
         n = len(self.images)
         for attempt in range(min(MAX_BAD_IN_A_ROW, n)):

@@ -82,6 +82,7 @@ from nclip.train.launch import (
     wrap_passes,
 )
 from nclip.train.logbook import METRICS, Log, startup_block
+from nclip.train.memory_check import check_step_memory, out_of_memory_message
 from nclip.train.monitors import nonfinite_stop_message
 from nclip.train.optim import build_optimizer, lr_at, set_lr
 from nclip.train.rundir import agree, plan_run, start_run
@@ -142,6 +143,8 @@ def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progre
     run, data_state = _restore(plan.cfg, run_dir, ctx, resume)
     if run.start >= run.cfg.train.steps:  # every rank: the step came from rank 0
         return RunResult(run_dir, run.start, already_finished=True)
+    if data_source is None:  # a batch that cannot fit: one line, before anything is written
+        check_step_memory(run)
     run.data = _open_data(run, data_source, data_state)
     # the first write: a run that cannot start (bad config, missing data) leaves no trace
     if ctx.is_main:
@@ -360,7 +363,10 @@ def _run_steps(run: _Run, progress: bool) -> dict:
     run.module.train()
     try:
         for step, batch in enumerate(run.data, start=run.start):
-            result = _step(run, step, batch)
+            try:
+                result = _step(run, step, batch)
+            except torch.OutOfMemoryError:
+                raise NclipError(out_of_memory_message(run.cfg, run.ctx.device, step)) from None
             done = step + 1
             logs = done % t.log_every == 0 or done == t.steps
             saves = done % t.checkpoint_every == 0 or done == t.steps

@@ -46,6 +46,7 @@ RESUME_MAY_CHANGE = (
     "train.compile",  # the same math, compiled; float rounding may differ (fused kernels)
     "model.grad_checkpointing",  # the same ops, some run again in the backward: the same numbers
     "train.max_nonfinite_steps",  # when to stop on non-finite steps, not what a step does
+    "train.memory_check",  # a check before the first step; it leaves the run as it found it
     "train.tensorboard",  # a copy of metrics.jsonl's scalars
     "data.max_bad_fraction", "data.bad_window",  # when to stop on bad samples, not which are skipped
     "data.num_workers",  # map-style sources: a sample is a pure function of (seed, index)...

@@ -1,0 +1,47 @@
+"""The evaluation dataset record, :class:`EvalData`, and the name a dataset takes from its path:
+what :mod:`nclip.eval.datasets` and the adapters it dispatches to (:mod:`nclip.eval.mask_folder`,
+:mod:`nclip.eval.multilabel_file`) share, kept below them so that they do not import each other."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nclip.data.types import LabelSpace, Sample
+
+
+@dataclass
+class EvalData:
+    """One evaluation dataset.
+
+    name: the dataset part of the result keys (``zeroshot/<name>-<kind>/top1``).
+    identity: JSON-able description that, with the split, identifies the extracted features
+        (it keys the feature cache, so it must change whenever the data would).
+    splits: "test" (zero-shot, retrieval, ...) and, for probes, "train".
+    label_spaces: single-label kinds with their class names and prompt templates.
+    retrieval: whether captions are real descriptions (image-text retrieval makes sense).
+    multilabel_kinds: kinds with a multi-hot target (zero-shot multi-label).
+    masks: whether samples carry object masks (mask probing).
+    realm: (realm kind, class kind) for realm-wise probing, or None.
+    realm_hierarchy: (class kind, Hierarchy) whose realms label the samples for realm-wise probing
+        instead of ``realm`` (``nclip eval --hierarchy``, :func:`nclip.eval.realms.attach_hierarchies`).
+    sts: sentence pairs (a, b, score) for text STS, or None.
+    """
+
+    name: str
+    identity: dict
+    splits: dict[str, Sequence[Sample]] = field(default_factory=dict)
+    label_spaces: dict[str, LabelSpace] = field(default_factory=dict)
+    retrieval: bool = False
+    multilabel_kinds: tuple[str, ...] = ()
+    masks: bool = False
+    realm: tuple[str, str] | None = None
+    realm_hierarchy: tuple[str, object] | None = None
+    sts: list[tuple[str, str, float]] | None = None
+
+
+def dataset_name(path: Path) -> str:
+    stem = path.resolve().name if path.is_dir() else path.stem
+    clean = "".join(ch if ch.isalnum() or ch in "_." else "_" for ch in stem.lower()).strip("_")
+    return clean or "data"
