@@ -58,9 +58,9 @@ def _train_split(split_dir: Path, folders: list[str], space: LabelSpace) -> File
 
 
 def image_split(arg: str, classnames: str | None = None, templates: str | None = None):
-    """The :class:`~nclip.eval.datasets.EvalData` of ``imagefolder:DIR`` (see the module docstring)."""
+    """The :class:`~nclip.eval.evaldata.EvalData` of ``imagefolder:DIR`` (see the module docstring)."""
     from nclip.eval import prompts
-    from nclip.eval.datasets import EvalData
+    from nclip.eval.evaldata import EvalData
     from nclip.eval.lazy_split import LazySplit
 
     split_dir = Path(arg).expanduser()

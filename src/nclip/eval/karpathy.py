@@ -65,8 +65,8 @@ def _sentences(entry: dict, where: str) -> tuple[str, ...]:
 
 
 def karpathy(arg: str):
-    """The retrieval :class:`~nclip.eval.datasets.EvalData` of ``karpathy:FILE.json:IMAGES_DIR[:SPLIT]``."""
-    from nclip.eval.datasets import EvalData
+    """The retrieval :class:`~nclip.eval.evaldata.EvalData` of ``karpathy:FILE.json:IMAGES_DIR[:SPLIT]``."""
+    from nclip.eval.evaldata import EvalData
 
     path, images, split = parse_arg(arg)
     if not images.is_dir():

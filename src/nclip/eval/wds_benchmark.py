@@ -234,8 +234,8 @@ def _label_space(root: Path, classnames: str | None, templates: str | None) -> t
 
 
 def wds_benchmark(arg: str, classnames: str | None = None, templates: str | None = None):
-    """The :class:`~nclip.eval.datasets.EvalData` of ``wds:DIR[:SPLIT]`` (see the module docstring)."""
-    from nclip.eval.datasets import EvalData
+    """The :class:`~nclip.eval.evaldata.EvalData` of ``wds:DIR[:SPLIT]`` (see the module docstring)."""
+    from nclip.eval.evaldata import EvalData
     from nclip.eval.lazy_split import LazySplit
 
     root, split = split_path_arg(arg, "wds", DEFAULT_SPLIT)
