@@ -263,6 +263,9 @@ class TrainConfig(_Section):
     # the scalars of metrics.jsonl also as TensorBoard events in RUN/tensorboard/ (rank 0); needs the
     # optional tensorboard package (pip install nclip[tensorboard])
     tensorboard: bool = False
+    # an exponential moving average of the weights with this decay (e.g. 0.999; 0: off), exported as
+    # RUN/model (the raw weights in RUN/model-raw) and evaluated beside them (nclip.train.ema)
+    ema: float = Field(0.0, ge=0, lt=1, description="EMA decay of the weights (0: off)")
 
     @field_validator("tensorboard")
     @classmethod
@@ -283,6 +286,8 @@ class TrainConfig(_Section):
         if self.optimizer == "adamw8bit" and self.strategy == "fsdp":
             raise ValueError("optimizer adamw8bit is not supported with strategy fsdp (FSDP already shards "
                              "the optimizer state); use adamw, or strategy ddp")
+        if self.ema and self.strategy == "fsdp":
+            raise ValueError("ema is not supported with strategy fsdp yet (use ddp)")
         if self.batch_size % self.accumulation:
             raise ValueError(
                 f"batch_size {self.batch_size} is not divisible by accumulation {self.accumulation}"
