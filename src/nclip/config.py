@@ -20,7 +20,7 @@ from nclip.defaults import EVAL_BATCH_SIZE, PROBE_FEATURES, USER_LABEL, has_labe
 from nclip.errors import NclipError
 from nclip.jsonio import read_text
 from nclip.objectives import REGISTRY, ObjectiveConfig
-from nclip.vision_config import VisionConfig, image_size_problem  # model.vision (also imported from here)
+from nclip.vision_config import VisionConfig, image_size_problem, lock_problem  # model.vision (also imported from here)
 
 
 class _Section(BaseModel):
@@ -171,11 +171,14 @@ class TextConfig(_Section):
     # tokenizer_config.json / special_tokens_map.json); None: the bundled WordPiece tokenizer
     tokenizer: str | None = None
     vocab_size: int | None = Field(None, ge=2, description="kind=transformer; None: the tokenizer's")
+    lock: bool = False  # LiT's locked tower, or only the last N layers trained (nclip.models.locking)
+    unlocked_layers: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _divisible(self):
         if self.kind == "transformer" and self.width % self.heads:
             raise ValueError(f"text width {self.width} is not divisible by heads {self.heads}")
+        lock_problem(self.lock, self.unlocked_layers, self.layers if self.kind == "transformer" else None, "text")
         return self
 
 

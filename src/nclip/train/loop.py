@@ -49,6 +49,7 @@ from nclip.errors import NclipError
 from nclip.jsonio import WriteFailed, truncate_jsonl, writing
 from nclip.models import build_model
 from nclip.models.hf_import import init_config, load_init_weights
+from nclip.models.locking import lock_towers
 from nclip.models.patch_dropout import patch_dropout_at, set_patch_dropout
 from nclip.objectives import REGISTRY, build_objective
 from nclip.precision import autocast_dtype
@@ -189,6 +190,7 @@ def _restore(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool) -> t
         torch.set_num_threads(t.threads)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg)
+    lock_towers(model, cfg.model)  # model.vision/text.lock, unlocked_layers: out of the optimizer
     objective = build_objective(cfg.objective, cfg, label_space=label_space_for(cfg))
     start, state = 0, None
     if resume:
