@@ -19,7 +19,7 @@ from nclip.config_files import apply_overrides, preset_dir, preset_names  # noqa
 from nclip.defaults import EVAL_BATCH_SIZE, PROBE_FEATURES, USER_LABEL, has_labels
 from nclip.errors import NclipError
 from nclip.jsonio import parse_yaml, read_text
-from nclip.vision_config import VisionConfig, image_size_problem  # model.vision (also imported from here)
+from nclip.vision_config import VisionConfig, image_size_problem, lock_problem  # model.vision (also imported from here)
 
 
 class _Section(BaseModel):
@@ -170,11 +170,14 @@ class TextConfig(_Section):
     # tokenizer_config.json / special_tokens_map.json); None: the bundled WordPiece tokenizer
     tokenizer: str | None = None
     vocab_size: int | None = Field(None, ge=2, description="kind=transformer; None: the tokenizer's")
+    lock: bool = False  # LiT's locked tower, or only the last N layers trained (nclip.models.locking)
+    unlocked_layers: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _divisible(self):
         if self.kind == "transformer" and self.width % self.heads:
             raise ValueError(f"text width {self.width} is not divisible by heads {self.heads}")
+        lock_problem(self.lock, self.unlocked_layers, self.layers if self.kind == "transformer" else None, "text")
         return self
 
 
@@ -264,6 +267,9 @@ class TrainConfig(_Section):
     # the scalars of metrics.jsonl also as TensorBoard events in RUN/tensorboard/ (rank 0); needs the
     # optional tensorboard package (pip install nclip[tensorboard])
     tensorboard: bool = False
+    # an exponential moving average of the weights with this decay (e.g. 0.999; 0: off), exported as
+    # RUN/model (the raw weights in RUN/model-raw) and evaluated beside them (nclip.train.ema)
+    ema: float = Field(0.0, ge=0, lt=1, description="EMA decay of the weights (0: off)")
 
     @field_validator("tensorboard")
     @classmethod
@@ -284,6 +290,8 @@ class TrainConfig(_Section):
         if self.optimizer == "adamw8bit" and self.strategy == "fsdp":
             raise ValueError("optimizer adamw8bit is not supported with strategy fsdp (FSDP already shards "
                              "the optimizer state); use adamw, or strategy ddp")
+        if self.ema and self.strategy == "fsdp":
+            raise ValueError("ema is not supported with strategy fsdp yet (use ddp)")
         if self.batch_size % self.accumulation:
             raise ValueError(
                 f"batch_size {self.batch_size} is not divisible by accumulation {self.accumulation}"

@@ -46,6 +46,10 @@ class VisionConfig(BaseModel):
     # vit: FLIP's patch dropout, the share of patch tokens each training image drops (eval keeps all;
     # nclip.models.patch_dropout); train.unmasked_steps trains the last steps with every patch
     patch_dropout: float = Field(0.0, ge=0, lt=1)
+    # locked-image tuning (LiT): the tower frozen, run without gradients and in eval mode; or only its
+    # last N layers (blocks; stages for the conv towers) trained (nclip.models.locking, docs/locking.md)
+    lock: bool = False
+    unlocked_layers: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _divisible(self):
@@ -65,7 +69,18 @@ class VisionConfig(BaseModel):
             raise ValueError(f"{self.kind} last width {self.hidden_sizes[-1]} is not divisible by heads {self.heads}")
         if self.kind == "clip_resnet":
             _clip_resnet_widths(self)
+        layers = self.layers if self.kind == "vit" else len(self.depths)
+        lock_problem(self.lock, self.unlocked_layers, layers, "vision")
         return self
+
+
+def lock_problem(lock: bool, unlocked_layers: int | None, layers: int | None, tower: str) -> None:
+    """A tower's ``lock``/``unlocked_layers`` pair (model.vision, model.text) checked against its
+    ``layers`` (None: known once the tower is built); raises a one-line ValueError."""
+    if lock and unlocked_layers is not None:
+        raise ValueError(f"model.{tower}: give lock or unlocked_layers, not both")
+    if unlocked_layers is not None and layers is not None and unlocked_layers > layers:
+        raise ValueError(f"model.{tower}.unlocked_layers {unlocked_layers} exceeds the tower's {layers} layers")
 
 
 def _clip_resnet_widths(cfg: VisionConfig) -> None:

@@ -54,6 +54,7 @@ CASES = {
     "xclip": [],
     "xclip-exact-accumulation": ["train.accumulation=2"],
     "xclip-independent-accumulation": ["train.accumulation=2", "train.accumulation_mode=independent"],
+    "xclip-ema-locked-vision": ["train.ema=0.99", "model.vision.lock=true"],  # nclip.train.ema, models.locking
     "nclip": ["objective.name=nclip"],
     "siglip": ["objective.name=siglip"],
     "supcon": ["objective.name=supcon"],

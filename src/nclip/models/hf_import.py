@@ -82,6 +82,8 @@ def init_config(cfg: RunConfig, required: bool = True, note=None) -> RunConfig:
     else:
         vision, text, data, embed_dim, source = _nclip_architecture(path)
     raw = cfg.model_dump(mode="json")
+    for section, arch in (("vision", vision), ("text", text)):  # locking is the run's, not the architecture's
+        arch.update({k: raw["model"][section][k] for k in ("lock", "unlocked_layers")})
     raw["model"].update(vision=vision, text=text, embed_dim=embed_dim)
     raw["data"].update(data)
     out = validate(raw)

@@ -24,8 +24,8 @@ Choices where the paper is ambiguous (each one a config key):
   prototypes (K-Means' initialisation, no Lloyd iteration); see :mod:`nclip.train.kmeans`.
 - The external term uses hard targets by default (``t_target_ext: 0``), as the authors' code does
   (``teacher_temperature=-1``); the paper only says "in a similar way of Eq. 4".
-- Locked-image tuning (App. A.1): from ``lit_episode`` on the image tower's learning rate is 0
-  (param-group ``lr_scale``, applied by the loop) and, as in the authors' code, the loss is
+- Locked-image tuning (App. A.1): from ``lit_episode`` on the image tower and the image heads are
+  locked (``nclip.models.locking``, applied by the episodic driver) and, as in the authors' code, the loss is
   L_CLIP alone (no clustering is done in those episodes).
 - InfoNCE-only warm-up episodes (Tab. A.3: 40): ``warmup_episodes``, L_CLIP alone, as the
   authors' code.

@@ -26,7 +26,9 @@ step, position)), which gives the implicit contrast of App. A.3; ``data.augment`
 augmentation (``color_jitter_prob``, ``grayscale_prob``).
 
 Warm-up and locked-image episodes train with L_CLIP alone and skip steps 1-2. From
-``objective.lit_episode`` on, the image tower's param groups get ``lr_scale`` 0.
+``objective.lit_episode`` on, the image side is locked (:func:`nclip.models.locking.lock_image_side`,
+the mechanism of ``model.vision.lock``): the image tower runs without gradients and in eval mode,
+and neither it nor the image heads get a gradient, so the optimizer leaves them bitwise as they are.
 
 Per-episode timings of the three steps (the paper's Fig. A.9) and the K-Means objectives go to
 ``RUN/episodes.jsonl`` (rank 0), one line per finished episode.
@@ -62,6 +64,7 @@ from nclip.data.workers import loader_workers
 from nclip.defaults import MAP_SOURCES, USER_LABEL
 from nclip.errors import NclipError
 from nclip.jsonio import truncate_jsonl, writing
+from nclip.models.locking import lock_image_side
 from nclip.objectives import REGISTRY, functional
 from nclip.precision import autocast_dtype, to_float32, tower_autocast
 from nclip.train.kmeans import kmeans
@@ -305,7 +308,7 @@ class EpisodicData:
             obj.set_episode(episode, state.pop("labels"), **state)
         else:
             obj.set_episode(episode)
-        self.timings.update(proto=obj.proto_active(episode), lit=self._set_lr_scales(episode))
+        self.timings.update(proto=obj.proto_active(episode), lit=self._lock_image(episode))
 
     def _load_teacher(self) -> None:
         if not (self.oc.use_ext and self.ctx.is_main) or self.teacher is not None:
@@ -334,7 +337,7 @@ class EpisodicData:
             episode, j0 = divmod(step, self.spe)
             resumed = j0 > 0 and int(self.objective.episode) == episode
             if resumed:  # mid-episode resume: the checkpoint restored this episode's state
-                self.timings = {"resumed": True, "lit": self._set_lr_scales(episode)}
+                self.timings = {"resumed": True, "lit": self._lock_image(episode)}
             else:
                 self._prepare(episode)
             last = min((episode + 1) * self.spe, self.steps)
@@ -351,12 +354,12 @@ class EpisodicData:
                        "steps": last - episode * self.spe - j0,
                        **self.timings, "train_s": time.perf_counter() - t_train})
 
-    def _set_lr_scales(self, episode: int) -> bool:
-        """Locked-image tuning: the image tower's lr is 0 from ``lit_episode`` on. Returns lit."""
+    def _lock_image(self, episode: int) -> bool:
+        """Locked-image tuning: the image side locked from ``lit_episode`` on (for good: episodes
+        only go forward, and a resumed run locks again here). Returns lit."""
         lit = self.oc.lit_episode is not None and episode >= self.oc.lit_episode
-        for group in self.optimizer.param_groups:
-            if group.get("tower") == "image":
-                group["lr_scale"] = 0.0 if lit else 1.0
+        if lit:
+            lock_image_side(self.model)
         return lit
 
 

@@ -188,8 +188,10 @@ class HeadPass(nn.Module):
 
 
 def _find_unused(cfg: RunConfig) -> bool:
-    # a pretrained BERT-style text tower pooled by mean/[CLS] never uses its pooler layer
-    return cfg.model.text.kind == "pretrained" and cfg.model.text.pooling != "pooler"
+    # a pretrained BERT-style text tower pooled by mean/[CLS] never uses its pooler layer; ProtoCLIP's
+    # lit_episode locks the image side during the run (nclip.models.locking): no gradient from then on
+    return (cfg.model.text.kind == "pretrained" and cfg.model.text.pooling != "pooler"
+            or getattr(cfg.objective, "lit_episode", None) is not None)
 
 
 def cached_accumulation(cfg: RunConfig) -> bool:
@@ -246,6 +248,8 @@ def wrap_passes(step: TrainStep, ctx: DistContext, cfg: RunConfig) -> tuple[nn.M
     towers, heads = TowerPass(step), HeadPass(step)
     if not ctx.distributed:
         return towers, heads
+    if not any(p.requires_grad for p in towers.parameters()):  # both towers locked: nothing to average
+        return towers, _ddp(heads, ctx, False)
     return _ddp(towers, ctx, _find_unused(cfg)), _ddp(heads, ctx, False)
 
 

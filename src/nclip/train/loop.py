@@ -49,7 +49,7 @@ from nclip.errors import NclipError
 from nclip.jsonio import WriteFailed, truncate_jsonl, writing
 from nclip.models import build_model
 from nclip.models.hf_import import init_config, load_init_weights
-from nclip.models.io import save_model
+from nclip.models.locking import lock_towers
 from nclip.models.patch_dropout import patch_dropout_at, set_patch_dropout
 from nclip.objectives import REGISTRY, build_objective
 from nclip.precision import autocast_dtype
@@ -64,6 +64,7 @@ from nclip.train.checkpoint import (
     set_rng_state,
 )
 from nclip.train.compile import compile_towers
+from nclip.train.ema import WeightEMA, ema_for, ema_state, evaluate_with_ema, save_run_models
 from nclip.train.gate import StepGate
 from nclip.train.labels import label_space_for
 from nclip.train.launch import (
@@ -173,6 +174,7 @@ class _Run:
     gate: StepGate = None  # the device-side skip decision and counters
     passes: tuple | None = None  # (towers, heads) of gradient-cached accumulation, else None
     tower_buffers: BufferSnapshot | None = None  # the online towers' buffers, put back between passes
+    ema: WeightEMA | None = None  # train.ema: the weights' moving average (nclip.train.ema)
 
     def __post_init__(self):
         self.snapshot = BufferSnapshot(self.step_module)
@@ -191,6 +193,7 @@ def _restore(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool) -> t
         torch.set_num_threads(t.threads)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg)
+    lock_towers(model, cfg.model)  # model.vision/text.lock, unlocked_layers: out of the optimizer
     objective = build_objective(cfg.objective, cfg, label_space=label_space_for(cfg))
     start, state = 0, None
     if resume:
@@ -209,6 +212,7 @@ def _restore(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool) -> t
     step_module = TrainStep(model, objective, autocast_dtype(t.precision, ctx.device))
     module = wrap(step_module, ctx, cfg)
     run = _Run(cfg, run_dir, ctx, model, step_module, module, build_optimizer([model, objective], t), start)
+    run.ema = ema_for(model, t.ema, state)
     if cached_accumulation(cfg):
         run.passes = wrap_passes(step_module, ctx, cfg)
         run.tower_buffers = BufferSnapshot(online_towers(model))
@@ -327,6 +331,8 @@ def _step(run: _Run, step: int, batch: tuple) -> _StepResult:
     run.gate.step(skip)  # the optimizer update, unless skip
     run.snapshot.restore_where(skip)  # a skipped step leaves the buffers as they were
     run.step_module.objective.after_step(run.model, step, t.steps, taken=1 - skip)  # e.g. CMSF's momentum update
+    if run.ema is not None:
+        run.ema.update(taken=1 - skip)  # a skipped step leaves the average as it was
     optimizer.zero_grad(set_to_none=True)
     return _StepResult(lr, keys, vector, grad_norm.detach(), skip)
 
@@ -399,14 +405,13 @@ def _finish(run: _Run, last: dict, evaluate: bool) -> RunResult:
         final.load_state_dict(_strip(weights, "model."))
         final.to(ctx.device)
     final.eval()
-    with writing(run.run_dir / "model"):
-        save_model(final, cfg, run.run_dir / "model")
+    save_run_models(final, cfg, run.run_dir, run.ema)  # model/: the EMA when on, model-raw/ beside it
     if evaluate and cfg.data.source not in BUILTIN_SOURCES:
         print(f"nclip: note: no end-of-run evaluation for data.source {cfg.data.source}", file=sys.stderr)
     elif evaluate:
         from nclip.eval.quick import evaluate_run
 
-        result.eval = evaluate_run(final, cfg, ctx.device)
+        result.eval = evaluate_with_ema(lambda m: evaluate_run(m, cfg, ctx.device), final, run.ema)
         with writing(run.run_dir / "eval.json"):
             (run.run_dir / "eval.json").write_text(json.dumps(result.eval, indent=2, sort_keys=True))
     return result
@@ -467,6 +472,7 @@ def _save(run: _Run, step: int) -> None:
         "data": [e["data"] for e in everyone],
         "world_size": ctx.world_size,
         "counters": dict(run.counters),
+        **ema_state(run.ema),
     }
     save_checkpoint(run.run_dir, step, _strip(full, "model."), state, run.cfg.train.keep_checkpoints)
 

@@ -32,7 +32,7 @@ CONFIG = "config.yaml"
 EPISODES_LOG = "episodes.jsonl"  # ProtoCLIP's per-episode log (nclip.train.episodic)
 # Everything the trainer writes into a run directory; any of them marks a run. In the order --force
 # removes them: checkpoints first, so that a --force stopped half-way leaves nothing to resume from.
-RUN_FILES = ("checkpoints", "metrics.jsonl", EPISODES_LOG, "eval.json", "model", CONFIG)
+RUN_FILES = ("checkpoints", "metrics.jsonl", EPISODES_LOG, "eval.json", "model", "model-raw", CONFIG)
 LEFTOVERS = (".model.*", f".{CONFIG}.*")  # temporaries of interrupted atomic writes beside them
 
 # Keys that --resume auto may change. None of them changes what a step computes (the samples, their
