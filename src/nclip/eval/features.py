@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -60,22 +62,59 @@ def encode_images(model, images: Sequence[np.ndarray], size: int, device,
 @torch.no_grad()
 def extract(model, samples: Sequence[Sample], image_size: int, device, batch_size: int = EVAL_BATCH_SIZE,
             texts: bool = True) -> Features:
-    """Every head's output for the images (and, with ``texts``, the reference captions) of ``samples``."""
+    """Every head's output for the images (and, with ``texts``, the reference captions) of ``samples``.
+
+    Streamed a batch at a time: only one batch of images is decoded at once (a lazy dataset such as
+    ImageNet's 50,000 validation images would not fit in memory decoded), the next batch decoded
+    by a thread pool while the model encodes this one (PIL decodes without the GIL)."""
     model.eval()
-    items = [samples[i] for i in range(len(samples))]
-    captions, owner = [], []
-    if texts:
-        for n, s in enumerate(items):
-            captions.extend(s.captions)
-            owner.extend([n] * len(s.captions))
+    parts, captions, owner = [], [], []
+    labels: dict[str, list[int]] = {}
+    multilabels: dict[str, list[np.ndarray]] = {}
+    with ThreadPoolExecutor(max_workers=_DECODE_THREADS) as pool:
+        for start, pixels, batch in _decoded_batches(pool, samples, image_size, batch_size):
+            parts.append(model.encode_image(pixels.to(device)))
+            for n, s in enumerate(batch, start):
+                if texts:
+                    captions.extend(s.captions)
+                    owner.extend([n] * len(s.captions))
+                for k, v in s.labels.items():
+                    labels.setdefault(k, []).append(v)
+                for k, v in s.multilabels.items():
+                    multilabels.setdefault(k, []).append(v)
     return Features(
-        image=encode_images(model, [s.image for s in items], image_size, device, batch_size),
+        image=_cat(parts),
         text=encode_texts(model, captions, device, batch_size) if captions else {},
         text_to_image=torch.tensor(owner, dtype=torch.long),
-        labels={k: torch.tensor([s.labels[k] for s in items]) for k in items[0].labels} if items else {},
-        multilabels={k: torch.from_numpy(np.stack([s.multilabels[k] for s in items])) for k in items[0].multilabels}
-        if items else {},
+        labels={k: torch.tensor(v) for k, v in labels.items()},
+        multilabels={k: torch.from_numpy(np.stack(v)) for k, v in multilabels.items()},
     )
+
+
+_DECODE_THREADS = min(8, os.cpu_count() or 1)
+
+
+def _decoded_batches(pool: ThreadPoolExecutor, samples: Sequence[Sample], size: int, batch_size: int):
+    """(first index, pixels [b, 3, size, size], the batch's samples with their images dropped) per
+    batch, in order; the next batch is decoding while the caller encodes this one."""
+
+    def load(i: int) -> tuple[torch.Tensor, Sample]:
+        s = samples[i]
+        return eval_tensor(s.image, size), replace(s, image=_NO_IMAGE)
+
+    def submit(start: int):
+        return start, [pool.submit(load, i) for i in range(start, min(start + batch_size, len(samples)))]
+
+    pending = submit(0) if len(samples) else None
+    while pending is not None:
+        start, futures = pending
+        nxt = start + batch_size
+        pending = submit(nxt) if nxt < len(samples) else None
+        loaded = [f.result() for f in futures]
+        yield start, torch.stack([p for p, _ in loaded]), [s for _, s in loaded]
+
+
+_NO_IMAGE = np.zeros((0, 0, 3), np.uint8)  # a sample's image once it is encoded: not kept in memory
 
 
 def similarity(image: dict[str, torch.Tensor], text: dict[str, torch.Tensor], head: str,
