@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from nclip.defaults import EVAL_BATCH_SIZE, PROBE_FEATURES, USER_LABEL, has_labels
 from nclip.errors import NclipError
+from nclip.eval_while_training_config import DEFAULT_EVAL_EVERY, DEFAULT_EVAL_SAMPLES, check_eval_datasets
 from nclip.jsonio import read_text
 from nclip.objectives import REGISTRY, ObjectiveConfig
 from nclip.vision_config import VisionConfig, image_size_problem  # model.vision (also imported from here)
@@ -263,6 +264,16 @@ class TrainConfig(_Section):
     # the scalars of metrics.jsonl also as TensorBoard events in RUN/tensorboard/ (rank 0); needs the
     # optional tensorboard package (pip install nclip[tensorboard])
     tensorboard: bool = False
+    # evaluation while training (rank 0, nclip.train.periodic_eval): every eval_every steps (0: off) on
+    # eval_samples images of each of eval_datasets (specs as `nclip eval --dataset`; []: the built-in held-out data)
+    eval_every: int = Field(DEFAULT_EVAL_EVERY, ge=0)
+    eval_datasets: list[str] = []
+    eval_samples: int = Field(DEFAULT_EVAL_SAMPLES, ge=10)
+
+    @field_validator("eval_datasets", mode="before")
+    @classmethod
+    def _eval_datasets(cls, specs):
+        return check_eval_datasets(specs)
 
     @field_validator("tensorboard")
     @classmethod
