@@ -15,7 +15,7 @@ the run. It reads the spec's syntax only: the data itself is opened when the run
 from __future__ import annotations
 
 DEFAULT_EVAL_EVERY = 200  # steps; see docs/runs.md for its cost on the tiny preset (≤ 5 % of the run)
-DEFAULT_EVAL_SAMPLES = 250  # held-out images per dataset (and k-NN reference images)
+DEFAULT_EVAL_SAMPLES = 500  # held-out images per dataset (and k-NN reference images)
 
 
 def check_eval_datasets(specs):
