@@ -61,7 +61,7 @@ def metrics_then_resumed(cfg, run: Path) -> tuple[list[dict], list[dict]]:
         out = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         for r in out:
             for key in WALL_CLOCK:
-                r.pop(key)
+                r.pop(key, None)
         return out
 
     train(cfg, run, progress=False, evaluate=False)

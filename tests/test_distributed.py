@@ -276,7 +276,7 @@ def _metrics(text: str) -> list[dict]:
     rows = [json.loads(line) for line in text.splitlines()]
     for r in rows:
         for key in WALL_CLOCK:
-            r.pop(key)
+            r.pop(key, None)
     return rows
 
 

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from nclip.config_files import apply_overrides, preset_dir, preset_names  # noqa: F401 (re-exported)
 from nclip.defaults import EVAL_BATCH_SIZE, PROBE_FEATURES, USER_LABEL, has_labels
 from nclip.errors import NclipError
+from nclip.eval_while_training_config import DEFAULT_EVAL_EVERY, DEFAULT_EVAL_SAMPLES, check_eval_datasets
 from nclip.jsonio import parse_yaml, read_text
 from nclip.vision_config import VisionConfig, image_size_problem, lock_problem  # model.vision (also imported from here)
 
@@ -270,6 +271,16 @@ class TrainConfig(_Section):
     # an exponential moving average of the weights with this decay (e.g. 0.999; 0: off), exported as
     # RUN/model (the raw weights in RUN/model-raw) and evaluated beside them (nclip.train.ema)
     ema: float = Field(0.0, ge=0, lt=1, description="EMA decay of the weights (0: off)")
+    # evaluation while training (rank 0, nclip.train.periodic_eval): every eval_every steps (0: off) on
+    # eval_samples images of each of eval_datasets (specs as `nclip eval --dataset`; []: the built-in held-out data)
+    eval_every: int = Field(DEFAULT_EVAL_EVERY, ge=0)
+    eval_datasets: list[str] = []
+    eval_samples: int = Field(DEFAULT_EVAL_SAMPLES, ge=10)
+
+    @field_validator("eval_datasets", mode="before")
+    @classmethod
+    def _eval_datasets(cls, specs):
+        return check_eval_datasets(specs)
 
     @field_validator("tensorboard")
     @classmethod

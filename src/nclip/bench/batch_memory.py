@@ -116,7 +116,7 @@ def step_peak(cfg, steps: int = 2) -> int:
     batch = one_batch(cfg)
     base = _settle(device)
     t = cfg.train.model_copy(update={"steps": steps + 1, "schedule_steps": None, "checkpoint_every": steps + 1,
-                                     "keep_checkpoints": 1, "log_every": steps + 1})
+                                     "keep_checkpoints": 1, "log_every": steps + 1, "eval_every": 0})
     source = _PeakSource(batch, device, steps)
     with tempfile.TemporaryDirectory(prefix="nclip-bench-") as tmp:
         train(cfg.model_copy(update={"train": t}), Path(tmp) / "run", progress=False, evaluate=False,

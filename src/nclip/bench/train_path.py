@@ -34,7 +34,8 @@ def train_path_over_hand(cfg: RunConfig, steps: int, repeats: int, warmup: int =
 
     total = steps * (repeats + 1)
     t = cfg.train.model_copy(update={"steps": total, "schedule_steps": None, "log_every": steps,
-                                     "checkpoint_every": total, "keep_checkpoints": 1})
+                                     "checkpoint_every": total, "keep_checkpoints": 1,
+                                     "eval_every": 0})  # no evaluation rows between the windows
     run_cfg = cfg.model_copy(update={"train": t})
     with tempfile.TemporaryDirectory(prefix="nclip-bench-") as tmp:
         run_dir = Path(tmp) / "run"

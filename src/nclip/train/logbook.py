@@ -1,6 +1,8 @@
 """What a training run tells its user while it runs (rank 0): the start-up block, metrics.jsonl,
 one line per log step (with ``--no-progress``) or the progress bar, the collapse monitor's
-warnings, and optionally the same scalars as TensorBoard events (``train.tensorboard``).
+warnings, the figures of the evaluation while training (``train.eval_every``:
+:mod:`nclip.train.periodic_eval`), and optionally the same scalars as TensorBoard events
+(``train.tensorboard``).
 
 The start-up block and the log lines go to stderr, like the progress bar and the warnings: stdout
 holds only the end-of-run summary, which scripts read.
@@ -17,10 +19,11 @@ from tqdm.auto import tqdm
 
 from nclip.jsonio import writing
 from nclip.train.monitors import CollapseMonitor
+from nclip.train.periodic_eval import describe, headline
 
 METRICS = "metrics.jsonl"
 # metrics.jsonl's wall-clock fields: they differ between runs of the same steps (resume tests drop them)
-WALL_CLOCK = ("samples_per_s", "data_wait_s")
+WALL_CLOCK = ("samples_per_s", "data_wait_s", "eval_s")  # eval_s: only on the rows of evaluated steps
 TENSORBOARD = "tensorboard"  # RUN/tensorboard/: the event files of train.tensorboard
 
 
@@ -83,6 +86,7 @@ def startup_block(run, preset: str | None) -> str:
                   f"{t.log_every}, checkpoint every {t.checkpoint_every}"),
         ("batch", f"{t.batch_size} {'pairs' if text is not None else 'images'} per step"
                   + (f" in {t.accumulation} micro-batches ({t.accumulation_mode})" if t.accumulation > 1 else "")),
+        ("eval", describe(cfg, getattr(run, "periodic", None))),
         ("output", str(run.run_dir)),
     ]
     width = max(len(k) for k, _ in rows)
@@ -98,8 +102,10 @@ def step_line(row: dict, total: int) -> str:
     """One log step as one line: step, loss, the objective's main terms, lr, samples/s, data wait."""
     terms = "  ".join(f"{k} {row[k]:.4f}" for k in main_terms(row)[:8])
     wait = f"  data wait {row['data_wait_s'] * 1e3:.1f} ms/step" if "data_wait_s" in row else ""
+    evals = "".join(f"  {k} {v:.3f}" for k, v in headline(row))
+    took = f" (eval {row['eval_s']:.1f} s)" if "eval_s" in row else ""
     return (f"step {row['step']}/{total}  loss {row.get('loss', float('nan')):.4f}" + (f"  {terms}" if terms else "")
-            + f"  lr {row['lr']:.3g}  {row['samples_per_s']:.0f} samples/s" + wait)
+            + f"  lr {row['lr']:.3g}  {row['samples_per_s']:.0f} samples/s" + took + wait + evals)
 
 
 def tensorboard_writer(run_dir: Path):
@@ -116,6 +122,7 @@ class Log:
 
     def __init__(self, run, progress: bool):
         self.run, self.window_t, self.window_samples, self.last = run, time.perf_counter(), 0, {}
+        self.last_eval: dict = {}  # the row of the last evaluation (train.eval_every), for the progress bar
         main = run.ctx.is_main
         self.lines = main and not progress  # --no-progress: a line per log step instead of the bar
         self.monitor = CollapseMonitor.for_run(run.cfg)
@@ -125,19 +132,21 @@ class Log:
             self.file = (run.run_dir / METRICS).open("a") if main else None
         self.board = tensorboard_writer(run.run_dir) if main and run.cfg.train.tensorboard else None
 
-    def step(self, done: int, result) -> None:
+    def step(self, done: int, result, evaluation: dict | None = None) -> None:
         """Count the step; write a row when the loop read one (``result``: its log steps, every
-        ``train.log_every`` steps, the last, and the step that stops a run)."""
+        ``train.log_every`` steps, the last, the step that stops a run and the evaluated steps),
+        with ``evaluation``'s entries (``eval/...`` and ``eval_s``, rank 0) on it."""
         self.window_samples += self.run.cfg.train.batch_size
         if result is not None:
-            self._write(done, result)
+            self._write(done, result, evaluation or {})
         self.bar.update(1)
 
-    def _write(self, done: int, result) -> None:
+    def _write(self, done: int, result, evaluation: dict) -> None:
         now = time.perf_counter()
+        training_s = now - self.window_t - evaluation.get("eval_s", 0.0)  # samples/s of training only
         row = {"step": done, "lr": result.lr, **result.terms, "grad_norm": result.grad_norm,
                "nonfinite_steps": self.run.counters["nonfinite_total"], "data/skipped": result.skipped_samples,
-               "samples_per_s": self.window_samples / max(now - self.window_t, 1e-9)}
+               "samples_per_s": self.window_samples / max(training_s, 1e-9), **evaluation}
         if hasattr(self.run.data, "pop_wait"):  # this rank's host wait for its batches, per step
             waited, steps = self.run.data.pop_wait()
             row["data_wait_s"] = waited / max(steps, 1)
@@ -158,8 +167,12 @@ class Log:
             print(step_line(row, self.run.cfg.train.steps), file=sys.stderr, flush=True)
         self.window_t, self.window_samples, self.last = now, 0, row
         wait = {"data_wait_ms": f"{row['data_wait_s'] * 1e3:.1f}"} if "data_wait_s" in row else {}
+        if "eval_s" in row:
+            self.last_eval = row
+        shown = headline(self.last_eval)[:1]  # the last evaluation's headline stays on the bar
+        evals = {"eval": f"{shown[0][1]:.3f}"} if shown else {}
         self.bar.set_postfix(loss=f"{row.get('loss', float('nan')):.3f}", samples_s=f"{row['samples_per_s']:.0f}",
-                             **wait, refresh=False)
+                             **wait, **evals, refresh=False)
 
     def close(self) -> None:
         if self.file is not None:

@@ -86,6 +86,7 @@ from nclip.train.logbook import METRICS, Log, startup_block
 from nclip.train.memory_check import check_step_memory, out_of_memory_message
 from nclip.train.monitors import nonfinite_stop_message
 from nclip.train.optim import build_optimizer, lr_at, set_lr
+from nclip.train.periodic_eval import PeriodicEval
 from nclip.train.rundir import agree, plan_run, start_run
 from nclip.train.runlock import DirLock
 from nclip.train.snapshot import BufferSnapshot
@@ -147,6 +148,7 @@ def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progre
     if data_source is None:  # a batch that cannot fit: one line, before anything is written
         check_step_memory(run)
     run.data = _open_data(run, data_source, data_state)
+    run.periodic = PeriodicEval.for_run(run.cfg, ctx)  # train.eval_every: its data, before anything is written
     # the first write: a run that cannot start (bad config, missing data) leaves no trace
     if ctx.is_main:
         start_run(plan, run_dir)
@@ -175,6 +177,7 @@ class _Run:
     passes: tuple | None = None  # (towers, heads) of gradient-cached accumulation, else None
     tower_buffers: BufferSnapshot | None = None  # the online towers' buffers, put back between passes
     ema: WeightEMA | None = None  # train.ema: the weights' moving average (nclip.train.ema)
+    periodic: PeriodicEval | None = None  # evaluation while training (train.eval_every), else None
 
     def __post_init__(self):
         self.snapshot = BufferSnapshot(self.step_module)
@@ -376,11 +379,13 @@ def _run_steps(run: _Run, progress: bool) -> dict:
             done = step + 1
             logs = done % t.log_every == 0 or done == t.steps
             saves = done % t.checkpoint_every == 0 or done == t.steps
+            evals = run.periodic is not None and run.periodic.due(done)  # its figures go on a row of their own step
             stop = False
-            if logs or saves:
+            if logs or saves or evals:
                 counters.update(run.gate.counters())
                 stop = counters["nonfinite_row"] >= t.max_nonfinite_steps
-            log.step(done, _read(run, result) if logs or stop else None)
+            read = _read(run, result) if logs or stop or evals else None
+            log.step(done, read, run.periodic.at_step(run) if evals else None)  # before the checkpoint of `done`
             if stop:
                 raise NclipError(nonfinite_stop_message(run.cfg, run.run_dir, counters["nonfinite_row"], done))
             if (saves and counters["nonfinite_row"] == 0) or done == t.steps:

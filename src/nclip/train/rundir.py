@@ -52,6 +52,7 @@ RESUME_MAY_CHANGE = (
     "data.num_workers",  # map-style sources: a sample is a pure function of (seed, index)...
     "objective.ext_cache_dir",  # where ProtoCLIP's teacher features are cached (keyed by identity)
     "eval.*",  # the end-of-run evaluation only
+    "train.eval_every", "train.eval_datasets", "train.eval_samples",  # evaluation while training reads the model only
 )
 # ...but a WebDataset run has one shard stream per loader worker, so there the count sets the order
 STREAM_ORDER_KEYS = ("data.num_workers",)
