@@ -35,7 +35,7 @@ def _rows(run: Path) -> list[dict]:
 def _training(row: dict) -> dict:
     """A row without the evaluation and the wall-clock fields."""
     return {k: v for k, v in row.items()
-            if not k.startswith("eval/") and k not in ("eval_s", "samples_per_s", "data_wait_s")}
+            if not k.startswith(("eval/", "ema/eval/")) and k not in ("eval_s", "samples_per_s", "data_wait_s")}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,6 +96,8 @@ def test_untouched_puts_back_modes_and_every_rng():
     # patch dropout draws from torch's RNG every step; the nCLIP head's BatchNorm keeps statistics
     ("micro", ["model.vision.patch_dropout=0.5"], "eval/zeroshot/synthetic-shape/top1"),
     ("cmsf-tiny", [], "eval/knn/digits-digit/top1"),  # image-only: k-NN; a momentum target, BN MLPs
+    # train.ema: the averaged weights are evaluated too (swapped in, and the trained ones put back)
+    ("micro", ["train.ema=0.5"], "ema/eval/zeroshot/synthetic-shape/top1"),
 ])
 def test_training_is_bitwise_the_same_with_evaluation(tmp_path, preset, extra, key):
     runs = {}
@@ -112,6 +114,11 @@ def test_training_is_bitwise_the_same_with_evaluation(tmp_path, preset, extra, k
         assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)  # BN statistics included
         assert all(torch.equal(sa["objective"][k], sb["objective"][k]) for k in sa["objective"])
         assert torch.equal(sa["rng"][0]["torch"], sb["rng"][0]["torch"])
+        if "ema" in sa:  # the average itself is untouched by being evaluated
+            ea, eb = sa["ema"], sb["ema"]
+            assert ea.keys() == eb.keys() and all(torch.equal(ea[k], eb[k]) for k in ea)
+    if key.startswith("ema/"):  # the raw weights are scored beside the average
+        assert all(key.removeprefix("ema/") in r for r in on)
 
 
 @pytest.mark.slow

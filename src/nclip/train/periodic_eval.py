@@ -53,6 +53,7 @@ from nclip.eval import probe, retrieval, zeroshot
 from nclip.eval.features import class_text_outputs, extract, similarity
 from nclip.objectives import REGISTRY
 from nclip.train.checkpoint import rng_state, set_rng_state
+from nclip.train.ema import swapped_to_ema
 
 PREFIX = "eval"  # the raw weights' keys: eval/<task>/<dataset>/<metric>
 
@@ -177,6 +178,9 @@ class PeriodicEval:
                 model = _whole_model(run.cfg, weights, run.ctx.device) if run.ctx.is_main else None
             if run.ctx.is_main:
                 row = self.evaluate(model)
+                if run.ema is not None:  # train.ema: the averaged weights beside the raw ones (not under FSDP)
+                    with swapped_to_ema(model, run.ema):
+                        row.update(self.evaluate(model, prefix=f"ema/{PREFIX}"))
         if run.ctx.is_main:
             row["eval_s"] = time.perf_counter() - start
         if run.ctx.distributed:
