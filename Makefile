@@ -21,7 +21,7 @@ demo: install
 
 test: install
 	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --numprocesses auto --maxprocesses 4 --dist loadfile
 
 bench: install
 	$(BIN)/nclip bench --json bench.json

@@ -13,7 +13,10 @@ from nclip.config import load_preset
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# `make test` runs the suite in parallel processes (pytest-xdist): each gets its share of the cores,
+# so that two workers on two cores do not each start two threads
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
 
 
 def micro_sizes() -> list[str]:

@@ -149,7 +149,7 @@ def test_every_state_pt_damaged_is_one_line_with_the_way_out(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"nclip: error: no usable checkpoint in {tmp_path / 'checkpoints'}: "
                                                "all 2 checkpoints are damaged (newest: cannot read checkpoint"), err
-    assert "start over with --force" in err[0] and len(err[0]) < 400, err
+    assert "start over with --force" in err[0] and len(err[0].replace(str(tmp_path), "R")) < 300, err
     # the older one mended: one warning names the damaged newer one, and the run goes on from the older
     (found[0] / "state.pt").write_bytes(intact)
     assert main(["train", "--out", str(tmp_path), "--extend-to", "6", "--no-progress", "--no-eval"]) == 0
