@@ -226,7 +226,7 @@ def test_finetune_end_to_end_on_digits(tmp_path, capsys):
 @pytest.mark.slow
 def test_resume_after_sigkill_gives_the_uninterrupted_result(tmp_path):
     model = _model_dir(tmp_path)
-    args = ["finetune", "--checkpoint", str(model), "--fraction", "0.1", "--epochs", "3", "--lrs", "2e-3",
+    args = ["finetune", "--checkpoint", str(model), "--fraction", "0.1", "--epochs", "2", "--lrs", "2e-3",
             "--batch-size", "16", "--no-report", "--quiet"]
     # every run in a child process: the same thread count, so the same floating-point sums
     def nclip(*extra):
