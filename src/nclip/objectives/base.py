@@ -135,6 +135,18 @@ class LabelSpace:
         return len(self.classes)
 
 
+def class_count(cfg, label_space: LabelSpace | None) -> int:
+    """The classes an objective with per-class parameters (PaCo's centres, ProtoNW, FrzProto's
+    prototypes) is built for: ``cfg.num_classes`` if set, else the run's label space; a one-line
+    ValueError when neither is known or the config's is below the labels'."""
+    known = label_space.num_classes if label_space is not None else None
+    if cfg.num_classes is None and known is None:
+        raise ValueError(f"objective {cfg.name} needs objective.num_classes or the run's label space")
+    if cfg.num_classes is not None and known is not None and cfg.num_classes < known:
+        raise ValueError(f"objective.num_classes {cfg.num_classes} is below the {known} classes of the run's labels")
+    return cfg.num_classes if cfg.num_classes is not None else known
+
+
 @dataclass(frozen=True)
 class CollapseWatch:
     """What the collapse monitor (App. B.1) reads for an objective with an nCLIP-style head."""

@@ -48,7 +48,7 @@ from pydantic import Field, model_validator
 
 from nclip.defaults import has_labels
 from nclip.objectives import functional
-from nclip.objectives.base import EncoderOutput, LabelRequest, LabelSpace, Objective
+from nclip.objectives.base import EncoderOutput, LabelRequest, LabelSpace, Objective, class_count
 from nclip.objectives.cmsf import BankFields, CmsfObjective, LabelFields, _label_request
 
 _K_DOC = "classes C; None: the classes of the run's labels"
@@ -79,15 +79,6 @@ class FrzProtoConfig(LabelFields):
     num_classes: int | None = Field(None, ge=1, title="C", description=_K_DOC)
 
 
-def _num_classes(cfg, label_space: LabelSpace | None) -> int:
-    known = label_space.num_classes if label_space is not None else None
-    if cfg.num_classes is None and known is None:
-        raise ValueError(f"objective {cfg.name} needs objective.num_classes or the run's label space")
-    if cfg.num_classes is not None and known is not None and cfg.num_classes < known:
-        raise ValueError(f"objective.num_classes {cfg.num_classes} is below the {known} classes of the run's labels")
-    return cfg.num_classes if cfg.num_classes is not None else known
-
-
 class ProtoNwObjective(CmsfObjective):
     """ProtoNW on CMSF's bank and momentum target: L = ``functional.protonw_terms`` (v, u, M before
     this batch); then the batch's targets of every rank are enqueued, as CMSF does."""
@@ -97,11 +88,11 @@ class ProtoNwObjective(CmsfObjective):
     def __init__(self, cfg: ProtoNwConfig, dim: int = 512, labelled_source: bool = True,
                  num_classes: int | None = None):
         super().__init__(cfg, dim, labelled_source)
-        self.num_classes = num_classes or _num_classes(cfg, None)
+        self.num_classes = num_classes or class_count(cfg, None)
 
     @classmethod
     def build(cls, cfg: ProtoNwConfig, run_cfg=None, label_space: LabelSpace | None = None) -> ProtoNwObjective:
-        k = _num_classes(cfg, label_space)
+        k = class_count(cfg, label_space)
         if run_cfg is None:
             return cls(cfg, num_classes=k)
         return cls(cfg, dim=run_cfg.model.cmsf_dim, labelled_source=has_labels(run_cfg.data), num_classes=k)
@@ -138,12 +129,12 @@ class FrzProtoObjective(Objective):
     def __init__(self, cfg: FrzProtoConfig, dim: int = 128, seed: int = 0, num_classes: int | None = None):
         super().__init__()
         self.cfg = cfg
-        k = num_classes or _num_classes(cfg, None)
+        k = num_classes or class_count(cfg, None)
         self.register_buffer("prototypes", functional.frozen_prototypes(k, dim, seed))  # [C, D], never trained
 
     @classmethod
     def build(cls, cfg: FrzProtoConfig, run_cfg=None, label_space: LabelSpace | None = None) -> FrzProtoObjective:
-        k = _num_classes(cfg, label_space)
+        k = class_count(cfg, label_space)
         if run_cfg is None:
             return cls(cfg, num_classes=k)
         return cls(cfg, dim=run_cfg.model.supcon_dim, seed=run_cfg.seed, num_classes=k)

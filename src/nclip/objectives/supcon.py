@@ -40,7 +40,7 @@ from pydantic import Field
 
 from nclip.defaults import BUILTIN_SOURCES, has_labels, unlabelled_reason
 from nclip.objectives import functional
-from nclip.objectives.base import EncoderOutput, LabelRequest, LabelSpace, Objective, ObjectiveConfig
+from nclip.objectives.base import EncoderOutput, LabelRequest, LabelSpace, Objective, ObjectiveConfig, class_count
 from nclip.objectives.cmsf_bank import MemoryBank
 
 _DRAW_MIX = 0x9E3779B97F4A7C15  # golden-ratio multiplier: (seed, draw) → one 63-bit generator seed
@@ -190,15 +190,6 @@ def _centres(num_classes: int, dim: int) -> torch.nn.Parameter:
     return torch.nn.Parameter(torch.empty(num_classes, dim).uniform_(-bound, bound))
 
 
-def _num_classes(cfg, label_space: LabelSpace | None) -> int:
-    known = label_space.num_classes if label_space is not None else None
-    if cfg.num_classes is None and known is None:
-        raise ValueError(f"objective {cfg.name} needs objective.num_classes or the run's label space")
-    if cfg.num_classes is not None and known is not None and cfg.num_classes < known:
-        raise ValueError(f"objective.num_classes {cfg.num_classes} is below the {known} classes of the run's labels")
-    return cfg.num_classes if cfg.num_classes is not None else known
-
-
 class PacoObjective(SupconObjective):
     """Image-only PaCo: L = Eq. (3) with the learnable class centres ``centers`` [K, D]."""
 
@@ -206,11 +197,11 @@ class PacoObjective(SupconObjective):
 
     def __init__(self, cfg: PacoConfig, dim: int = 128, seed: int = 0, num_classes: int | None = None):
         super().__init__(cfg, dim, seed)
-        self.centers = _centres(num_classes or _num_classes(cfg, None), dim)
+        self.centers = _centres(num_classes or class_count(cfg, None), dim)
 
     @classmethod
     def build(cls, cfg: PacoConfig, run_cfg=None, label_space: LabelSpace | None = None) -> PacoObjective:
-        k = _num_classes(cfg, label_space)
+        k = class_count(cfg, label_space)
         if run_cfg is None:
             return cls(cfg, num_classes=k)
         return cls(cfg, dim=run_cfg.model.supcon_dim, seed=run_cfg.seed, num_classes=k)
@@ -247,7 +238,7 @@ class RecoObjective(SupconObjective):
     @classmethod
     def build(cls, cfg: RecoConfig, run_cfg=None, label_space: LabelSpace | None = None) -> RecoObjective:
         s = label_space.similarity if label_space is not None else None
-        k = _num_classes(cfg, label_space) if cfg.base == "paco" else None
+        k = class_count(cfg, label_space) if cfg.base == "paco" else None
         if run_cfg is None:
             return cls(cfg, similarity=s, num_classes=k)
         return cls(cfg, dim=run_cfg.model.supcon_dim, seed=run_cfg.seed, similarity=s, num_classes=k)
