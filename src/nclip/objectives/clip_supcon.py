@@ -41,6 +41,7 @@ from nclip.objectives.base import (
     LabelRequest,
     LabelSpace,
     Objective,
+    class_count,
 )
 from nclip.objectives.nclip import nclip_head_terms
 from nclip.objectives.supcon import (
@@ -56,7 +57,6 @@ from nclip.objectives.supcon import (
     SupconFields,
     SupconObjective,
     _check_labelled_with_hierarchy,
-    _num_classes,
 )
 
 SIDES = {"image": ("image",), "text": ("text",), "both": ("image", "text")}
@@ -142,7 +142,7 @@ def _aux_module(cfg: ClipSupconConfig, dim: int, seed: int, label_space: LabelSp
     aux = cfg.aux_config()
     if cfg.aux == "supcon":
         return SupconObjective(aux, dim=dim, seed=seed)
-    k = _num_classes(aux, label_space) if cfg.uses_paco else None
+    k = class_count(aux, label_space) if cfg.uses_paco else None
     if cfg.aux == "paco":
         return PacoObjective(aux, dim=dim, seed=seed, num_classes=k)
     similarity = label_space.similarity if label_space is not None else None
