@@ -26,7 +26,7 @@ Cost: nothing when the configured batch is obviously small — the probe runs on
 bound (``PESSIMISTIC_BYTES`` per parameter per sample of the micro-batch, above every model nclip
 builds: a ViT-B/16 at 224 saves ~2, the tiny presets 0.1 to 1) passes half the available memory.
 Then two forward passes of 2 and 4 samples, no backward: 0.07 s for the micro preset, 0.15 to
-0.2 s for a tiny one (batch 128: probed) on two loaded CPU cores, milliseconds on a GPU. The
+0.2 s for a tiny one (batch 128: probed) on two loaded CPU cores (not measured on a GPU). The
 probe leaves the run as it found it (buffers, RNG states and the modules' counters are put back):
 a run's numbers do not depend on it.
 
