@@ -27,14 +27,10 @@ def check_eval_datasets(specs):
         raise ValueError(f"expected a list of dataset specs such as [digits, folder:DIR], got {specs!r}")
     if not specs:
         return specs
-    from nclip.errors import NclipError
-    from nclip.eval.datasets import parse_spec  # the spec grammar (see the module docstring)
+    from nclip.eval.datasets import checked_spec  # the spec grammar (see the module docstring)
 
     for spec in specs:
-        try:
-            parse_spec(spec)
-        except NclipError as e:
-            raise ValueError(str(e)) from None
+        checked_spec(spec)
     if len(set(specs)) < len(specs):
         raise ValueError(f"a dataset is listed twice in {specs}")
     return specs

@@ -377,6 +377,16 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     )
 
 
+def checked_spec(spec: str) -> str:
+    """``spec`` if :func:`parse_spec` accepts it, else its one-line message as a ValueError (for the
+    pydantic validators of every config that names datasets: ``nclip eval``, suites, ``train.eval_datasets``)."""
+    try:
+        parse_spec(spec)
+    except NclipError as e:
+        raise ValueError(str(e)) from None
+    return spec
+
+
 def build(spec: str, *, image_size: int, max_objects: int, seed: int, test_samples: int,
           train_samples: int, sts_pairs: int, classnames: str | None = None,
           templates: str | None = None, image_key: str | None = None, caption_key: str | None = None,

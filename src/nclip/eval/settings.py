@@ -103,16 +103,11 @@ class EvalSettings(BaseModel):
     @field_validator("datasets")
     @classmethod
     def _dataset_specs(cls, datasets: tuple[str, ...]) -> tuple[str, ...]:
-        from nclip.eval.datasets import parse_spec  # no torch
+        from nclip.eval.datasets import checked_spec  # no torch
 
         if not datasets:
             raise ValueError("no dataset selected")
-        for spec in datasets:
-            try:
-                parse_spec(spec)
-            except NclipError as e:
-                raise ValueError(str(e)) from None
-        return datasets
+        return tuple(checked_spec(spec) for spec in datasets)
 
     @field_validator("sts_pairs")
     @classmethod

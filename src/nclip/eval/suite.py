@@ -46,13 +46,9 @@ class SuiteDataset(BaseModel):
     @field_validator("spec")
     @classmethod
     def _spec(cls, spec: str) -> str:
-        from nclip.eval.datasets import parse_spec
+        from nclip.eval.datasets import checked_spec
 
-        try:
-            parse_spec(spec)
-        except NclipError as e:
-            raise ValueError(str(e)) from None
-        return spec
+        return checked_spec(spec)
 
     @field_validator("tasks")
     @classmethod

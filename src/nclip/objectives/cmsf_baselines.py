@@ -46,7 +46,7 @@ from typing import Literal
 import torch
 from pydantic import Field, model_validator
 
-from nclip.defaults import has_labels
+from nclip.defaults import has_labels, unlabelled_reason
 from nclip.objectives import functional
 from nclip.objectives.base import EncoderOutput, LabelRequest, LabelSpace, Objective, class_count
 from nclip.objectives.cmsf import BankFields, CmsfObjective, LabelFields, _label_request
@@ -142,8 +142,7 @@ class FrzProtoObjective(Objective):
     @classmethod
     def check_run(cls, run_cfg) -> None:
         if not has_labels(run_cfg.data):
-            raise ValueError(f"objective frzproto needs labelled data (a built-in source, data.source folder, or csv "
-                             f"with data.csv_label_key), not data.source {run_cfg.data.source} without labels")
+            raise ValueError(f"objective frzproto needs labelled data, but {unlabelled_reason(run_cfg.data)}")
 
     @classmethod
     def label_request(cls, run_cfg) -> LabelRequest | None:
