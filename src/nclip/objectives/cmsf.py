@@ -295,10 +295,5 @@ class XentObjective(Objective):
             raise ValueError("xent needs the 'xent' head's class logits and the batch's labels")
         logits = out.image_class_logits  # [B, C]
         loss = F.cross_entropy(logits, labels)
-        terms = {"loss": loss, "xent/loss": loss.detach()}
-        with torch.no_grad():
-            pred = logits.argmax(1)
-            terms["xent/acc"] = (pred == labels).float().mean()
-            if true_labels is not None:
-                terms["xent/clean_acc"] = (pred == true_labels).float().mean()
-        return terms
+        accuracies = functional.class_accuracies(logits.argmax(1), labels, true_labels)
+        return {"loss": loss, "xent/loss": loss.detach(), **{f"xent/{k}": v for k, v in accuracies.items()}}

@@ -22,6 +22,7 @@ Numerics: distributions are handled in log space (``log_softmax``; log p̄ throu
 every function is finite in float32 for logits of magnitude 1e4 and for a batch of one.
 """
 
+from nclip.objectives.functional._common import class_accuracies
 from nclip.objectives.functional.clip import CLIP_REDUCTIONS, clip_loss, clip_terms
 from nclip.objectives.functional.cmsf import (
     PROTONW_TEMPERATURE,
@@ -81,7 +82,7 @@ __all__ = [
     "siglip_terms", "siglip_loss",
     "pbt", "proto_loss", "proto_terms",
     "cmsf_terms", "cmsf_loss", "cmsf_candidates", "topk_constraint", "semi_supervised_constraint", "UNLABELLED",
-    "protonw_terms", "PROTONW_TEMPERATURE", "frzproto_terms", "frozen_prototypes",
+    "protonw_terms", "PROTONW_TEMPERATURE", "frzproto_terms", "frozen_prototypes", "class_accuracies",
     "supcon_terms", "supcon_loss", "paco_terms", "paco_loss", "reco_keep_mask", "reco_terms", "reco_loss",
     "multiview_labels", "SUPCON_TEMPERATURE", "PACO_ALPHA", "PACO_BETA", "PACO_TEMPERATURE",
 ]

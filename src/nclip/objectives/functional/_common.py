@@ -36,3 +36,14 @@ def pair_logit_stats(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, t
         "logit_pos": pos.mean(),
         "logit_neg": neg.mean(),
     }
+
+
+@torch.no_grad()
+def class_accuracies(pred: torch.Tensor, labels: torch.Tensor,
+                     true_labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """``acc`` of class predictions [B] against the training labels and, given the clean labels
+    of a noisy-label run, ``clean_acc`` against those (xent, ProtoNW, FrzProto's diagnostics)."""
+    out = {"acc": (pred == labels).float().mean()}
+    if true_labels is not None:
+        out["clean_acc"] = (pred == true_labels).float().mean()
+    return out

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from nclip import distributed as collectives
-from nclip.objectives.functional._common import check_pair
+from nclip.objectives.functional._common import check_pair, class_accuracies
 
 UNLABELLED = -1  # label of a row without one (semi-supervised setting, Sec. 2.1.5 and App. A.2)
 
@@ -323,13 +323,8 @@ def protonw_terms(
         protos = F.normalize(sums / counts.clamp(min=1)[:, None], dim=-1)  # [C, D]: p_c / ||p_c||
     logits = (v @ protos.to(v.dtype).T / temperature).masked_fill(~present, float("-inf"))  # [B, C]
     loss = F.cross_entropy(logits, query_labels)
-    terms = {"loss": loss}
-    with torch.no_grad():
-        pred_class = logits.argmax(1)
-        terms["acc"] = (pred_class == query_labels).float().mean()
-        if true_query_labels is not None:
-            terms["clean_acc"] = (pred_class == true_query_labels).float().mean()
-        terms["classes"] = present.sum().float()
+    terms = {"loss": loss, **class_accuracies(logits.argmax(1), query_labels, true_query_labels)}
+    terms["classes"] = present.sum().float()
     return terms
 
 
@@ -371,13 +366,7 @@ def frzproto_terms(
     p = F.normalize(prototypes.detach().to(z.dtype), dim=-1)  # [C, D]
     cos = z @ p.T  # [B, C]
     loss = (2 - 2 * cos.gather(1, labels[:, None]).squeeze(1)).mean()
-    terms = {"loss": loss}
-    with torch.no_grad():
-        pred_class = cos.argmax(1)
-        terms["acc"] = (pred_class == labels).float().mean()
-        if true_labels is not None:
-            terms["clean_acc"] = (pred_class == true_labels).float().mean()
-    return terms
+    return {"loss": loss, **class_accuracies(cos.argmax(1), labels, true_labels)}
 
 
 def frozen_prototypes(num_classes: int, dim: int, seed: int = 0) -> torch.Tensor:
