@@ -18,7 +18,14 @@ from contextlib import contextmanager
 
 import torch
 
-from nclip.eval.metrics import cluster_scores, knn_predict, linear_probe, mean_per_class_recall, sgd_linear_probe
+from nclip.eval.metrics import (
+    cluster_scores,
+    knn_predict,
+    linear_probe,
+    mean_per_class_recall,
+    sgd_linear_probe,
+    stratified_split,
+)
 from nclip.eval.settings import L2_GRID
 
 SMALL = 5e7  # below this many multiply-adds per gradient step, one thread is fastest
@@ -74,9 +81,9 @@ VAL_FRACTION = 0.2  # the share of each class held out to choose the L2 strength
 
 
 def can_validate(train_y) -> bool:
-    """Whether the stratified validation split leaves any validation row: some class needs at least
-    3 training samples (round(0.2 * 3) = 1, and every class keeps one row to train on)."""
-    return bool(torch.bincount(torch.as_tensor(train_y).long()).max() >= 3) if len(train_y) else False
+    """Whether the probes' stratified validation split (:func:`stratified_split`) leaves any
+    validation row: some class needs at least 3 training samples."""
+    return len(train_y) > 0 and len(stratified_split(train_y, VAL_FRACTION)[1]) > 0
 
 
 def selects(settings) -> bool:
