@@ -49,9 +49,11 @@ class WeightEMA:
         self.decay = decay
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.names = [n for n, _ in named]
-        self.params = [p for _, p in named]
+        # detached views of the parameters, made once: they share storage, so they see every
+        # in-place optimizer update, and the step's hot path builds no list
+        self.params = [p.detach() for _, p in named]
         with torch.no_grad():
-            self.averages = [p.detach().clone() for p in self.params]
+            self.averages = [p.clone() for p in self.params]
 
     @torch.no_grad()
     def update(self, taken: torch.Tensor | float = 1.0) -> None:
@@ -62,7 +64,7 @@ class WeightEMA:
         if not torch.is_tensor(taken):
             taken = torch.tensor(float(taken), device=self.params[0].device)
         weight = (taken * (1.0 - self.decay)).to(self.params[0].dtype)
-        torch._foreach_lerp_(self.averages, [p.detach() for p in self.params], weight)
+        torch._foreach_lerp_(self.averages, self.params, weight)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """{parameter name: θ̄} (for the checkpoint's state.pt)."""
@@ -79,13 +81,13 @@ class WeightEMA:
     @torch.no_grad()
     def copy_to_model(self) -> list[torch.Tensor]:
         """Put θ̄ into the model's parameters; returns their trained values (for :meth:`restore`)."""
-        held = [p.detach().clone() for p in self.params]
-        torch._foreach_copy_([p.detach() for p in self.params], self.averages)
+        held = [p.clone() for p in self.params]
+        torch._foreach_copy_(self.params, self.averages)
         return held
 
     @torch.no_grad()
     def restore(self, held: list[torch.Tensor]) -> None:
-        torch._foreach_copy_([p.detach() for p in self.params], held)
+        torch._foreach_copy_(self.params, held)
 
 
 def ema_for(model: nn.Module, decay: float, state: dict | None = None) -> WeightEMA | None:
