@@ -217,8 +217,8 @@ def _cmd_presets(args) -> int:
 
 def _cmd_export(args) -> int:
     from nclip.models.export import export_hf, model_dir
+    from nclip.runlock import DirLock
     from nclip.train.rundir import check_export_target
-    from nclip.train.runlock import DirLock
 
     check_export_target(model_dir(args.checkpoint), args.hf, args.force)
     with DirLock(args.hf, "nclip export", "--hf"):  # one writer; checked again under the lock

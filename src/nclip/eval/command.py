@@ -31,7 +31,9 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
                                    "linear probe, k-NN, clustering, realm-wise probing, text STS, mask probing and "
                                    "representation diagnostics. `nclip eval compare A B ...` tabulates evaluations.")
     p.add_argument("--checkpoint", type=Path, help="run directory, model directory or RUN/checkpoints/step_N")
-    p.add_argument("--out", type=Path, help="output directory for results.json and report.html")
+    p.add_argument("--out", type=Path, help="output directory for results.json and report.html (one that holds "
+                   "an evaluation is refused unless --force)")
+    p.add_argument("--force", action="store_true", help="write over the evaluation an --out holds")
     p.add_argument("--tasks", help=f"comma-separated subset of: {','.join(TASKS)} (default: all)")
     p.add_argument("--dataset", dest="datasets", action="append", metavar="SPEC", help=_DATASET_HELP)
     p.add_argument("--suite", type=Path, metavar="FILE.yaml",
@@ -130,8 +132,30 @@ def run_eval_command(args) -> int:
         from nclip.eval.suite import load_suite
 
         load_suite(args.suite)  # checked here too: a mistake in the file answers before torch is imported
+    check_eval_out(args.out, args.force)  # before torch is imported, and again under the lock
     from nclip.eval.runner import run_eval  # after the settings: their mistakes answer before torch is imported
+    from nclip.runlock import DirLock
 
+    with DirLock(args.out, "nclip eval"):  # one writer (docs/runs.md)
+        check_eval_out(args.out, args.force)
+        doc = _evaluate(args, settings, run_eval)
+    print(summary(doc, args.out, report=not args.no_report))
+    return 0
+
+
+EVAL_OUTPUTS = ("results.json", "report.html")
+
+
+def check_eval_out(out: Path, force: bool) -> None:
+    """An --out that holds an evaluation is refused unless ``force``: a second `nclip eval` with other
+    settings would replace the first one's results without a word."""
+    held = [name for name in EVAL_OUTPUTS if (out / name).exists()]
+    if held and not force:
+        raise NclipError(f"eval: --out {out} already holds an evaluation ({held[0]}); choose another --out, "
+                         "or pass --force to write over it")
+
+
+def _evaluate(args, settings, run_eval) -> dict:
     cache = None if args.no_cache else (args.cache_dir if args.cache_dir else "default")
     log = None if args.quiet else (lambda msg: print(f"eval: {msg}", file=sys.stderr, flush=True))
     if args.suite is not None:
@@ -142,8 +166,7 @@ def run_eval_command(args) -> int:
     else:
         doc = run_eval(args.checkpoint, args.out, settings=settings, cache_dir=cache, report=not args.no_report,
                        log=log)
-    print(summary(doc, args.out, report=not args.no_report))
-    return 0
+    return doc
 
 
 # the settings fields not named as their option

@@ -53,6 +53,7 @@ from nclip.models.locking import lock_towers
 from nclip.models.patch_dropout import patch_dropout_at, set_patch_dropout
 from nclip.objectives import REGISTRY, build_objective
 from nclip.precision import autocast_dtype
+from nclip.runlock import DirLock
 from nclip.train.accumulate import cached_step, online_towers
 from nclip.train.checkpoint import (
     checkpoint_dir,
@@ -88,7 +89,6 @@ from nclip.train.monitors import nonfinite_stop_message
 from nclip.train.optim import build_optimizer, lr_at, set_lr
 from nclip.train.periodic_eval import PeriodicEval
 from nclip.train.rundir import agree, plan_run, start_run
-from nclip.train.runlock import DirLock
 from nclip.train.snapshot import BufferSnapshot
 
 
