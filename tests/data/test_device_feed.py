@@ -94,6 +94,21 @@ def test_two_views_travel_as_uint8_crops_and_the_feed_finishes_them(tokenizer):
     assert torch.equal(worker[0][0].pixels, crops.pixels) and torch.equal(worker[0][0].params, crops.params)
 
 
+def test_pinning_keeps_the_crops_whole(tokenizer, monkeypatch):
+    """On CUDA the DataLoader pins every batch (pin_memory=True) before the feed sees it: a
+    ViewCrops comes out a ViewCrops, its tensors pinned, its order and recipe as they were (no CUDA
+    here: pinning is replaced by a copy that records what it was asked for)."""
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    pinned = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a: pinned.append(self.shape) or self.clone())
+    batch = next(iter(train_loader(_cfg(), tokenizer, views=2, device="cpu")))
+    crops = pin_memory(batch)[0]
+    assert isinstance(crops, ViewCrops) and crops.order == batch[0].order and crops.recipe == batch[0].recipe
+    assert torch.equal(crops.pixels, batch[0].pixels) and torch.equal(crops.params, batch[0].params)
+    assert batch[0].pixels.shape in pinned and batch[0].params.shape in pinned
+
+
 class _Counting:
     """A source whose position moves with every batch read, and which may fail at one batch."""
 
