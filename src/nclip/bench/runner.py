@@ -251,13 +251,15 @@ def _stage_data(b: _Bench) -> None:
 
 
 def _stage_loader(b: _Bench) -> None:
-    from nclip.bench.loader_rate import loader_over_generator  # the loader's rate per worker, same config
+    from nclip.bench.loader_rate import loader_over_generator, views_over_one  # rates per worker, same config
 
     feed = loader_over_generator(b.cfg, b.sizes.data_64, workers=1)
     b.rep.add("generator / loader per worker", feed["ratio"],
               f"generator {feed['generator_samples_per_s_per_core']:.0f}/s/core, loader "
               f"{feed['samples_per_s_per_worker']:.0f}/s per worker (CPU time; target <= 1.5)")
     b.details["loader"] = feed
+    views = b.details["loader_views"] = views_over_one(b.cfg, b.sizes.data_224, workers=1)  # 224 px
+    b.rep.add("one / two views loader per worker", views["ratio"], views["detail"])
 
 
 def _stage_kmeans(b: _Bench) -> None:
@@ -397,7 +399,7 @@ STAGES = [
     Stage("train_path", ("nclip train path / hand loop samples/s",), _stage_train_path,
           lambda b: _models(b, 1, 3)),
     Stage("data", ("data 64 px samples/s/core", "data 224 px samples/s/core"), _stage_data),
-    Stage("loader", ("generator / loader per worker",), _stage_loader),
+    Stage("loader", ("generator / loader per worker", "one / two views loader per worker"), _stage_loader),
     Stage("kmeans", ("K-Means s", "PBT s"), _stage_kmeans),
     Stage("eval", ("eval features images/s",), _stage_eval, lambda b: _models(b, 1, 0)),
     Stage("batch_memory", tuple(BATCH_ROWS.values()), _stage_batch_memory, _memory_estimate),

@@ -154,18 +154,6 @@ def resize_center_crop(image: np.ndarray, size: int) -> np.ndarray:
     return image
 
 
-def view_source(image: np.ndarray, side: int) -> torch.Tensor:
-    """An un-augmented image for :class:`nclip.data.views.TwoViews`: float [3, side, side] in [0, 1] (resized and
-    centre-cropped unless it has that size already). Built-in images keep their size S; CSV images
-    get ⌈8·S/7⌉ (:data:`csv_view_side`), which the views' random resized crop brings to S."""
-    image = resize_center_crop(image, side)
-    return torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1))).float() / 255.0
-
-
-def csv_view_side(size: int) -> int:
-    return math.ceil(size * 8 / 7)  # 256 for 224, as ImageNet's resize-then-crop
-
-
 def to_tensor(image: np.ndarray) -> torch.Tensor:
     """uint8 [H, W, 3] → float32 [3, H, W], normalised with CLIP's mean and std."""
     x = (image.astype(np.float32) / 255.0 - CLIP_MEAN) / CLIP_STD
