@@ -19,8 +19,9 @@ that the objective's own parameters (learnable biases, prototypes) are averaged 
   so the objectives need no change. Works with gloo on CPU as well (tested on 2 ranks).
 - ``model.sync_batchnorm`` — every BatchNorm of the model *and* the objective (the nCLIP and
   ProtoCLIP heads, and a ResNet image tower's BatchNorm2d) computes its statistics over the global
-  batch: ``nn.SyncBatchNorm`` on CUDA, :class:`nclip.models.sync_batchnorm.GlobalBatchNorm1d`/``2d``
-  elsewhere (``nn.SyncBatchNorm`` refuses CPU tensors). We convert the whole module rather than
+  batch: :class:`nclip.models.sync_batchnorm.GlobalBatchNorm1d`/``2d`` on every device (not
+  ``nn.SyncBatchNorm``: it refuses CPU tensors, and on CUDA it waits for the device once per layer,
+  see that module). We convert the whole module rather than
   only the heads so that a BatchNorm added anywhere later is covered too; transformer towers use
   LayerNorm and are unaffected.
 
