@@ -13,6 +13,7 @@ None when it pools without attention, and has no ``attention_maps`` (mask probin
 
 from __future__ import annotations
 
+import sys
 from contextlib import contextmanager
 
 import torch
@@ -341,13 +342,35 @@ class PretrainedTextTower(nn.Module):
         self.width = self.model.config.hidden_size
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        out = self.model(input_ids=ids, attention_mask=mask)
+        out = self.model(input_ids=ids, attention_mask=self._attention_mask(mask))
         if self.pooling == "pooler" and getattr(out, "pooler_output", None) is not None:
             return out.pooler_output
         if self.pooling == "mean":
             m = mask.unsqueeze(-1).to(out.last_hidden_state.dtype)  # [B, L, 1]
             return (out.last_hidden_state * m).sum(1) / m.sum(1).clamp_min(1)
         return out.last_hidden_state[:, 0]
+
+    def _attention_mask(self, mask: torch.Tensor) -> torch.Tensor:
+        """The [B, L] padding mask as the 4-d mask [B, 1, 1, L] transformers would build from it for
+        the model's attention (SDPA: bool, True = attend; eager: additive, 0 or the dtype's min).
+
+        Given the 2-d mask, transformers' ``create_bidirectional_mask`` reads ``mask.all()`` on the
+        host at every forward (to hand SDPA no mask when nothing is padded): a host wait per step on
+        a GPU. A prepared 4-d mask it takes as it is. Captions are padded to the text length, so
+        the mask it would drop is rarely all ones; where it is, SDPA with an all-true mask gives
+        the unmasked result up to float rounding. Encoders whose modelling code does not take a
+        prepared mask (a decoder, an older transformers, FlashAttention or flex kernels) get the
+        2-d mask as before."""
+        impl = getattr(self.model.config, "_attn_implementation", None)
+        modelling = sys.modules.get(type(self.model).__module__)
+        if (impl not in ("sdpa", "eager") or getattr(self.model.config, "is_decoder", False)
+                or not hasattr(modelling, "create_bidirectional_mask")):
+            return mask
+        keep = mask.bool()[:, None, None, :]  # [B, 1, 1, L]: every query sees the unpadded keys
+        if impl == "sdpa":
+            return keep
+        dtype = self.model.dtype  # eager adds the mask to its scores, in the embeddings' dtype
+        return torch.zeros(keep.shape, dtype=dtype, device=mask.device).masked_fill_(~keep, torch.finfo(dtype).min)
 
     def enable_grad_checkpointing(self) -> None:
         checkpointing.enable_hf(self.model)  # each encoder layer

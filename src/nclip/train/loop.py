@@ -327,7 +327,8 @@ def _step(run: _Run, step: int, batch: tuple) -> _StepResult:
         keys, vector, nonfinite_loss = _independent_micro_batches(run, batch)
     sync_replicated_grads(module)  # FSDP2's unsharded scalars (logit scale): averaged like DDP
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip if t.grad_clip else math.inf)
+    grad_norm = (torch.nn.utils.clip_grad_norm_(params, t.grad_clip) if t.grad_clip  # no clip: the norm, no ×1
+                 else torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
     if hasattr(grad_norm, "full_tensor"):  # FSDP2: a replicated DTensor
         grad_norm = grad_norm.full_tensor()
     skip = run.gate.decide(nonfinite_loss, grad_norm)  # every rank takes the same decision
