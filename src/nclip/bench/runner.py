@@ -362,7 +362,8 @@ STAGES = [
     Stage("kmeans", ("K-Means s", "PBT s"), _stage_kmeans),
     Stage("eval", ("eval features images/s",), _stage_eval, lambda b: _models(b, 1, 0)),
     Stage("batch_memory", tuple(BATCH_ROWS.values()), _stage_batch_memory, _memory_estimate),
-    Stage("patch_dropout", PATCH_ROWS, _stage_patch_dropout, lambda b: _models(b, 1, 3)),
+    Stage("patch_dropout", PATCH_ROWS, _stage_patch_dropout,
+          lambda b: _models(b, 1, 3) if b.cfg.model.vision.kind == "vit" else 0.0),  # else skipped at once
 ]
 def _open_clip_estimate(b: _Bench) -> float | None:
     """nclip's CLIP model (another config than the run's) and OpenCLIP's (a build, never compiled)."""
