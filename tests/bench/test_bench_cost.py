@@ -113,6 +113,16 @@ def _bench(compile_: bool = False) -> runner._Bench:
     return b
 
 
+def test_the_estimates_take_the_runs_step_at_the_least():
+    b = _bench()  # micro: xclip
+    b.costs = {"clip": {**b.costs["clip"], "step_s": 0.1}, "xclip": {**b.costs["xclip"], "step_s": 1.0}}
+    assert b.step_costs().step_s == 1.0  # the run's objective, measured
+    b.cfg = resolve("micro", ["objective.name=siglip"])
+    assert b.step_costs().step_s == 0.1  # not measured: the cheaper of the two
+    b.loop = {"trainer_step_s": 0.4}
+    assert b.step_costs().step_s == 0.4  # the trainer row's, once measured
+
+
 def test_the_estimates_count_builds_copies_and_compilation():
     c = ModelCosts(build_s=5.0, copy_s=0.5, compile_s=30.0, first_s=1.0, step_s=0.1)
     assert c.seconds(1, 2, 10, compiles=3) == pytest.approx(5 + 1 + 90 + 3 + 1)
