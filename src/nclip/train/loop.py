@@ -103,7 +103,7 @@ class RunResult:
 
 def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: bool = True,
           evaluate: bool = True, data_source=None, force: bool = False, extend_to: int | None = None,
-          preset: str | None = None) -> RunResult:
+          preset: str | None = None, save: bool = True) -> RunResult:
     """Train per ``cfg`` into ``run_dir``; under torchrun on every rank (see the module docstring).
 
     The run directory's rules (:mod:`nclip.train.rundir`, docs/runs.md): a directory that holds a
@@ -114,6 +114,7 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: b
     ``data_source``: builds the batches instead of :func:`train_loader` (see ``_train``); episodic
     objectives (``Objective.episodic``, e.g. ProtoCLIP) get :class:`nclip.train.episodic.EpisodicData`.
     ``preset``: what the config was resolved from, for the start-up block (:mod:`nclip.train.logbook`).
+    ``save=False`` (``nclip bench``): no checkpoint, model/ or eval.json (config.yaml, metrics.jsonl still).
     """
     if data_source is None and REGISTRY[cfg.objective.name][1].episodic:
         from nclip.train.episodic import EpisodicData
@@ -123,7 +124,7 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: b
     lock = DirLock(run_dir, "nclip train")  # rank 0's, taken before it reads the directory (runlock.py)
     try:
         return _train(cfg, Path(run_dir), ctx, resume or extend_to is not None, progress, evaluate, data_source,
-                      force, extend_to, preset, lock)
+                      force, extend_to, preset, lock, save)
     except WriteFailed as e:  # a full disk: one line, and what is kept to continue from
         raise NclipError(f"{e}; {kept_note(Path(run_dir))}") from None
     finally:
@@ -133,7 +134,7 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: b
 
 def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progress: bool,
            evaluate: bool, data_source=None, force: bool = False, extend_to: int | None = None,
-           preset: str | None = None, lock: DirLock | None = None) -> RunResult:
+           preset: str | None = None, lock: DirLock | None = None, save: bool = True) -> RunResult:
     t = cfg.train
     if t.batch_size % (ctx.world_size * t.accumulation):
         raise NclipError(f"train.batch_size {t.batch_size} is not divisible by world size {ctx.world_size} "
@@ -143,6 +144,7 @@ def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progre
     # every rank takes rank 0's decision about the run directory before anything is written
     plan = agree(ctx, lambda: plan_run(cfg, run_dir, resume, force, extend_to, lock))
     run, data_state = _restore(plan.cfg, run_dir, ctx, resume)
+    run.save = save
     if run.start >= run.cfg.train.steps:  # every rank: the step came from rank 0
         return RunResult(run_dir, run.start, already_finished=True)
     if data_source is None:  # a batch that cannot fit: one line, before anything is written
@@ -178,6 +180,7 @@ class _Run:
     tower_buffers: BufferSnapshot | None = None  # the online towers' buffers, put back between passes
     ema: WeightEMA | None = None  # train.ema: the weights' moving average (nclip.train.ema)
     periodic: PeriodicEval | None = None  # evaluation while training (train.eval_every), else None
+    save: bool = True  # False: no checkpoint, model/ or eval.json (train(save=False))
 
     def __post_init__(self):
         self.snapshot = BufferSnapshot(self.step_module)
@@ -389,7 +392,7 @@ def _run_steps(run: _Run, progress: bool) -> dict:
             log.step(done, read, run.periodic.at_step(run) if evals else None)  # before the checkpoint of `done`
             if stop:
                 raise NclipError(nonfinite_stop_message(run.cfg, run.run_dir, counters["nonfinite_row"], done))
-            if (saves and counters["nonfinite_row"] == 0) or done == t.steps:
+            if run.save and ((saves and counters["nonfinite_row"] == 0) or done == t.steps):
                 _save(run, done)
     finally:
         log.close()
@@ -411,15 +414,17 @@ def _finish(run: _Run, last: dict, evaluate: bool) -> RunResult:
         final.load_state_dict(_strip(weights, "model."))
         final.to(ctx.device)
     final.eval()
-    save_run_models(final, cfg, run.run_dir, run.ema)  # model/: the EMA when on, model-raw/ beside it
+    if run.save:
+        save_run_models(final, cfg, run.run_dir, run.ema)  # model/: the EMA when on, model-raw/ beside it
     if evaluate and cfg.data.source not in BUILTIN_SOURCES:
         print(f"nclip: note: no end-of-run evaluation for data.source {cfg.data.source}", file=sys.stderr)
     elif evaluate:
         from nclip.eval.quick import evaluate_run
 
         result.eval = evaluate_with_ema(lambda m: evaluate_run(m, cfg, ctx.device), final, run.ema)
-        with writing(run.run_dir / "eval.json"):
-            (run.run_dir / "eval.json").write_text(json.dumps(result.eval, indent=2, sort_keys=True))
+        if run.save:
+            with writing(run.run_dir / "eval.json"):
+                (run.run_dir / "eval.json").write_text(json.dumps(result.eval, indent=2, sort_keys=True))
     return result
 
 
