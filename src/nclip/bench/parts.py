@@ -76,20 +76,23 @@ def kmeans_and_pbt(n: int, k: int, d: int = 128, iters: int = 20) -> dict:
 
 
 def eval_rate(cfg, n: int, device: torch.device, workers: int | None = None) -> dict:
-    """Images/s of the evaluation's feature extraction (pre-processing + image tower + heads) over
-    ``n`` held-out synthetic scenes (made before the clock starts, by :func:`scenes`), timed after a
-    warm-up batch. The model: :func:`nclip.bench.shared_models.build` (a copy of the bench's)."""
+    """Images/s of the evaluation's feature extraction (pre-processing + image tower + heads, under
+    the run's autocast, as its evaluations encode) over ``n`` held-out synthetic scenes (made before
+    the clock starts, by :func:`scenes`), timed after a warm-up batch. The model:
+    :func:`nclip.bench.shared_models.build` (a copy of the bench's)."""
     from nclip.bench.shared_models import build
     from nclip.eval.features import extract
+    from nclip.precision import autocast_dtype
 
     model = build(cfg).to(device)
     items = scenes(n, cfg.data.image_size, workers)
     bs = min(cfg.eval.batch_size, n)
-    extract(model, items[:bs], cfg.data.image_size, device, bs, texts=False)
+    dtype = autocast_dtype(cfg.train.precision, device)  # as the run's own evaluations encode
+    extract(model, items[:bs], cfg.data.image_size, device, bs, texts=False, autocast=dtype)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
-    extract(model, items, cfg.data.image_size, device, bs, texts=False)
+    extract(model, items, cfg.data.image_size, device, bs, texts=False, autocast=dtype)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return {"images": n, "batch_size": bs, "images_per_s": n / max(time.perf_counter() - t0, 1e-9)}
