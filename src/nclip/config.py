@@ -183,9 +183,12 @@ class TextConfig(_Section):
 
 
 class ModelConfig(_Section):
-    # start from a pretrained model: a local transformers CLIPModel directory or an nclip run/model
-    # directory; its architecture replaces vision/text/embed_dim (nclip.models.hf_import, docs/transfer.md)
+    # start from a pretrained model: a local transformers CLIPModel directory, an nclip run/model
+    # directory, an open_clip directory (open_clip_config.json), an open_clip/OpenAI state-dict file with
+    # init_arch, or OpenAI's TorchScript .pt; its architecture replaces vision/text/embed_dim
+    # (nclip.models.hf_import, docs/transfer.md)
     init: str | None = None
+    init_arch: str | None = None  # the open_clip config (e.g. ViT-B-32) of a state-dict file in `init`
     vision: VisionConfig = VisionConfig()
     text: TextConfig = TextConfig()
     embed_dim: int = Field(512, ge=1, description="CLIP head output (Sec. 3.2: 512)")

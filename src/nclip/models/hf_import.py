@@ -1,5 +1,7 @@
 """Start from a pretrained model (``model.init``): a local transformers ``CLIPModel`` directory (what
-``CLIPModel.save_pretrained`` and ``nclip export --hf`` write) or an nclip run/model directory.
+``CLIPModel.save_pretrained`` and ``nclip export --hf`` write), an nclip run/model directory, or an
+OpenCLIP/OpenAI checkpoint (:mod:`nclip.models.openclip_files`: an open_clip directory, a state dict
+with ``model.init_arch``, OpenAI's TorchScript archive; renamed by :mod:`nclip.models.openclip_import`).
 
 Two steps. :func:`init_config` gives the run config the pretrained model's architecture (towers,
 image size, text length, vocabulary, tokenizer, pixel statistics, CLIP head width), replacing the
@@ -26,6 +28,7 @@ from nclip.data.tokenization import TOKENIZER_FILE, CaptionTokenizer
 from nclip.data.transforms import CLIP_MEAN, CLIP_STD
 from nclip.errors import NclipError
 from nclip.jsonio import read_json
+from nclip.models import openclip_files, openclip_import
 from nclip.models.io import CONFIG, WEIGHTS, read_config
 
 PREPROCESSOR = "preprocessor_config.json"
@@ -39,12 +42,19 @@ HF_HEAD = {"image_clip_head.weight": "visual_projection.weight", "text_clip_head
 NCLIP_TOWERS = ("vision.", "text.")
 
 
-def init_dir(value: str | Path) -> Path:
-    """``value`` as an existing local directory; anything else is an error (nothing downloads)."""
+def init_dir(value: str | Path, arch: str | None = None) -> Path:
+    """``value`` as an existing local directory, or a local OpenCLIP/OpenAI weights file (with
+    ``arch``, or a TorchScript archive); anything else is an error (nothing downloads)."""
     path = Path(value).expanduser()
+    if path.is_file() and openclip_files.is_openclip(path, arch):
+        return path
+    if path.is_file():
+        raise NclipError(f"model.init: {value} is a file: name its open_clip architecture with --arch NAME "
+                         "(model.init_arch), or give a model directory")
     if not path.is_dir():
-        raise NclipError(f"model.init: {value} is not a local directory (nclip downloads nothing: give the "
-                         "directory CLIPModel.save_pretrained or nclip export --hf wrote, or an nclip run)")
+        raise NclipError(f"model.init: {value} is not a local directory or file (nclip downloads nothing: give "
+                         "the directory CLIPModel.save_pretrained, open_clip or nclip export --hf wrote, a "
+                         "weights file, or an nclip run)")
     return path
 
 
@@ -74,10 +84,13 @@ def init_config(cfg: RunConfig, required: bool = True, note=None) -> RunConfig:
     """``cfg`` with the architecture of ``cfg.model.init`` (unchanged without one). ``required``
     False (resuming a run, whose config already holds the architecture) tolerates a vanished
     directory. ``note(line)`` gets one line saying what was taken (default: stderr)."""
-    if cfg.model.init is None or (not required and not Path(cfg.model.init).expanduser().is_dir()):
+    if cfg.model.init is None or (not required and not Path(cfg.model.init).expanduser().exists()):
         return cfg
-    path = init_dir(cfg.model.init)
-    if is_hf_clip_dir(path):
+    arch = cfg.model.init_arch
+    path = init_dir(cfg.model.init, arch)
+    if openclip_files.is_openclip(path, arch):
+        vision, text, data, embed_dim, source = _openclip_architecture(path, arch)
+    elif is_hf_clip_dir(path):
         vision, text, data, embed_dim, source = _hf_architecture(path)
     else:
         vision, text, data, embed_dim, source = _nclip_architecture(path)
@@ -94,6 +107,13 @@ def init_config(cfg: RunConfig, required: bool = True, note=None) -> RunConfig:
             f"CLIP head {out.model.embed_dim}")
     (note or (lambda msg: print(msg, file=sys.stderr)))(line)
     return out
+
+
+def _openclip_architecture(path: Path, arch: str | None):
+    src = openclip_files.source(path, arch)
+    state = openclip_files.read_state(src) if src.model_cfg is None else None  # OpenAI's: from its tensors
+    vision, text, data, embed_dim = openclip_import.architecture(src, openclip_import.model_config(src, state))
+    return vision, text, data, embed_dim, src.form
 
 
 def _hf_architecture(path: Path):
@@ -175,16 +195,23 @@ def _nclip_architecture(path: Path):
 # ---------------------------------------------------------------------------------------------
 
 
-def load_init_weights(model, init: str | Path) -> str:
+def load_init_weights(model, init: str | Path, arch: str | None = None) -> str:
     """Copy the towers and, where the shapes match, the CLIP head and logit scale of ``init`` into
     ``model`` (built from :func:`init_config`'s config); returns one line saying what was loaded."""
-    path = init_dir(init)
-    hf = is_hf_clip_dir(path)
-    source = _read_safetensors(path) if hf else _read_safetensors(_nclip_model_dir(path))
+    path = init_dir(init, arch)
+    hf = True
+    if openclip_files.is_openclip(path, arch):  # renamed to a CLIPModel's names (the modified ResNet: nclip's)
+        state = openclip_files.read_state(openclip_files.source(path, arch))
+        source = openclip_import.transformers_names(state, model.vision.width)
+    elif is_hf_clip_dir(path):
+        source = _read_safetensors(path)
+    else:
+        hf, source = False, _read_safetensors(_nclip_model_dir(path))
     own = model.state_dict()
     towers, heads = {}, {}
+    native = any(k.startswith("vision.") for k in source)  # the modified ResNet under nclip's own names
     for key in own:
-        src = _tower_key(key, hf)
+        src = key if native and key.startswith("vision.") else _tower_key(key, hf)
         if src is not None:
             towers[key] = src
         elif key in HF_HEAD:
