@@ -80,8 +80,8 @@ class CaptionTokenizer:
         if not path.is_file():
             raise NclipError(f"tokenizer file not found: {path}")
         self.length = length
-        self._split = clip_bpe.Splitter()
         self._tok = clip_bpe.load(str(path), length)
+        self._split = clip_bpe.Splitter()
         self.vocab_size = self._tok.get_vocab_size()
         self.pad_id, self.cls_id, self.eos_id = (clip_bpe.PAD_ID, self._tok.token_to_id(clip_bpe.SOT),
                                                  self._tok.token_to_id(clip_bpe.EOT))

@@ -126,14 +126,14 @@ def _openclip_checkpoint(p: Path, arch: str | None) -> Checkpoint | None:
 def _hf_checkpoint(p: Path) -> Checkpoint | None:
     """A transformers CLIPModel directory as a checkpoint of the CLIP objective (None: not one)."""
     from nclip.config import validate
-    from nclip.models.hf_import import SHARD_INDEX, init_config, is_hf_clip_dir
+    from nclip.models.hf_import import PT_WEIGHTS, hf_weights_file, init_config, is_hf_clip_dir
     from nclip.models.io import WEIGHTS
 
     if not p.is_dir() or not is_hf_clip_dir(p):
         return None
     cfg = init_config(validate({"objective": {"name": "clip"}, "model": {"init": str(p.resolve())}}),
                       note=lambda line: None)
-    weights = p / WEIGHTS if (p / WEIGHTS).is_file() else p / SHARD_INDEX
-    if not weights.is_file():
-        raise NclipError(f"missing weights file: {p / WEIGHTS} (nclip reads safetensors only)")
+    weights = hf_weights_file(p)
+    if weights is None:
+        raise NclipError(f"missing weights file: {p / WEIGHTS} (or {PT_WEIGHTS})")
     return Checkpoint(p, weights, None, cfg, file_sha256(weights), format="transformers CLIPModel")

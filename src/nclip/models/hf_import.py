@@ -11,7 +11,8 @@ usual initialisation. The inverse of :mod:`nclip.models.export`: nclip's ViT and
 transformers' CLIPVisionModel / CLIPTextModel, so the weights are a renaming.
 
 Nothing downloads: anything but an existing local directory (a hub name such as
-``openai/clip-vit-base-patch32``) is a one-line error. Weights are read from safetensors only.
+``openai/clip-vit-base-patch32``) is a one-line error. Weights are read from safetensors, or from a
+CLIPModel's ``pytorch_model.bin`` with ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from nclip.models.io import CONFIG, WEIGHTS, read_config
 
 PREPROCESSOR = "preprocessor_config.json"
 SHARD_INDEX = "model.safetensors.index.json"
+PT_WEIGHTS = "pytorch_model.bin"  # transformers' pickled weights, read with torch.load(weights_only=True)
+PT_SHARD_INDEX = "pytorch_model.bin.index.json"
 ACTIVATIONS = ("gelu", "quick_gelu")  # the ones nclip's config offers
 # nclip tower prefix in the model's state dict → CLIPModel's prefix
 HF_TOWERS = {"vision.model.": "vision_model.", "text.model.": "text_model."}
@@ -204,7 +207,7 @@ def load_init_weights(model, init: str | Path, arch: str | None = None) -> str:
         state = openclip_files.read_state(openclip_files.source(path, arch))
         source = openclip_import.transformers_names(state, model.vision.width)
     elif is_hf_clip_dir(path):
-        source = _read_safetensors(path)
+        source = read_hf_weights(path)
     else:
         hf, source = False, _read_safetensors(_nclip_model_dir(path))
     own = model.state_dict()
@@ -249,6 +252,36 @@ def _tower_key(key: str, hf: bool) -> str | None:
     return None
 
 
+def hf_weights_file(directory: Path) -> Path | None:
+    """The file that names a transformers directory's weights: model.safetensors, its shard index,
+    pytorch_model.bin or its shard index (in that order of preference); None: none of them."""
+    for name in (WEIGHTS, SHARD_INDEX, PT_WEIGHTS, PT_SHARD_INDEX):
+        if (directory / name).is_file():
+            return directory / name
+    return None
+
+
+def read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """A transformers directory's tensors: safetensors where it has them, else pytorch_model.bin
+    (or its shards) through ``torch.load(weights_only=True)``, which unpickles tensors and plain
+    containers only."""
+    found = hf_weights_file(directory)
+    if found is None or found.name in (WEIGHTS, SHARD_INDEX):
+        return _read_safetensors(directory)
+    files = [PT_WEIGHTS] if found.name == PT_WEIGHTS else sorted(set(read_json(found).get("weight_map", {}).values()))
+    state = {}
+    for name in files:
+        try:
+            part = torch.load(str(directory / name), map_location="cpu", weights_only=True)
+        except Exception as e:  # pickle, zip and weights_only errors alike
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise NclipError(f"cannot read {directory / name} (torch.load, weights_only=True): {first}") from None
+        if not isinstance(part, dict):
+            raise NclipError(f"{directory / name} holds a {type(part).__name__}, not a state dict")
+        state.update({k: v for k, v in part.items() if isinstance(v, torch.Tensor)})
+    return state
+
+
 def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
     """The tensors of ``directory``/model.safetensors, or of the shards its index names."""
     if (directory / SHARD_INDEX).is_file():
@@ -256,8 +289,7 @@ def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
     elif (directory / WEIGHTS).is_file():
         files = [WEIGHTS]
     else:
-        raise NclipError(f"model.init: no {WEIGHTS} in {directory} (nclip reads safetensors only: save with "
-                         "save_pretrained(..., safe_serialization=True))")
+        raise NclipError(f"model.init: no {WEIGHTS} in {directory}")
     state = {}
     for name in files:
         try:
