@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nclip.data.folders import FOLDER_TEMPLATES
-from nclip.data.loader import eval_tensor
+from nclip.data.loader import eval_tensor, model_resize
 from nclip.data.types import LabelSpace
 from nclip.defaults import EVAL_BATCH_SIZE, PROBE_FEATURES
 from nclip.errors import NclipError
@@ -66,14 +66,15 @@ class LoadedModel(nn.Module):
 
     def transform(self, image) -> torch.Tensor:
         """The run's eval pre-processing of one image (a PIL image or uint8 [H, W, 3] array) →
-        float32 [3, S, S]: shorter side to S (bicubic), centre crop, CLIP normalisation."""
+        float32 [3, S, S]: shorter side to S (bicubic), centre crop, CLIP normalisation -- or the
+        resize of the run's ``data.eval_resize`` / ``eval_interpolation`` (an OpenCLIP checkpoint's)."""
         if hasattr(image, "convert"):  # PIL
             image = np.asarray(image.convert("RGB"))
         image = np.asarray(image)
         if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
             raise NclipError(f"transform takes a PIL image or a uint8 [H, W, 3] array, got {image.dtype} "
                              f"{list(image.shape)}")
-        return eval_tensor(image, self.image_size)
+        return eval_tensor(image, self.image_size, model_resize(self.model))
 
     # ------------------------------------------------------------------------------------------
     # every head's outputs (float32, on the CPU), as the evaluation extracts them

@@ -85,6 +85,11 @@ class DataConfig(_Section):
     # folder: one sub-folder of images per class (class labels; captions: the class names)
     source: Literal["synthetic", "digits", "webdataset", "csv", "folder"] = "synthetic"
     image_size: int = Field(64, ge=8, le=1024)
+    # evaluation's resize (nclip.data.transforms.eval_resize): the "shortest" side to image_size, then a
+    # centre crop, or "squash" to image_size²; with bicubic or bilinear interpolation. model.init of an
+    # OpenCLIP checkpoint sets them from its preprocess_cfg (resize_mode, interpolation)
+    eval_resize: Literal["shortest", "squash"] = "shortest"
+    eval_interpolation: Literal["bicubic", "bilinear"] = "bicubic"
     train_length: int = Field(1_000_000, ge=1, description="samples in the (procedural) train split")
     max_objects: int = Field(4, ge=1, le=4)
     loose_caption_prob: float = Field(0.3, ge=0, le=1)

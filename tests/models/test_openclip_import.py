@@ -66,21 +66,28 @@ def test_text_pooled_at_the_first_end_of_text_token(tmp_path):
     assert_same_encodings(model, loaded, 32)
 
 
-@pytest.mark.parametrize("name", ["vit-gelu", "rn-1111"])
-def test_images_get_the_checkpoints_preprocessing(tmp_path, name):
+PREPROCESS = [("vit-gelu", "shortest", "bicubic"), ("rn-1111", "shortest", "bicubic"),
+              ("vit-gelu", "squash", "bilinear"), ("rn-1111", "squash", "bicubic"),
+              ("vit-gelu", "shortest", "bilinear")]
+
+
+@pytest.mark.parametrize("name, mode, interpolation", PREPROCESS, ids=["-".join(p) for p in PREPROCESS])
+def test_images_get_the_checkpoints_preprocessing(tmp_path, name, mode, interpolation):
     """A PIL image through LoadedModel.transform and the tower's pixel statistics = open_clip's own
-    eval transform (size, bicubic shorter side, centre crop, the checkpoint's mean and std)."""
+    eval transform (size, resize mode, interpolation, the checkpoint's mean and std)."""
     oc = open_clip()
     cfg, _ = CASES[name]
     size = cfg["vision_cfg"]["image_size"]
-    pre = {"mean": [0.5, 0.45, 0.4], "std": [0.2, 0.25, 0.3], "interpolation": "bicubic", "resize_mode": "shortest"}
+    pre = {"mean": [0.5, 0.45, 0.4], "std": [0.2, 0.25, 0.3], "interpolation": interpolation, "resize_mode": mode}
     model = build(cfg)
     loaded = nclip.load(save_hub(model, cfg, tmp_path / "oc", preprocess=pre), device="cpu")
     assert list(loaded.cfg.model.vision.pixel_mean) == pre["mean"] and loaded.image_size == size
+    assert (loaded.cfg.data.eval_resize, loaded.cfg.data.eval_interpolation) == (mode, interpolation)
     rng = np.random.default_rng(0)
-    images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in ((50, 90), (size, size))]
+    images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+              for h, w in ((50, 90), (size + 20, size // 2), (size, size))]
     transform = oc.transform.image_transform(size, is_train=False, mean=pre["mean"], std=pre["std"],
-                                             interpolation="bicubic", resize_mode="shortest")
+                                             interpolation=interpolation, resize_mode=mode)
     with torch.no_grad():
         want = model.encode_image(torch.stack([transform(im) for im in images]), normalize=True)
     assert cosines(loaded.encode_image(images), want) >= 0.9999
@@ -246,8 +253,8 @@ REFUSED = [
     (("text_cfg", "tokenizer_kwargs"), {"clean": "canonicalize"}, "tokenizer_kwargs"),
     (("text_cfg", "act_kwargs"), {"approximate": "tanh"}, "text_cfg.act_kwargs"),
     (("multimodal_cfg",), {"width": 64}, "model_cfg.multimodal_cfg"),
-    (("preprocess", "resize_mode"), "squash", "preprocess_cfg.resize_mode"),
-    (("preprocess", "interpolation"), "bilinear", "preprocess_cfg.interpolation"),
+    (("preprocess", "resize_mode"), "longest", "preprocess_cfg.resize_mode"),
+    (("preprocess", "interpolation"), "random", "preprocess_cfg.interpolation"),
 ]
 
 
@@ -282,3 +289,29 @@ def test_cli_eval_and_train_take_arch(tmp_path, capsys):
                  "--out", str(tmp_path / "run"), "--no-progress", "--set", "train.steps=1"]) == 2
     err = capsys.readouterr().err.splitlines()  # the line naming what model.init replaces, then the error
     assert "has shape" in err[-1] and "an open_clip state dict of ViT-B-32" in err[0] and "Traceback" not in err
+
+
+def test_eval_takes_a_state_dict_with_arch_and_a_directory_as_baseline(tmp_path, monkeypatch):
+    """nclip eval --checkpoint FILE --arch NAME --baseline DIR: the same model both ways, relative 0."""
+    from nclip.cli import main
+    from nclip.models import openclip_files
+
+    cfg = vit_cfg()
+    monkeypatch.setattr(openclip_files, "builtin_config", lambda arch: cfg)  # a small "built-in" config
+    model = build(cfg)
+    torch.save(model.state_dict(), tmp_path / "w.pt")
+    save_hub(model, cfg, tmp_path / "oc")
+    realms = tmp_path / "realms"
+    for realm in ("photo", "sketch"):
+        for name, colour in (("red", (200, 30, 30)), ("blue", (30, 30, 200))):
+            (realms / realm / name).mkdir(parents=True)
+            for i in range(4):
+                Image.new("RGB", (40, 30), tuple(v + 5 * i for v in colour)).save(realms / realm / name / f"{i}.png")
+    out = tmp_path / "eval"
+    assert main(["eval", "--checkpoint", str(tmp_path / "w.pt"), "--arch", "Tiny", "--out", str(out), "--tasks",
+                 "realms", "--dataset", f"realms:{realms}", "--baseline", str(tmp_path / "oc"), "--no-report",
+                 "--no-cache", "--quiet"]) == 0
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["checkpoint"]["format"] == "open_clip state dict of Tiny" and doc["checkpoint"]["head"] == "clip"
+    relative = [k for k in doc["results"] if k.startswith("realms/") and "relative" in k]
+    assert relative and all(doc["results"][k] == pytest.approx(0.0, abs=1e-9) for k in relative)

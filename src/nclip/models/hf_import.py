@@ -188,7 +188,7 @@ def _hf_tokenizer(path: Path, length: int, tc, pooling: str) -> str | None:
 
 def _nclip_architecture(path: Path):
     src = read_config(_nclip_model_dir(path))
-    data = {"image_size": src.data.image_size, "text_length": src.data.text_length}
+    data = {k: getattr(src.data, k) for k in ("image_size", "text_length", "eval_resize", "eval_interpolation")}
     m = src.model.model_dump(mode="json")
     return m["vision"], m["text"], data, m["embed_dim"], "an nclip model"
 

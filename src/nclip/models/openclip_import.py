@@ -37,8 +37,8 @@ TEXT_FIXED = {"hf_model_name": None, "hf_tokenizer_name": None, "tokenizer_mode"
               "scaled_cosine_attn": False, "scale_heads": False, "scale_attn_inner": False, "scale_attn": False,
               "scale_fc": False}
 POOLING = {"argmax": "argmax", "eos": "token"}  # open_clip's text pool_type → model.text.eos_pooling
-RESIZE = {"shortest"}  # what nclip's evaluation pipeline does (shorter side, centre crop)
-INTERPOLATION = {"bicubic"}
+RESIZE = ("shortest", "squash")  # data.eval_resize (open_clip's "longest" pads: not reproduced)
+INTERPOLATION = ("bicubic", "bilinear")  # data.eval_interpolation
 
 
 def model_config(src: OpenClipSource, state: dict | None = None) -> dict:
@@ -66,7 +66,8 @@ def architecture(src: OpenClipSource, cfg: dict) -> tuple[dict, dict, dict, int]
     vision.update(_pixels(src.preprocess, where))
     text = _text(tc, act, where)
     text["tokenizer"] = str(vocabulary(src))
-    data = {"image_size": int(image_size), "text_length": int(tc.get("context_length", 77))}
+    data = {"image_size": int(image_size), "text_length": int(tc.get("context_length", 77)),
+            "eval_resize": src.preprocess["resize_mode"], "eval_interpolation": src.preprocess["interpolation"]}
     return vision, text, data, embed_dim
 
 
@@ -127,13 +128,13 @@ def _text(tc: dict, act: str, where) -> dict:
 
 def _pixels(pre: dict, where) -> dict:
     """pixel_mean/std where the checkpoint's are not CLIP's (the towers re-normalise); the resize and
-    interpolation must be nclip's evaluation pipeline's."""
+    interpolation must be ones nclip's evaluation pipeline has."""
     if pre.get("resize_mode") not in RESIZE:
-        raise NclipError(f"{where}: preprocess_cfg.resize_mode {pre.get('resize_mode')!r}: nclip resizes the "
-                         "shorter side and centre-crops (shortest) only")
+        raise NclipError(f"{where}: preprocess_cfg.resize_mode {pre.get('resize_mode')!r}: nclip resizes with "
+                         f"{' or '.join(RESIZE)} only")
     if pre.get("interpolation") not in INTERPOLATION:
         raise NclipError(f"{where}: preprocess_cfg.interpolation {pre.get('interpolation')!r}: nclip resizes "
-                         "with bicubic interpolation only")
+                         f"with {' or '.join(INTERPOLATION)} interpolation only")
     mean, std = tuple(float(x) for x in pre["mean"]), tuple(float(x) for x in pre["std"])
     if len(mean) != 3 or len(std) != 3:
         raise NclipError(f"{where}: preprocess_cfg mean/std must have 3 channels")
