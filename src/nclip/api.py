@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from nclip.data.folders import FOLDER_TEMPLATES
-from nclip.data.loader import eval_tensor, model_resize
+from nclip.data.loader import eval_tensor
+from nclip.data.transforms import model_resize
 from nclip.data.types import LabelSpace
 from nclip.defaults import EVAL_BATCH_SIZE, PROBE_FEATURES
 from nclip.errors import NclipError

@@ -51,14 +51,7 @@ from nclip.data.bad_samples import BadWindow, SkipLog, first_good
 from nclip.data.shards import Bad
 from nclip.data.tagging import TagCaptions
 from nclip.data.tokenization import CaptionTokenizer
-from nclip.data.transforms import (
-    augment,
-    csv_view_side,
-    eval_resize,
-    to_tensor,
-    to_uint8_tensor,
-    view_source,
-)
+from nclip.data.transforms import augment, csv_view_side, eval_resize, to_tensor, to_uint8_tensor, view_source
 from nclip.data.types import LabelSpace, Sample
 from nclip.data.workers import loader_options, loader_workers, worker_message
 from nclip.defaults import BUILTIN_SOURCES, USER_LABEL, has_labels
@@ -498,15 +491,8 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
     return data
 
 
-EVAL_RESIZE = ("shortest", "bicubic")  # data.eval_resize, data.eval_interpolation by default
-
-
-def model_resize(model) -> tuple[str, str]:
-    """The (mode, interpolation) evaluation resizes with for ``model`` (a DualEncoder's ``eval_resize``)."""
-    return getattr(model, "eval_resize", EVAL_RESIZE)
-
-
-def eval_tensor(image: np.ndarray, size: int, resize: tuple[str, str] = EVAL_RESIZE) -> torch.Tensor:
-    """Evaluation pre-processing of one image: resize (+ centre crop) + normalise. ``resize``: the
-    model's (mode, interpolation), ``DualEncoder.eval_resize`` (data.eval_resize, data.eval_interpolation)."""
+def eval_tensor(image: np.ndarray, size: int, resize: tuple[str, str] | tuple[()] = ()) -> torch.Tensor:
+    """Evaluation pre-processing of one image: resize (+ centre crop) + normalise; ``resize``: the
+    model's (mode, interpolation), :func:`~nclip.data.transforms.model_resize` (default: the shorter
+    side, bicubic)."""
     return to_tensor(eval_resize(image, size, *resize))

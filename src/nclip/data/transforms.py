@@ -140,6 +140,13 @@ def augment(image: np.ndarray, size: int, aug, rng: np.random.Generator) -> np.n
 
 
 INTERPOLATION = {"bicubic": Image.BICUBIC, "bilinear": Image.BILINEAR}
+EVAL_RESIZE = ("shortest", "bicubic")  # data.eval_resize, data.eval_interpolation by default
+
+
+def model_resize(model) -> tuple[str, str]:
+    """The (mode, interpolation) evaluation resizes with for ``model``: a DualEncoder's ``eval_resize``
+    (its run's data.eval_resize and data.eval_interpolation)."""
+    return getattr(model, "eval_resize", EVAL_RESIZE)
 
 
 def eval_resize(image: np.ndarray, size: int, mode: str = "shortest", interpolation: str = "bicubic") -> np.ndarray:

@@ -11,7 +11,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from nclip.data.loader import eval_tensor, model_resize
+from nclip.data.loader import eval_tensor
+from nclip.data.transforms import model_resize
 from nclip.data.types import LabelSpace, Sample
 from nclip.defaults import EVAL_BATCH_SIZE
 from nclip.objectives.functional import nclip_similarity, yclip_similarity
