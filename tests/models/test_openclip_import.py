@@ -315,3 +315,33 @@ def test_eval_takes_a_state_dict_with_arch_and_a_directory_as_baseline(tmp_path,
     assert doc["checkpoint"]["format"] == "open_clip state dict of Tiny" and doc["checkpoint"]["head"] == "clip"
     relative = [k for k in doc["results"] if k.startswith("realms/") and "relative" in k]
     assert relative and all(doc["results"][k] == pytest.approx(0.0, abs=1e-9) for k in relative)
+
+
+@pytest.mark.parametrize("arch", ["RN50", "RN101", "RN50x4", "ViT-B-16", "ViT-L-14-336", "ViT-B-32-quickgelu"])
+def test_full_size_configs_map_weight_for_weight(tmp_path, arch):
+    """open_clip's own configs at full size, built on the meta device (shapes, no memory): every
+    tensor of nclip's towers, CLIP head and logit scale has its open_clip counterpart of that shape."""
+    from nclip.models.hf_import import copy_weights
+    from nclip.models.openclip_files import builtin_config
+    from nclip.models.openclip_import import transformers_names
+
+    oc = open_clip()
+    cfg = builtin_config(arch)
+    (tmp_path / "oc").mkdir()
+    (tmp_path / "oc" / "open_clip_config.json").write_text(json.dumps({"model_cfg": cfg}))
+    (tmp_path / "oc" / "open_clip_model.safetensors").write_bytes(b"")  # init_config reads the config only
+    run_cfg = init_config(validate({"model": {"init": str(tmp_path / "oc")}, "objective": {"name": "xclip"}}),
+                          note=lambda line: None)
+    with torch.device("meta"):
+        reference, net = oc.model.CLIP(**cfg), build_model(run_cfg)
+    source = transformers_names(reference.state_dict(), net.vision.width)
+    assert "the CLIP head and logit scale" in copy_weights(net, source, True, tmp_path / "oc")
+    used = {k for k in source if not k.endswith("position_ids")}
+    tower_tensors = sum(1 for k in net.state_dict() if k.startswith(("vision.", "text.")) and "position_ids" not in k)
+    assert tower_tensors + 3 == len(used)  # each open_clip tensor lands somewhere: towers, two projections, scale
+    v, size = run_cfg.model.vision, cfg["vision_cfg"]["image_size"]
+    assert run_cfg.data.image_size == size and run_cfg.model.embed_dim == cfg["embed_dim"]
+    if arch.startswith("RN"):
+        assert v.kind == "clip_resnet" and list(v.depths) == cfg["vision_cfg"]["layers"]
+    else:
+        assert v.hidden_act == ("quick_gelu" if cfg.get("quick_gelu") else "gelu")

@@ -210,6 +210,12 @@ def load_init_weights(model, init: str | Path, arch: str | None = None) -> str:
         source = read_hf_weights(path)
     else:
         hf, source = False, _read_safetensors(_nclip_model_dir(path))
+    return copy_weights(model, source, hf, path)
+
+
+def copy_weights(model, source: dict[str, torch.Tensor], hf: bool, path: Path) -> str:
+    """Copy ``source`` -- a CLIPModel's tensors by its names (``hf``; a modified ResNet's under nclip's
+    own ``vision.*`` names) or an nclip model's -- into ``model``'s towers, CLIP head and logit scale."""
     own = model.state_dict()
     towers, heads = {}, {}
     native = any(k.startswith("vision.") for k in source)  # the modified ResNet under nclip's own names
