@@ -228,6 +228,8 @@ class ModelConfig(_Section):
     def _shared(self):
         if self.nclip_shared_layers > self.nclip_layers:
             raise ValueError(f"nclip_shared_layers {self.nclip_shared_layers} exceeds nclip_layers {self.nclip_layers}")
+        if self.init_arch is not None and self.init is None:
+            raise ValueError("init_arch names the open_clip config of model.init's weights file: give model.init")
         return self
 
 

@@ -288,7 +288,11 @@ def test_cli_eval_and_train_take_arch(tmp_path, capsys):
     assert main(["train", "--preset", "micro", "--init", str(tmp_path / "w.pt"), "--arch", "ViT-B-32",
                  "--out", str(tmp_path / "run"), "--no-progress", "--set", "train.steps=1"]) == 2
     err = capsys.readouterr().err.splitlines()  # the line naming what model.init replaces, then the error
-    assert "has shape" in err[-1] and "an open_clip state dict of ViT-B-32" in err[0] and "Traceback" not in err
+    assert "has shape" in err[-1] and "an open_clip state dict of ViT-B-32" in err[0]
+    assert len(err) == 2 and not any("Traceback" in line for line in err)
+    assert main(["train", "--preset", "micro", "--arch", "ViT-B-32", "--out", str(tmp_path / "run2")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "init_arch" in err[0] and "give model.init" in err[0]
 
 
 def test_eval_takes_a_state_dict_with_arch_and_a_directory_as_baseline(tmp_path, monkeypatch):
