@@ -112,9 +112,9 @@ def _openclip_checkpoint(p: Path, arch: str | None) -> Checkpoint | None:
     from nclip.config import validate
     from nclip.models.hf_import import init_config
     from nclip.models.io import WEIGHTS
-    from nclip.models.openclip_files import is_openclip, source
+    from nclip.models.openclip_files import WEIGHT_SUFFIXES, is_openclip, source
 
-    if not is_openclip(p, arch) and not (p.is_file() and p.name != WEIGHTS):
+    if not is_openclip(p, arch) and not (p.is_file() and p.name != WEIGHTS and p.suffix in WEIGHT_SUFFIXES):
         return None
     src = source(p, arch)  # a weights file without --arch: a one-line error saying so
     init = {"init": str(p.resolve()), "init_arch": arch}
