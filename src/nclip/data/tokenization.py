@@ -92,8 +92,9 @@ class CaptionTokenizer:
                 and self._tok.get_vocab() == other._tok.get_vocab())
 
     def __call__(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._split is not None:
-            enc = self._tok.encode_batch([self._split(t) for t in texts], is_pretokenized=True)
+        if self._split is not None:  # without offsets (encode_batch_fast): 3-4x faster on long captions
+            encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
+            enc = encode([self._split(t) for t in texts], is_pretokenized=True)
         else:
             enc = self._tok.encode_batch(list(texts))
         # through NumPy: a third of torch.tensor's time on lists of lists (in the loader's workers)
