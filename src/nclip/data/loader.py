@@ -53,7 +53,7 @@ from nclip.data.bad_samples import BadWindow, SkipLog, first_good
 from nclip.data.shards import Bad
 from nclip.data.tagging import TagCaptions
 from nclip.data.tokenization import CaptionTokenizer
-from nclip.data.transforms import augment, resize_center_crop, to_tensor, to_uint8_tensor
+from nclip.data.transforms import augment, eval_resize, to_tensor, to_uint8_tensor
 from nclip.data.types import LabelSpace, Sample
 from nclip.data.views import ViewCrops, ViewRecipe, crop_views, finish_views
 from nclip.data.workers import loader_options, loader_workers, worker_message
@@ -493,6 +493,8 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
     return data
 
 
-def eval_tensor(image: np.ndarray, size: int) -> torch.Tensor:
-    """Evaluation pre-processing of one image: resize + centre crop + normalise."""
-    return to_tensor(resize_center_crop(image, size))
+def eval_tensor(image: np.ndarray, size: int, resize: tuple[str, str] | tuple[()] = ()) -> torch.Tensor:
+    """Evaluation pre-processing of one image: resize (+ centre crop) + normalise; ``resize``: the
+    model's (mode, interpolation), :func:`~nclip.data.transforms.model_resize` (default: the shorter
+    side, bicubic)."""
+    return to_tensor(eval_resize(image, size, *resize))

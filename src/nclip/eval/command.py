@@ -70,6 +70,8 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--caption-key", help="caption column of a captions: CSV (default: the run's "
                    "data.csv_caption_key if the header has it, else the caption* columns)")
     p.add_argument("--baseline", metavar="RUN_DIR", help="run or eval directory for relative realm accuracy")
+    p.add_argument("--arch", metavar="NAME", help="open_clip config (e.g. ViT-B-32, RN50) of an open_clip or OpenAI "
+                   "state-dict file given as --checkpoint or --baseline (docs/transfer.md)")
     p.add_argument("--hierarchy", metavar="FILE|builtin",
                    help="realm labels for the realms task from each dataset's class labels and a class hierarchy: "
                         "a JSON or TSV file (realm = the child of the root on a class's path), or builtin "
@@ -122,7 +124,7 @@ def run_eval_command(args) -> int:
         _option, tasks=tasks, datasets=tuple(args.datasets or EvalSettings().datasets), head=args.head,
         features=args.features, probe=args.probe, probe_recipe=args.probe_recipe, probe_epochs=args.probe_epochs,
         classnames=args.classnames, templates=args.templates,
-        multilabel_topk=_ints(args.topk, "--topk"), baseline=args.baseline, hierarchy=args.hierarchy,
+        multilabel_topk=_ints(args.topk, "--topk"), baseline=args.baseline, arch=args.arch, hierarchy=args.hierarchy,
         image_key=args.image_key, caption_key=args.caption_key,
         test_samples=args.samples, train_samples=args.train_samples,
         sts_pairs=args.sts_pairs, mask_samples=args.mask_samples, batch_size=args.batch_size, seed=args.seed,

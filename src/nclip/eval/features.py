@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from nclip.data.loader import eval_tensor
+from nclip.data.transforms import model_resize
 from nclip.data.types import LabelSpace, Sample
 from nclip.defaults import EVAL_BATCH_SIZE
 from nclip.objectives.functional import nclip_similarity, yclip_similarity
@@ -66,7 +67,7 @@ def encode_images(model, images: Sequence[np.ndarray], size: int, device, batch_
                   autocast: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     parts = []
     for i in range(0, len(images), batch_size):
-        pixels = torch.stack([eval_tensor(im, size) for im in images[i : i + batch_size]])
+        pixels = torch.stack([eval_tensor(im, size, model_resize(model)) for im in images[i : i + batch_size]])
         with _autocast(device, autocast):
             parts.append(model.encode_image(pixels.to(device)))
     return _cat(parts)
@@ -86,7 +87,7 @@ def extract(model, samples: Sequence[Sample], image_size: int, device, batch_siz
     labels: dict[str, list[int]] = {}
     multilabels: dict[str, list[np.ndarray]] = {}
     with ThreadPoolExecutor(max_workers=_DECODE_THREADS) as pool:
-        for start, pixels, batch in _decoded_batches(pool, samples, image_size, batch_size):
+        for start, pixels, batch in _decoded_batches(pool, samples, image_size, batch_size, model_resize(model)):
             with _autocast(device, autocast):
                 parts.append(model.encode_image(pixels.to(device)))
             for n, s in enumerate(batch, start):
@@ -109,13 +110,14 @@ def extract(model, samples: Sequence[Sample], image_size: int, device, batch_siz
 _DECODE_THREADS = min(8, os.cpu_count() or 1)
 
 
-def _decoded_batches(pool: ThreadPoolExecutor, samples: Sequence[Sample], size: int, batch_size: int):
+def _decoded_batches(pool: ThreadPoolExecutor, samples: Sequence[Sample], size: int, batch_size: int,
+                     resize: tuple[str, str]):
     """(first index, pixels [b, 3, size, size], the batch's samples with their images dropped) per
     batch, in order; the next batch is decoding while the caller encodes this one."""
 
     def load(i: int) -> tuple[torch.Tensor, Sample]:
         s = samples[i]
-        return eval_tensor(s.image, size), replace(s, image=_NO_IMAGE)
+        return eval_tensor(s.image, size, resize), replace(s, image=_NO_IMAGE)
 
     def submit(start: int):
         return start, [pool.submit(load, i) for i in range(start, min(start + batch_size, len(samples)))]

@@ -31,9 +31,8 @@ from transformers import (
 
 from nclip.config import ModelConfig, TextConfig, VisionConfig
 from nclip.data.tokenization import bundled_model_dir
-from nclip.data.transforms import CLIP_MEAN, CLIP_STD
 from nclip.errors import NclipError
-from nclip.models import checkpointing
+from nclip.models import checkpointing, pixel_stats
 from nclip.models.clip_resnet import ClipResNetTower
 from nclip.models.patch_dropout import drop_patches
 
@@ -122,19 +121,11 @@ class VisionTower(nn.Module):
         # FLIP's rate (nclip.models.patch_dropout), a plain attribute the trainer changes between
         # steps (train.unmasked_steps); not in the state dict
         self.patch_dropout = patch_dropout
-        self.renormalise = mean is not None
-        if self.renormalise:  # x_CLIP·σ_CLIP + μ_CLIP = raw pixel → (raw − μ) / σ, as one affine map
-            mean, std = torch.tensor(mean).view(1, 3, 1, 1), torch.tensor(std).view(1, 3, 1, 1)
-            clip_mean = torch.from_numpy(CLIP_MEAN).view(1, 3, 1, 1)
-            clip_std = torch.from_numpy(CLIP_STD).view(1, 3, 1, 1)
-            self.register_buffer("pixel_scale", clip_std / std, persistent=False)
-            self.register_buffer("pixel_shift", (clip_mean - mean) / std, persistent=False)
+        pixel_stats.add(self, mean, std)  # a tower trained with other statistics sees its own
 
     def _pixels(self, pixels: torch.Tensor) -> torch.Tensor:
         """The data layer normalises with CLIP's mean/std; a tower trained with others sees its own."""
-        if not self.renormalise:
-            return pixels
-        return pixels * self.pixel_scale.to(pixels.dtype) + self.pixel_shift.to(pixels.dtype)
+        return pixel_stats.apply(self, pixels)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         """pixels [B, 3, H, W] normalised → final-norm [CLS] feature [B, width]; while training with

@@ -208,7 +208,7 @@ def _restore(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool) -> t
             model.load_state_dict(weights)
             objective.load_state_dict(state["objective"])
     if state is None and cfg.model.init is not None:  # a new run from a pretrained model's weights
-        line = load_init_weights(model, cfg.model.init)
+        line = load_init_weights(model, cfg.model.init, cfg.model.init_arch)
         if ctx.is_main:
             _note(line)
     model.to(ctx.device)
