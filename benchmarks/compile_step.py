@@ -1,7 +1,7 @@
 """``train.compile``: graph breaks and recompilations per objective, and what compiling pays.
 
     python benchmarks/compile_step.py table [--objectives clip xclip ...] [--steps 6]
-    python benchmarks/compile_step.py time [--preset tiny] [--objective clip] [--steps 5] [--repeats 3]
+    python benchmarks/compile_step.py time [--preset tiny] [--objective NAME] [--steps 5] [--repeats 3]
 
 ``table``: for every registered objective (micro sizes, batch 8, CPU), the graphs that
 ``torch.compile`` splits the training step into (:func:`nclip.train.compile.graph_breaks`, i.e.
@@ -152,8 +152,9 @@ def window(step: TrainStep, optimizer, batch: tuple, steps: int) -> float:
 
 def timing(preset: str, objective: str, steps: int, repeats: int, warmup: int) -> None:
     torch.set_num_threads(1)
-    overrides = [f"objective.name={objective}"] + (micro_sizes() if preset == "micro" else [])
+    overrides = ([f"objective.name={objective}"] if objective else []) + (micro_sizes() if preset == "micro" else [])
     cfg = resolve(preset, overrides)
+    objective = cfg.objective.name
     modes = {}
     for mode in ("eager", "towers", "step"):
         step, optimizer, batch = build(cfg)
@@ -187,7 +188,7 @@ def main() -> None:
     t.add_argument("--steps", type=int, default=6)
     s = sub.add_parser("time")
     s.add_argument("--preset", default="tiny")
-    s.add_argument("--objective", default="clip")
+    s.add_argument("--objective", help="default: the preset's (clip-tiny: clip, tiny: xclip)")
     s.add_argument("--steps", type=int, default=5)
     s.add_argument("--repeats", type=int, default=3)
     s.add_argument("--warmup", type=int, default=2)
