@@ -268,7 +268,7 @@ class TrainConfig(_Section):
     checkpoint_every: int = Field(500, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     threads: int | None = Field(None, ge=1, description="torch intra-op threads (None: default)")
-    # torch.compile the towers (nclip.train.compile); eager, with a one-line warning, where it fails
+    # torch.compile the training step (nclip.train.compile); eager, with a one-line warning, where it fails
     compile: bool = False
     strategy: Literal["ddp", "fsdp"] = "ddp"  # under torchrun: replicate (DDP) or shard (FSDP2)
     max_nonfinite_steps: int = Field(10, ge=1, description="stop after this many skipped steps in a row")

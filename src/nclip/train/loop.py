@@ -64,7 +64,7 @@ from nclip.train.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from nclip.train.compile import compile_towers
+from nclip.train.compile import compile_step
 from nclip.train.ema import WeightEMA, ema_for, ema_state, evaluate_with_ema, save_run_models
 from nclip.train.gate import StepGate
 from nclip.train.labels import label_space_for
@@ -149,6 +149,8 @@ def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progre
         return RunResult(run_dir, run.start, already_finished=True)
     if data_source is None:  # a batch that cannot fit: one line, before anything is written
         check_step_memory(run)
+    if run.cfg.train.compile:  # after the check: its probe batches compile nothing (nclip.train.compile)
+        compile_step(run.step_module, run.passes)
     run.data = _open_data(run, data_source, data_state)
     run.periodic = PeriodicEval.for_run(run.cfg, ctx)  # train.eval_every: its data, before anything is written
     # the first write: a run that cannot start (bad config, missing data) leaves no trace
@@ -213,8 +215,6 @@ def _restore(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool) -> t
             _note(line)
     model.to(ctx.device)
     objective.to(ctx.device)
-    if t.compile:
-        compile_towers(model)
     step_module = TrainStep(model, objective, autocast_dtype(t.precision, ctx.device))
     module = wrap(step_module, ctx, cfg)
     run = _Run(cfg, run_dir, ctx, model, step_module, module, build_optimizer([model, objective], t), start)
