@@ -53,7 +53,7 @@ import time
 from dataclasses import dataclass
 
 DEFAULT_BUDGET_S = 300.0
-# one compilation of the towers, before the bench has timed one (the trainer row's hand loop times the
+# one compilation of the training step, before the bench has timed one (the trainer row's hand loop times the
 # first): issue 24's "tens of seconds" for ViT-B/16 on an H100, rounded up; an assumption, never a figure
 COMPILE_GUESS_S = 60.0
 
@@ -101,7 +101,7 @@ class Sizes:
 class ModelCosts:
     """What a stage pays per model, in seconds, from what the bench has measured so far: a build (the
     first of a config; :mod:`nclip.bench.shared_models`), a copy (every later one), one compilation
-    of the towers (0 without ``train.compile``), a first step and a step."""
+    of the training step (0 without ``train.compile``), a first step and a step."""
 
     build_s: float
     copy_s: float

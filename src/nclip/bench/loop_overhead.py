@@ -42,7 +42,7 @@ from nclip.data.device_feed import DeviceFeed
 from nclip.data.loader import train_loader
 from nclip.data.tokenization import CaptionTokenizer
 from nclip.objectives import REGISTRY, build_objective
-from nclip.precision import autocast_dtype, to_float32, tower_autocast
+from nclip.precision import autocast_dtype
 from nclip.train.labels import label_space_for
 from nclip.train.launch import TrainStep
 from nclip.train.optim import build_optimizer
@@ -86,7 +86,8 @@ class HandLoop:
 
     ``count_flops``: the FLOPs of one forward and backward are counted first (eager, before any
     compilation; ``flops``), so that the MFU row needs no model of its own. With ``train.compile``
-    the towers are compiled as the trainer compiles them, so that both loops run the same code."""
+    the step (towers, heads, float32 objective: a ``TrainStep``) is compiled as the trainer compiles
+    it, so that both loops run the same code."""
 
     def __init__(self, cfg: RunConfig, batch: tuple, warmup: int = 1, count_flops: bool = False):
         self.device = device = device_of(cfg)
@@ -97,10 +98,11 @@ class HandLoop:
         self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
         self.clip = cfg.train.grad_clip
         self.flops = self._count_flops() if count_flops else None
+        self.train_step = TrainStep(self.model, self.objective, self.amp)  # the trainer's forward, no more
         if cfg.train.compile:
-            from nclip.train.compile import compile_towers
+            from nclip.train.compile import compile_step
 
-            compile_towers(self.model)
+            compile_step(self.train_step)
         self.model.train()
         self.objective.train()
         self.warmup = max(warmup, 1)
@@ -120,9 +122,7 @@ class HandLoop:
 
     def step(self) -> None:
         pixels, ids, mask, *rows = next(self.feed)
-        with tower_autocast(self.device, self.amp):
-            out = self.model(pixels, ids, mask)
-        loss = self.objective(to_float32(out), *rows)["loss"]
+        loss = self.train_step(pixels, ids, mask, *rows)["loss"]
         loss.backward()
         if self.clip:  # part of the recipe, not of the trainer: the hand loop clips as well
             torch.nn.utils.clip_grad_norm_(self.params, self.clip)
