@@ -105,10 +105,17 @@ def test_proto_loss_drops_empty_clusters():
     labels = torch.tensor([0, 2, 3, 3, 0, 2])
     keep = valid.nonzero().squeeze(1)
     remap = {int(o): n for n, o in enumerate(keep)}
-    for tt in (0.01, 0.0):
-        ours = functional.proto_terms(h, c, labels, 0.1, tt, valid=valid)
-        ref = ref_proto_loss(h, c[keep], torch.tensor([remap[int(x)] for x in labels]), 0.1, tt)
+    c_t = _unit(5, 3, seed=7)  # the teacher's own prototypes as the soft targets' C (Eq. 5)
+    for tt, teacher in ((0.01, None), (0.0, None), (0.05, c_t)):
+        # the empty clusters are masked (fixed shapes, no host read): values and gradients are those
+        # of the classifier without them
+        h_a, c_a, h_b, c_b = (x.clone().requires_grad_() for x in (h, c, h, c))
+        ours = functional.proto_terms(h_a, c_a, labels, 0.1, tt, valid=valid, teacher_centroids=teacher)
+        ref = ref_proto_loss(h_b, c_b[keep], torch.tensor([remap[int(x)] for x in labels]), 0.1, tt,
+                             None if teacher is None else teacher[keep])
         torch.testing.assert_close(ours["loss"], ref)
+        for a, r in zip(torch.autograd.grad(ours["loss"], [h_a, c_a]), torch.autograd.grad(ref, [h_b, c_b])):
+            torch.testing.assert_close(a, r)
     # without the mask a zero (empty) prototype competes with logit 0: a different loss
     assert not torch.isclose(functional.proto_loss(h, c * valid[:, None], labels, 0.1, 0.01), ours["loss"])
 
