@@ -5,6 +5,8 @@
   alone, values and gradients in float64.
 - :meth:`MemoryBank.enqueue` with a ``keep`` mask writes a fixed number of slots: the bank is the one
   that appending the kept rows one by one makes.
+- ProtoCLIP's empty clusters are masked out of the prototype classifier, not dropped: the values
+  and gradients of the classifier without them.
 - The momentum update runs a few kernels per dtype and equals, bitwise, the parameter-by-parameter
   update; a skipped step leaves the target bitwise as it was.
 """
@@ -19,7 +21,7 @@ from nclip.objectives import functional
 from nclip.objectives.cmsf_bank import NO_LABEL, MemoryBank
 from nclip.objectives.momentum import momentum_update
 
-from references import leaves
+from references import leaves, ref_proto_loss
 
 F64 = torch.float64
 B, D, N, CLASSES = 6, 4, 12, 3
@@ -152,6 +154,31 @@ def test_supcon_family_with_queue_valid_is_the_loss_on_the_valid_rows(family):
         assert (a is None) == (r is None)
         if a is not None:
             torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-14)
+
+
+# ---- ProtoCLIP's empty clusters --------------------------------------------------------------------
+
+
+def _unit(*shape, seed):
+    return torch.nn.functional.normalize(torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=F64),
+                                         dim=-1)
+
+
+def test_proto_terms_mask_empty_clusters_as_if_dropped():
+    h, c, c_t = _unit(6, 4, seed=5), _unit(5, 4, seed=6), _unit(5, 3, seed=7)
+    valid = torch.tensor([True, False, True, True, False])
+    labels = torch.tensor([0, 2, 3, 3, 0, 2])
+    keep, remap = torch.tensor([0, 2, 3]), torch.tensor([0, -1, 1, 2, -1])
+    for tt, teacher in ((0.01, None), (0.0, None), (0.05, c_t)):  # soft, hard, soft from the teacher's C (Eq. 5)
+        a, b = ([x.clone().requires_grad_() for x in (h, c)] for _ in range(2))
+        ours = functional.proto_terms(*a, labels, 0.1, tt, valid=valid, teacher_centroids=teacher)
+        ref = ref_proto_loss(b[0], b[1][keep], remap[labels], 0.1, tt, None if teacher is None else teacher[keep])
+        torch.testing.assert_close(ours["loss"], ref)
+        for x, y in zip(torch.autograd.grad(ours["loss"], a), torch.autograd.grad(ref, b)):
+            torch.testing.assert_close(x, y)
+        ref_acc = functional.proto_terms(h, c[keep], remap[labels], 0.1, tt, teacher_centroids=None if teacher is None
+                                         else teacher[keep])["acc"]
+        assert ours["acc"] == ref_acc
 
 
 # ---- the momentum update ---------------------------------------------------------------------------

@@ -20,7 +20,7 @@ reads the fill count on the host: for inspection and tests.
 Semi-supervised setting (Sec. 2.1.5, App. A.2: "two equal-size, separate memory banks for labeled
 and unlabeled data so that one cannot dominate the whole memory bank"): two instances of the same
 size. Every sample goes to the unlabelled one, only labelled samples (label ≠ ``UNLABELLED``) to the
-labelled one; the loss searches ``cat([labelled.view().embeddings, unlabelled.view().embeddings])``
+labelled one; the loss searches ``cat([labelled.rows().embeddings, unlabelled.rows().embeddings])``
 under :func:`~nclip.objectives.functional.semi_supervised_constraint`::
 
     lab, unl = labelled.rows(), unlabelled.rows()
