@@ -303,9 +303,14 @@ def _read(run: _Run, result: _StepResult) -> _LoggedStep:
     return _LoggedStep(result.lr, terms, values[-2], int(values[-3]), values[-1] == 0)
 
 
-def _term_vector(terms: dict, keys: list[str], device: torch.device) -> torch.Tensor:
-    return torch.stack([terms[k].detach().float() if torch.is_tensor(terms[k])
-                        else torch.tensor(float(terms[k]), device=device) for k in keys])
+def _term_vector(terms: dict, keys: list[str]) -> torch.Tensor:
+    """The step's terms as one vector on the device. Objectives make every term a tensor on the
+    model's device (a constant with ``loss.new_full``): a host number here would be a blocking
+    host-to-device copy on every step, so it is refused."""
+    for k in keys:
+        if not torch.is_tensor(terms[k]):
+            raise TypeError(f"the objective's term {k!r} is a {type(terms[k]).__name__}, not a tensor on the device")
+    return torch.stack([terms[k].detach().float() for k in keys])
 
 
 def _step(run: _Run, step: int, batch: tuple) -> _StepResult:
@@ -324,7 +329,7 @@ def _step(run: _Run, step: int, batch: tuple) -> _StepResult:
     if run.passes is not None:  # exact accumulation: the whole batch's objective in k tower passes
         terms = cached_step(*run.passes, batch, t.accumulation, run.tower_buffers, device)
         keys = list(terms)
-        vector = _term_vector(terms, keys, device)
+        vector = _term_vector(terms, keys)
         nonfinite_loss = (~torch.isfinite(terms["loss"].detach())).float()
     else:
         keys, vector, nonfinite_loss = _independent_micro_batches(run, batch)
@@ -361,7 +366,7 @@ def _independent_micro_batches(run: _Run, batch: tuple) -> tuple[list[str], torc
             (loss / k).backward()
         nonfinite_loss += (~torch.isfinite(loss.detach())).float()
         keys = keys or list(terms)
-        vector = _term_vector(terms, keys, device)
+        vector = _term_vector(terms, keys)
         vector = vector / k if k > 1 else vector
         sums = vector if sums is None else sums + vector
     return keys, sums, nonfinite_loss
