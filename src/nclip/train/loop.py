@@ -83,6 +83,7 @@ from nclip.train.launch import (
     wrap_passes,
 )
 from nclip.train.logbook import METRICS, Log, startup_block
+from nclip.train.loss_scale import loss_scale_for
 from nclip.train.memory_check import check_step_memory, out_of_memory_message
 from nclip.train.monitors import nonfinite_stop_message
 from nclip.train.optim import build_optimizer, lr_at, set_lr
@@ -182,9 +183,11 @@ class _Run:
     def __post_init__(self):
         self.snapshot = BufferSnapshot(self.step_module)
 
-    def start_gate(self) -> None:
-        """The skip gate, from the counters as restored (call after the optimizer state is loaded)."""
-        self.gate = StepGate(self.optimizer, self.ctx.device, self.counters)
+    def start_gate(self, state: dict | None = None) -> None:
+        """The skip gate, from the counters as restored (call after the optimizer state is loaded),
+        with fp16's loss scale (from the checkpoint's ``state`` when resuming)."""
+        self.gate = StepGate(self.optimizer, self.ctx.device, self.counters,
+                             loss_scale_for(self.step_module.amp, self.ctx.device, state))
 
 
 def _restore(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool) -> tuple[_Run, dict | None]:
@@ -228,7 +231,7 @@ def _restore(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool) -> t
     run.counters["nonfinite_total"] = int(state.get("nonfinite_total", run.counters["nonfinite_total"]))
     rngs = state.get("rng") or [{"torch": state["rng_torch"]}]
     set_rng_state(rngs[ctx.rank] if len(rngs) == ctx.world_size else rngs[0])
-    run.start_gate()
+    run.start_gate(state)
     return run, _data_state_for_rank(state.get("data") or [], ctx)
 
 
@@ -319,15 +322,19 @@ def _step(run: _Run, step: int, batch: tuple) -> _StepResult:
     run.step_module.objective.before_step(step, t.steps)  # e.g. a loss weight scheduled by the step
     set_patch_dropout(run.model, patch_dropout_at(run.cfg, step))  # FLIP: 0 in train.unmasked_steps' tail
     if run.passes is not None:  # exact accumulation: the whole batch's objective in k tower passes
-        terms = cached_step(*run.passes, batch, t.accumulation, run.tower_buffers, device)
+        terms = cached_step(*run.passes, batch, t.accumulation, run.tower_buffers, device, run.gate.scaled)
         keys = list(terms)
         vector = _term_vector(terms, keys, device)
         nonfinite_loss = (~torch.isfinite(terms["loss"].detach())).float()
     else:
         keys, vector, nonfinite_loss = _independent_micro_batches(run, batch)
+    keys, vector = run.gate.logged(keys, vector)  # fp16: and the loss scale
     sync_replicated_grads(module)  # FSDP2's unsharded scalars (logit scale): averaged like DDP
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip if t.grad_clip else math.inf)
+    # fp16: the norm of the gradients the backward scaled, divided by the loss scale (exact, no pass
+    # over the gradients); clipped with it, the kernel's division leaves the bits of an unscaled clip
+    grad_norm = run.gate.unscaled(torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
+    torch.nn.utils.clip_grads_with_norm_(params, t.grad_clip if t.grad_clip else math.inf, grad_norm)
     if hasattr(grad_norm, "full_tensor"):  # FSDP2: a replicated DTensor
         grad_norm = grad_norm.full_tensor()
     skip = run.gate.decide(nonfinite_loss, grad_norm)  # every rank takes the same decision
@@ -354,7 +361,7 @@ def _independent_micro_batches(run: _Run, batch: tuple) -> tuple[list[str], torc
         with no_grad_sync(module, skip=i < len(chunks) - 1):
             terms = module(*micro)
             loss = terms["loss"]
-            (loss / k).backward()
+            run.gate.scaled(loss / k).backward()  # fp16: times the loss scale
         nonfinite_loss += (~torch.isfinite(loss.detach())).float()
         keys = keys or list(terms)
         vector = _term_vector(terms, keys, device)
@@ -478,6 +485,7 @@ def _save(run: _Run, step: int) -> None:
         "world_size": ctx.world_size,
         "counters": dict(run.counters),
         **ema_state(run.ema),
+        **run.gate.checkpoint_state(),  # fp16's loss scale
     }
     save_checkpoint(run.run_dir, step, _strip(full, "model."), state, run.cfg.train.keep_checkpoints)
 
