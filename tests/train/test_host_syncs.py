@@ -31,7 +31,7 @@ CONVNET = ["model.vision.kind=convnet", "model.vision.depths=[1,1]", "model.visi
 NOT_YET = {"unified", "nclip", "yclip", "siglip", "xclip", "xsiglip", "protonw", "supcon", "paco", "reco",
            "clip_supcon", "protoclip", "cmsf", "clip_cmsf", "ema-locked-vision", "exact-accumulation",
            "independent-accumulation", "patch-dropout", "nclip-warmup", "text-unlocked-layers", "pretrained-text",
-           "adamw8bit", "cmsf-semi", "two-ranks"}
+           "cmsf-semi", "two-ranks"}
 
 # reads that cannot be avoided: (op, a part of where it is made) -> why
 UNAVOIDABLE: dict[tuple[str, str], str] = {}
