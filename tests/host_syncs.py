@@ -39,6 +39,25 @@ SYNC_OPS = frozenset({
 FUSED_OPTIMIZERS = ("aten::_fused_adamw_", "aten::_fused_adam_", "aten::_fused_sgd_")
 HOST_METHODS = ("tolist", "numpy", "cpu")  # invisible to the profiler on a CPU tensor
 
+# the step's options that add work to it (the CPU test and benchmarks/gpu_sync_check.py check both)
+CONVNET = ["model.vision.kind=convnet", "model.vision.depths=[1,1]", "model.vision.hidden_sizes=[16,32]",
+           "model.vision.embedding_size=8", "model.vision.heads=2"]
+
+OPTIONS = {
+    "ema-locked-vision": ["train.ema=0.99", "model.vision.lock=true"],
+    "exact-accumulation": ["train.accumulation=2"],
+    "independent-accumulation": ["train.accumulation=2", "train.accumulation_mode=independent"],
+    "patch-dropout": ["model.vision.patch_dropout=0.5"],
+    "nclip-warmup": ["objective.nclip_warmup_start=1", "objective.nclip_warmup_steps=3"],
+    "text-unlocked-layers": ["model.text.unlocked_layers=1"],
+    "pretrained-text": ["model.text.kind=pretrained"],
+    # the optimizer's and the loss scale's own ops, with an objective whose case passes (xCLIP's is an objective case)
+    "adamw8bit": ["objective.name=clip", "train.optimizer=adamw8bit"],
+    "fp16": ["objective.name=clip", "train.precision=fp16"],
+    "sgd-convnet": ["objective.name=clip", "train.optimizer=sgd", *CONVNET],
+    "cmsf-semi": ["objective.name=cmsf", "objective.constraint=semi"],
+}
+
 
 def _where(event) -> str:
     """The innermost nclip (or transformers / kornia) frame of the Python stack that made ``event``."""

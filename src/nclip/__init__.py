@@ -11,10 +11,11 @@ for _name in ("torchao", "torch.utils._pytree"):
     logging.getLogger(_name).setLevel(logging.ERROR)
 
 
-def load(path, device=None):
+def load(path, device=None, arch=None):
     """A trained model for inference, OpenCLIP-style: ``encode_image``, ``encode_text``,
-    ``zero_shot``, ``tokenizer``, ``transform`` (see :func:`nclip.api.load`). Imported lazily, so
+    ``zero_shot``, ``tokenizer``, ``transform`` (see :func:`nclip.api.load`); also an OpenCLIP or
+    OpenAI checkpoint (``arch``: the open_clip config of a bare state-dict file). Imported lazily, so
     ``import nclip`` stays fast."""
     from nclip.api import load as _load
 
-    return _load(path, device)
+    return _load(path, device, arch)

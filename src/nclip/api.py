@@ -22,6 +22,7 @@ from torch import nn
 
 from nclip.data.folders import FOLDER_TEMPLATES
 from nclip.data.loader import eval_tensor
+from nclip.data.transforms import model_resize
 from nclip.data.types import LabelSpace
 from nclip.defaults import EVAL_BATCH_SIZE, PROBE_FEATURES
 from nclip.errors import NclipError
@@ -66,14 +67,15 @@ class LoadedModel(nn.Module):
 
     def transform(self, image) -> torch.Tensor:
         """The run's eval pre-processing of one image (a PIL image or uint8 [H, W, 3] array) →
-        float32 [3, S, S]: shorter side to S (bicubic), centre crop, CLIP normalisation."""
+        float32 [3, S, S]: shorter side to S (bicubic), centre crop, CLIP normalisation -- or the
+        resize of the run's ``data.eval_resize`` / ``eval_interpolation`` (an OpenCLIP checkpoint's)."""
         if hasattr(image, "convert"):  # PIL
             image = np.asarray(image.convert("RGB"))
         image = np.asarray(image)
         if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
             raise NclipError(f"transform takes a PIL image or a uint8 [H, W, 3] array, got {image.dtype} "
                              f"{list(image.shape)}")
-        return eval_tensor(image, self.image_size)
+        return eval_tensor(image, self.image_size, model_resize(self.model))
 
     # ------------------------------------------------------------------------------------------
     # every head's outputs (float32, on the CPU), as the evaluation extracts them
@@ -176,14 +178,21 @@ def _as_list(items, what: str) -> list:
         raise NclipError(f"{what}: expected a list, got {type(items).__name__}") from None
 
 
-def load(path: str | Path, device: str | torch.device | None = None) -> LoadedModel:
+def load(path: str | Path, device: str | torch.device | None = None, arch: str | None = None) -> LoadedModel:
     """The model of a run directory, a model directory (RUN/model: model.safetensors +
     config.json), a training checkpoint (RUN/checkpoints/step_N) or a ``model.safetensors`` file
-    in one of those, ready for inference on ``device`` (None: CUDA when available, else the CPU)."""
+    in one of those, ready for inference on ``device`` (None: CUDA when available, else the CPU).
+
+    Also a model nclip did not train (docs/transfer.md): a transformers CLIPModel directory, an
+    open_clip directory (open_clip_config.json), an open_clip or OpenAI state-dict file with
+    ``arch`` naming its open_clip config (e.g. "ViT-B-32"), or OpenAI's TorchScript ``.pt``."""
+    from nclip.models.io import WEIGHTS
+    from nclip.models.openclip_files import WEIGHT_SUFFIXES, is_openclip
+
     p = Path(path).expanduser()
-    if p.is_file():
-        p = p.parent
-    ck = resolve_checkpoint(p)
+    if p.is_file() and not is_openclip(p, arch) and (p.name == WEIGHTS or p.suffix not in WEIGHT_SUFFIXES):
+        p = p.parent  # a file of an nclip model directory
+    ck = resolve_checkpoint(p, arch)
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)

@@ -58,8 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="start over in an --out that holds a run: its checkpoints, logs, model, eval and "
                    "config.yaml are removed first (other files are kept)")
-    p.add_argument("--init", metavar="DIR", help="start from a pretrained model: a local transformers CLIPModel "
-                   "directory or an nclip run/model directory (sets model.init; docs/transfer.md)")
+    p.add_argument("--init", metavar="PATH", help="start from a pretrained model: a local transformers CLIPModel "
+                   "directory, an open_clip directory or weights file, OpenAI's .pt, or an nclip run/model "
+                   "directory (sets model.init; docs/transfer.md)")
+    p.add_argument("--arch", metavar="NAME", help="open_clip config (e.g. ViT-B-32) of an open_clip/OpenAI "
+                   "state-dict file given to --init (sets model.init_arch)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar: one line per log step instead "
                    "(step, loss, the objective's terms, lr, samples/s), for logs and batch jobs")
     p.add_argument("--no-eval", action="store_true", help="skip the end-of-run evaluation")
@@ -154,6 +157,7 @@ def _cmd_train(args) -> int:
 
     resume = args.resume == "auto" or args.extend_to is not None
     init = [f"model.init={json.dumps(args.init)}"] if args.init else []  # a JSON string is a YAML string
+    init += [f"model.init_arch={json.dumps(args.arch)}"] if args.arch else []
     asks = "--extend-to" if args.extend_to else "--resume auto" if resume else ""  # to continue a run
     preset = _train_preset(args.preset, args.out, asks)
     cfg = resolve(preset, [*args.overrides, *init])
@@ -217,8 +221,8 @@ def _cmd_presets(args) -> int:
 
 def _cmd_export(args) -> int:
     from nclip.models.export import export_hf, model_dir
+    from nclip.runlock import DirLock
     from nclip.train.rundir import check_export_target
-    from nclip.train.runlock import DirLock
 
     check_export_target(model_dir(args.checkpoint), args.hf, args.force)
     with DirLock(args.hf, "nclip export", "--hf"):  # one writer; checked again under the lock

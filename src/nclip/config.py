@@ -85,6 +85,11 @@ class DataConfig(_Section):
     # folder: one sub-folder of images per class (class labels; captions: the class names)
     source: Literal["synthetic", "digits", "webdataset", "csv", "folder"] = "synthetic"
     image_size: int = Field(64, ge=8, le=1024)
+    # evaluation's resize (nclip.data.transforms.eval_resize): the "shortest" side to image_size, then a
+    # centre crop, or "squash" to image_size²; with bicubic or bilinear interpolation. model.init of an
+    # OpenCLIP checkpoint sets them from its preprocess_cfg (resize_mode, interpolation)
+    eval_resize: Literal["shortest", "squash"] = "shortest"
+    eval_interpolation: Literal["bicubic", "bilinear"] = "bicubic"
     train_length: int = Field(1_000_000, ge=1, description="samples in the (procedural) train split")
     max_objects: int = Field(4, ge=1, le=4)
     loose_caption_prob: float = Field(0.3, ge=0, le=1)
@@ -183,9 +188,12 @@ class TextConfig(_Section):
 
 
 class ModelConfig(_Section):
-    # start from a pretrained model: a local transformers CLIPModel directory or an nclip run/model
-    # directory; its architecture replaces vision/text/embed_dim (nclip.models.hf_import, docs/transfer.md)
+    # start from a pretrained model: a local transformers CLIPModel directory, an nclip run/model
+    # directory, an open_clip directory (open_clip_config.json), an open_clip/OpenAI state-dict file with
+    # init_arch, or OpenAI's TorchScript .pt; its architecture replaces vision/text/embed_dim
+    # (nclip.models.hf_import, docs/transfer.md)
     init: str | None = None
+    init_arch: str | None = None  # the open_clip config (e.g. ViT-B-32) of a state-dict file in `init`
     vision: VisionConfig = VisionConfig()
     text: TextConfig = TextConfig()
     embed_dim: int = Field(512, ge=1, description="CLIP head output (Sec. 3.2: 512)")
@@ -220,6 +228,8 @@ class ModelConfig(_Section):
     def _shared(self):
         if self.nclip_shared_layers > self.nclip_layers:
             raise ValueError(f"nclip_shared_layers {self.nclip_shared_layers} exceeds nclip_layers {self.nclip_layers}")
+        if self.init_arch is not None and self.init is None:
+            raise ValueError("init_arch names the open_clip config of model.init's weights file: give model.init")
         return self
 
 
@@ -260,7 +270,7 @@ class TrainConfig(_Section):
     checkpoint_every: int = Field(500, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     threads: int | None = Field(None, ge=1, description="torch intra-op threads (None: default)")
-    # torch.compile the towers (nclip.train.compile); eager, with a one-line warning, where it fails
+    # torch.compile the training step (nclip.train.compile); eager, with a one-line warning, where it fails
     compile: bool = False
     strategy: Literal["ddp", "fsdp"] = "ddp"  # under torchrun: replicate (DDP) or shard (FSDP2)
     max_nonfinite_steps: int = Field(10, ge=1, description="stop after this many skipped steps in a row")

@@ -39,7 +39,7 @@ class VisionConfig(BaseModel):
     # dimension); None: the last stage's width
     pool_dim: int | None = Field(None, ge=1)
     hidden_act: Literal["gelu", "quick_gelu"] = "gelu"  # vit: OpenAI CLIP's towers use quick_gelu
-    # vit: the mean/std the tower expects its pixels normalised with; None: CLIP's, the data layer's
+    # vit, clip_resnet: the mean/std the tower expects its pixels normalised with; None: CLIP's, the data layer's
     # own (a tower started from a model trained with other statistics re-normalises its input)
     pixel_mean: tuple[float, float, float] | None = None
     pixel_std: tuple[float, float, float] | None = None
@@ -65,6 +65,8 @@ class VisionConfig(BaseModel):
             raise ValueError(f"vision width {self.width} is not divisible by heads {self.heads}")
         if (self.pixel_mean is None) != (self.pixel_std is None) or min(self.pixel_std or (1,)) <= 0:
             raise ValueError("pixel_mean and pixel_std go together, with every std > 0")
+        if self.pixel_mean is not None and self.kind not in ("vit", "clip_resnet"):
+            raise ValueError(f"pixel_mean/pixel_std need kind vit or clip_resnet (got {self.kind})")
         if self.kind in ("convnet", "clip_resnet") and self.hidden_sizes[-1] % self.heads:
             raise ValueError(f"{self.kind} last width {self.hidden_sizes[-1]} is not divisible by heads {self.heads}")
         if self.kind == "clip_resnet":

@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+from bench_helpers import count_builds, scratch_home
 
 from nclip.bench import loop_overhead, runner
 from nclip.bench.runner import Report, Sizes
@@ -39,26 +40,9 @@ def test_a_skipped_row_has_no_value_and_says_why():
     assert rep.rows[0].value is None and rep.table().splitlines()[1].split()[2] == "-"
 
 
-def _count_builds(monkeypatch) -> list:
-    """Every build_model call (the trainer's and the bench's), counted."""
-    calls = []
-    real = loop_overhead.build_model
-
-    def counted(*a, **kw):
-        calls.append(1)
-        return real(*a, **kw)
-
-    import nclip.models
-    import nclip.train.loop
-
-    for module in (loop_overhead, nclip.train.loop, nclip.models):
-        monkeypatch.setattr(module, "build_model", counted)
-    return calls
-
-
 @pytest.mark.slow
 def test_the_trainer_row_builds_each_model_once_whatever_the_repeats(monkeypatch):
-    builds = _count_builds(monkeypatch)
+    builds = count_builds(monkeypatch)
     cfg = resolve("micro", ["train.threads=1"])
     out = loop_overhead.trainer_over_hand(cfg, repeats=3, window_s=0.01, warmup=1, count_flops=True)
     assert out["repeats"] == 3 and len(out["ratios"]) == 3 and out["flops"] > 0
@@ -71,7 +55,7 @@ def test_the_train_path_row_reuses_the_hand_loop_and_builds_one_model(monkeypatc
 
     cfg = resolve("micro", ["train.threads=1"])
     hand = loop_overhead.HandLoop(cfg, loop_overhead.one_batch(cfg))
-    builds = _count_builds(monkeypatch)
+    builds = count_builds(monkeypatch)
     r = train_path_over_hand(cfg, steps=3, repeats=2, hand=hand)
     assert len(builds) == 1  # the trainer's; the hand loop is the one passed in
     assert len(r["train_windows"]) == 2 and r["ratio"] > 0 and r["num_workers"] == cfg.data.num_workers
@@ -90,12 +74,21 @@ def test_a_tiny_budget_skips_rows_and_says_why(monkeypatch):
 
 
 @pytest.mark.slow
-def test_quick_bench_writes_positive_finite_ratios(tmp_path, capsys):
-    """One --quick run (the suite's only one: it takes a minute on 2 cores) checks every row's value:
-    the ratios the issue asks for, then the largest-batch and patch-dropout rows."""
+def test_quick_bench_writes_positive_finite_ratios_builds_each_model_once_and_writes_no_model(
+        tmp_path, capsys, monkeypatch):
+    """One --quick run (the suite's only one: it takes a minute or two on 2 cores) checks every row's
+    value: the ratios the issue asks for, then the largest-batch and patch-dropout rows; and what the
+    bench cost besides (issue 32.6): the models it built, the bytes it wrote, each row's wall time."""
+    from nclip.models import build_model
+
+    weights = sum(p.numel() * p.element_size() for p in build_model(resolve("micro", [])).parameters())
+    scratch = scratch_home(tmp_path, monkeypatch)
+    build_calls = count_builds(monkeypatch)
     out = tmp_path / "bench.json"
+    before = scratch["written"]()
     # no time budget: on a loaded machine a budget would skip rows, and this test is about their values
     assert main(["bench", "--quick", "--json", str(out), "--compare", "open_clip", "--budget-s", "0"]) == 0
+    written = scratch["written"]() - before
     doc = json.loads(out.read_text())
     for key in ("trainer_over_hand_loop", "xclip_over_clip_time", "xclip_over_clip_memory", "mfu",
                 "train_path_over_hand_loop"):
@@ -114,6 +107,22 @@ def test_quick_bench_writes_positive_finite_ratios(tmp_path, capsys):
         assert row["value"] is None and row["detail"] == "skipped: open_clip not installed"
     assert not doc["skipped"]  # the default budget holds at --quick
     _check_batch_memory_and_patch_dropout_rows(doc)
+    _check_builds_and_writes(doc, build_calls, written, weights, scratch)
+
+
+def _check_builds_and_writes(doc: dict, build_calls: list, written: int, weights: int, scratch: dict) -> None:
+    """One build per model config and process: here the run's model (and with open_clip installed
+    the CLIP model of its row), one in each objective subprocess, two in the largest-batch
+    subprocess (plain, checkpointed); fewer bytes written than one model's weights (every model
+    save or checkpoint writes them all: 13 of them before issue 32), and nothing left behind."""
+    here = 1 + (doc["open_clip"] is not None)
+    assert len(build_calls) == here
+    stages = {s["stage"]: s for s in doc["stages"]}
+    assert stages["objectives"]["builds"] == 2 and stages["batch_memory"]["builds"] == 2
+    assert doc["models"]["builds"] == here + 4 == sum(s["builds"] for s in doc["stages"])
+    assert doc["models"]["copies"] > doc["models"]["builds"]  # the rows got copies
+    assert 0 < written < weights and 0 < doc["written_bytes"] <= written
+    assert not any(any(scratch[d].iterdir()) for d in ("cwd", "home", "tmp"))
 
 
 def _check_batch_memory_and_patch_dropout_rows(doc: dict) -> None:
@@ -170,7 +179,7 @@ def test_the_open_clip_row_alternates_one_nclip_run_with_one_open_clip_model(mon
     from nclip.bench.open_clip_step import nclip_over_open_clip
 
     monkeypatch.setitem(sys.modules, "open_clip", _fake_open_clip())
-    builds = _count_builds(monkeypatch)
+    builds = count_builds(monkeypatch)
     cfg = config_with_objective("micro", ["train.threads=1"], "clip")
     r = nclip_over_open_clip(cfg, repeats=2, window_s=0.01, warmup=1)
     assert len(builds) == 1 and r["repeats"] == 2 and r["ratio"] > 0

@@ -1,6 +1,7 @@
 """Pixels travel as uint8 and are normalised where the step runs: the same floats as the old float
-path; the device feed passes the source's position through (also when it reads ahead), measures the
-data wait, and keeps errors at their step; data.num_workers auto is 0 on the CPU."""
+path; two views travel as uint8 crops and are finished by the feed; the device feed passes the
+source's position through (also when it reads ahead), measures the data wait, and keeps errors at
+their step; data.num_workers auto is 0 on the CPU."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from nclip.data.device_feed import DeviceFeed
 from nclip.data.loader import _AUG_STREAM, build_dataset, train_loader
 from nclip.data.tokenization import CaptionTokenizer
 from nclip.data.transforms import augment, normalize_pixels, random_resized_crop, to_tensor, to_uint8_tensor
+from nclip.data.views import ViewCrops, finish_views
 from nclip.data.workers import AUTO_WORKERS_CAP, init_worker, loader_options, loader_workers
 from nclip.errors import NclipError
 
@@ -71,11 +73,40 @@ def test_feed_on_the_cpu_normalises_and_passes_the_rest_through(tokenizer):
     assert steps == 4 and waited >= 0 and feed.pop_wait() == (0.0, 0)
 
 
-def test_two_view_pixels_stay_float_and_pass_as_they_are(tokenizer):
+def test_two_views_travel_as_uint8_crops_and_the_feed_finishes_them(tokenizer):
+    """For a device the loader ships ViewCrops (uint8 crops, colour parameters); the feed's views
+    are bitwise those the loader finishes itself without a device (what direct consumers get), also
+    through a worker process."""
     cfg = _cfg()
-    plain = next(iter(train_loader(cfg, tokenizer, views=2)))
-    fed = next(iter(DeviceFeed(train_loader(cfg, tokenizer, views=2), "cpu")))
-    assert plain[0].dtype == torch.float32 and plain[0].shape[1] == 2 and torch.equal(fed[0], plain[0])
+    raw = next(iter(train_loader(cfg, tokenizer, views=2, device="cpu")))
+    crops = raw[0]
+    assert isinstance(crops, ViewCrops) and crops.pixels.dtype == torch.uint8
+    assert crops.pixels.shape == (8, 2, 3, cfg.data.image_size, cfg.data.image_size)
+    plain = list(train_loader(cfg, tokenizer, views=2))
+    fed = list(DeviceFeed(train_loader(cfg, tokenizer, views=2, device="cpu"), "cpu"))
+    assert len(fed) == len(plain) == 4
+    for p, f in zip(plain, fed):
+        assert p[0].dtype == torch.float32 and p[0].shape[1] == 2
+        assert all(torch.equal(a, b) for a, b in zip(p, f))
+    assert torch.equal(plain[0][0], finish_views(crops))
+    worker = list(train_loader(_cfg("data.num_workers=1"), tokenizer, views=2, device="cpu"))
+    assert isinstance(worker[0][0], ViewCrops) and worker[0][0].order == crops.order
+    assert torch.equal(worker[0][0].pixels, crops.pixels) and torch.equal(worker[0][0].params, crops.params)
+
+
+def test_pinning_keeps_the_crops_whole(tokenizer, monkeypatch):
+    """On CUDA the DataLoader pins every batch (pin_memory=True) before the feed sees it: a
+    ViewCrops comes out a ViewCrops, its tensors pinned, its order and recipe as they were (no CUDA
+    here: pinning is replaced by a copy that records what it was asked for)."""
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    pinned = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a: pinned.append(self.shape) or self.clone())
+    batch = next(iter(train_loader(_cfg(), tokenizer, views=2, device="cpu")))
+    crops = pin_memory(batch)[0]
+    assert isinstance(crops, ViewCrops) and crops.order == batch[0].order and crops.recipe == batch[0].recipe
+    assert torch.equal(crops.pixels, batch[0].pixels) and torch.equal(crops.params, batch[0].params)
+    assert batch[0].pixels.shape in pinned and batch[0].params.shape in pinned
 
 
 class _Counting:

@@ -145,6 +145,32 @@ def test_eval_end_to_end_cache_report_compare(xclip_run, user_data, tmp_path, ca
     assert "shape" in capsys.readouterr().out
 
 
+def test_eval_refuses_an_out_that_holds_an_evaluation_unless_force(xclip_run, tmp_path, capsys):
+    """A second `nclip eval` into the same --out used to replace results.json and report.html with rc 0
+    (issue 36.1): it is refused in one line, and --force writes over it."""
+    out = tmp_path / "ev"
+    argv = ["eval", "--checkpoint", str(xclip_run), "--out", str(out), "--tasks", "zeroshot", *SMALL]
+    assert main(argv) == 0
+    first = (out / "results.json").read_bytes()
+    capsys.readouterr()
+    assert main([*argv, "--samples", "50"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "already holds an evaluation (results.json)" in err and "--force" in err and len(err.splitlines()) == 1
+    assert (out / "results.json").read_bytes() == first and not (out / ".nclip.lock").exists()
+    assert main([*argv, "--samples", "50", "--force"]) == 0
+    assert json.loads((out / "results.json").read_text())["config"]["test_samples"] == 50
+
+
+def test_eval_takes_the_directory_lock(xclip_run, tmp_path, capsys):
+    from nclip.runlock import DirLock
+
+    out = tmp_path / "ev"
+    with DirLock(out, "nclip train"):
+        assert main(["eval", "--checkpoint", str(xclip_run), "--out", str(out), "--tasks", "zeroshot", *SMALL]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is in use by another nclip process" in err and not (out / "results.json").exists()
+
+
 @pytest.mark.parametrize(
     "argv,needle",
     [

@@ -93,7 +93,7 @@ def test_folder_dataset_with_a_tsv_hierarchy_and_baseline(model_dir, pets, tmp_p
     r = json.loads((tmp_path / "o" / "results.json").read_text())["results"]
     assert {"realms/images-dog/top1", "realms/images-cat/top1", "realms/images/mean_top1"} <= set(r)
     # --baseline keeps working: the same model as its own baseline is 0 points better on every realm
-    assert _eval(model_dir, tmp_path, *folder, "--baseline", str(model_dir)) == 0
+    assert _eval(model_dir, tmp_path, *folder, "--baseline", str(model_dir), "--force") == 0
     r = json.loads((tmp_path / "o" / "results.json").read_text())["results"]
     assert r["realms/images-dog/relative"] == pytest.approx(0.0)
     assert r["realms/images/mean_relative"] == pytest.approx(0.0)

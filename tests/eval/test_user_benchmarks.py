@@ -293,7 +293,8 @@ def test_nclip_eval_on_the_users_benchmarks(tmp_path, capsys, monkeypatch, one_t
     encode = dispatch.prompt_outputs
     monkeypatch.setattr(dispatch, "prompt_outputs", lambda model, space, device: spaces.append(space) or
                         encode(model, space, device))
-    assert main([*base, "--templates", "imagenet80", "--topk", "1,2", "--no-report", "--tasks", "zeroshot"]) == 0
+    assert main([*base, "--templates", "imagenet80", "--topk", "1,2", "--no-report", "--tasks", "zeroshot",
+                 "--force"]) == 0
     assert [(s.names, s.templates) for s in spaces] == [(("tabby cat", "puppy"), prompts.IMAGENET80)]  # 160 prompts
 
     doc = json.loads((tmp_path / "out" / "results.json").read_text())
@@ -307,6 +308,6 @@ def test_nclip_eval_on_the_users_benchmarks(tmp_path, capsys, monkeypatch, one_t
 
     for extra, needle in ((["--templates", str(tmp_path / "bad.txt")], "bad.txt:2: a template needs exactly one {}"),
                           (["--topk", "3,x"], "eval: --topk: expected comma-separated integers")):
-        assert main([*base, *extra]) == 2
+        assert main([*base, *extra, "--force"]) == 2
         err = capsys.readouterr().err.strip()
         assert needle in err and len(err.splitlines()) == 1 and "Traceback" not in err

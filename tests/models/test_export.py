@@ -74,7 +74,9 @@ def test_hf_export_with_auto_classes_matches_nclip_load(tmp_path, micro_override
 
     hf_dir = str(tmp_path / "hf")
     tok = AutoTokenizer.from_pretrained(hf_dir)
-    proc = AutoImageProcessor.from_pretrained(hf_dir)
+    # PIL's resize, as nclip's: where torchvision is installed (the dev extra, for open_clip), transformers
+    # 5 picks its torchvision backend, whose bicubic resize differs by up to 0.015 on these images
+    proc = AutoImageProcessor.from_pretrained(hf_dir, backend="pil")
     hf = CLIPModel.from_pretrained(hf_dir).eval()
 
     captions = ["a red star", "Two BLUE circles, left of a green square " * 4, "x"]  # one truncated

@@ -50,6 +50,30 @@ def test_update_is_the_exponential_moving_average_of_taken_steps():
             torch.testing.assert_close(a, e, rtol=1e-14, atol=1e-14)
 
 
+def test_update_reads_nothing_on_the_host_and_equals_the_scalar_lerp_bitwise():
+    """The weight goes to lerp as a device tensor (a 0-d tensor given as lerp's number weight is read
+    with item(): a host sync per step on CUDA); on the CPU the result is the number-weight lerp's, bit
+    for bit, in every dtype the model holds."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = _model()
+    model[0].float()  # a second dtype: each parameter's weight has its own dtype
+    ema = WeightEMA(model, 0.999)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    expected = [a.clone() for a in ema.averages]
+    weight = (torch.tensor(1.0) * (1.0 - 0.999)).to(ema.params[0].dtype).item()
+    torch._foreach_lerp_(expected, ema.params, weight)
+    taken = torch.ones(())
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        ema.update(taken)
+    reads = [e.name for e in prof.events() if e.name in ("aten::_local_scalar_dense", "aten::item", "aten::lift_fresh")]
+    assert not reads
+    assert {a.dtype for a in ema.averages} == {torch.float32, torch.float64}
+    assert all(torch.equal(a, e) for a, e in zip(ema.averages, expected))
+
+
 def test_swapped_to_ema_puts_the_weights_back_bitwise_even_on_error():
     model = _model()
     ema = WeightEMA(model, 0.5)

@@ -17,15 +17,13 @@ from nclip.objectives import REGISTRY
 
 from conftest import micro_sizes
 from distributed_utils import run_ranks
-from host_syncs import SyncRecorder, train_quietly
+from host_syncs import CONVNET, OPTIONS, SyncRecorder, train_quietly
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 # 5 steps, logging at 4 and 5: steps 2 and 3 are checked (the first one makes the optimizer's state)
 QUIET = ["train.steps=5", "train.log_every=4", "train.checkpoint_every=100", "train.batch_size=8",
          "data.train_length=64", "train.eval_every=0"]
-CONVNET = ["model.vision.kind=convnet", "model.vision.depths=[1,1]", "model.vision.hidden_sizes=[16,32]",
-           "model.vision.embedding_size=8", "model.vision.heads=2"]
 
 # cases with host syncs still to remove (issue 32): strict, so that a fixed case must leave the set
 NOT_YET = {"unified", "nclip", "yclip", "siglip", "xclip", "xsiglip", "protonw", "supcon", "paco", "reco",
@@ -35,21 +33,6 @@ NOT_YET = {"unified", "nclip", "yclip", "siglip", "xclip", "xsiglip", "protonw",
 
 # reads that cannot be avoided: (op, a part of where it is made) -> why
 UNAVOIDABLE: dict[tuple[str, str], str] = {}
-
-OPTIONS = {
-    "ema-locked-vision": ["train.ema=0.99", "model.vision.lock=true"],
-    "exact-accumulation": ["train.accumulation=2"],
-    "independent-accumulation": ["train.accumulation=2", "train.accumulation_mode=independent"],
-    "patch-dropout": ["model.vision.patch_dropout=0.5"],
-    "nclip-warmup": ["objective.nclip_warmup_start=1", "objective.nclip_warmup_steps=3"],
-    "text-unlocked-layers": ["model.text.unlocked_layers=1"],
-    "pretrained-text": ["model.text.kind=pretrained"],
-    # the optimizer's and the loss scale's own ops, with an objective whose case passes (xCLIP's is above)
-    "adamw8bit": ["objective.name=clip", "train.optimizer=adamw8bit"],
-    "fp16": ["objective.name=clip", "train.precision=fp16"],
-    "sgd-convnet": ["objective.name=clip", "train.optimizer=sgd", *CONVNET],
-    "cmsf-semi": ["objective.name=cmsf", "objective.constraint=semi"],
-}
 
 
 def _unexplained(rec: SyncRecorder) -> dict:

@@ -73,7 +73,7 @@ def test_a_scaled_clipped_step_is_bitwise_the_unscaled_one(optimizer):
     dividing by S) gives the bits of an fp32 step clipped with clip_grad_norm_, step after step."""
     plain, scaled = _model(), _model()
     opt_plain, opt_scaled = _optimizer(plain, optimizer), _optimizer(scaled, optimizer)
-    gate = StepGate(opt_scaled, CPU, {}, LossScale(CPU))
+    gate = StepGate(opt_scaled, CPU, {}, torch.float16)
     for step in range(3):
         _loss(plain, step).backward()
         raw = plain[0].weight.grad.clone()
@@ -99,7 +99,7 @@ def test_an_overflow_is_skipped_bitwise_and_the_scale_backs_off_then_grows(monke
     monkeypatch.setattr(loss_scale_mod, "GROWTH_INTERVAL", 2)
     model = _model()
     opt = _optimizer(model, "adamw")
-    gate = StepGate(opt, CPU, {}, LossScale(CPU))
+    gate = StepGate(opt, CPU, {}, torch.float16)
 
     def step(overflow: bool) -> None:
         gate.scaled(_loss(model, 0)).backward()
@@ -121,8 +121,7 @@ def test_an_overflow_is_skipped_bitwise_and_the_scale_backs_off_then_grows(monke
     step(False)
     step(False)  # two taken steps in a row: the scale grows back
     assert gate.loss_scale.scale == INIT_SCALE and gate.loss_scale.growth_tracker == 0
-    state = gate.checkpoint_state()["loss_scale"]
-    again = LossScale(CPU, {"loss_scale": state}["loss_scale"])
+    again = StepGate(opt, CPU, {}, torch.float16, gate.checkpoint_state()).loss_scale
     assert torch.equal(again.scale, gate.loss_scale.scale) and torch.equal(again.growth_tracker,
                                                                            gate.loss_scale.growth_tracker)
 

@@ -19,7 +19,7 @@ from nclip.errors import NclipError
 from nclip.train.checkpoint import list_checkpoints, read_checkpoint
 from nclip.train.gate import StepGate
 from nclip.train.loop import train
-from nclip.train.loss_scale import INIT_SCALE, LossScale
+from nclip.train.loss_scale import INIT_SCALE
 
 from conftest import micro_sizes
 
@@ -121,7 +121,7 @@ def test_adamw8bit_is_torchaos_update_gated_on_the_device():
     groups = [{"params": list(model.parameters()), "weight_decay": 0.1}]
     ours = adamw8bit(groups, cfg)
     theirs = _import_adamw8bit()(reference.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=0.1)
-    gate = StepGate(ours, torch.device("cpu"), {}, LossScale(torch.device("cpu")))
+    gate = StepGate(ours, torch.device("cpu"), {}, torch.float16)
     assert gate.on_device
 
     def taken(seed: int) -> None:

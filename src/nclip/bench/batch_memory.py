@@ -19,6 +19,9 @@ end of the second step, over the memory the process held before the run:
   them (a subprocess per point costs ~10 s of imports on a loaded 2-core machine); a first,
   discarded run takes the one-off allocations (kernels, thread pools). The limit defaults to 8 GiB.
 
+Each run writes no model (``train(save=False)``) and gets a copy of one model built once per model
+config (:mod:`nclip.bench.shared_models`: two builds, plain and checkpointed, for every point).
+
 Settings: none, ``model.grad_checkpointing=true``, and exact accumulation
 (``train.accumulation_mode=exact``, :mod:`nclip.train.accumulate`). Exact accumulation's peak is
 the towers' at the micro-batch m plus the heads' and objective's at the whole batch B plus the
@@ -120,7 +123,7 @@ def step_peak(cfg, steps: int = 2) -> int:
     source = _PeakSource(batch, device, steps)
     with tempfile.TemporaryDirectory(prefix="nclip-bench-") as tmp:
         train(cfg.model_copy(update={"train": t}), Path(tmp) / "run", progress=False, evaluate=False,
-              data_source=lambda **kw: source)
+              data_source=lambda **kw: source, save=False)
     del batch
     _settle(device)
     if source.peak is None:
@@ -161,11 +164,18 @@ def _reset_peak_rss() -> None:
 
 
 def measure(preset: str, overrides: list[str], points: list[tuple[str, int, int]], warm: bool = True) -> list[dict]:
-    """Each point's peak bytes, in this process (a discarded first run at the first point where ``warm``)."""
-    if warm and points:
-        step_peak(point_config(preset, overrides, *points[0]))
-    return [{"setting": s, "batch": n, "k": k, "peak": step_peak(point_config(preset, overrides, s, n, k))}
-            for s, n, k in points]
+    """Each point's peak bytes, in this process (a discarded first run at the first point where ``warm``).
+    Every point's run gets a copy of one model per model config (plain, checkpointed), built once
+    (:func:`nclip.bench.shared_models.shared_models`)."""
+    from nclip.bench.shared_models import shared_models
+
+    configs = [point_config(preset, overrides, *p) for p in points]
+    with shared_models() as models:
+        for cfg in configs:  # every model built before the first point: no point's growth holds a build
+            models.prepare(cfg)
+        if warm and points:
+            step_peak(configs[0])
+        return [{"setting": s, "batch": n, "k": k, "peak": step_peak(cfg)} for (s, n, k), cfg in zip(points, configs)]
 
 
 def limit_bytes(device, memory_gib: float | None) -> tuple[float, str]:
@@ -199,10 +209,12 @@ def largest_batches(measured: list[dict], m0: int, limit: float) -> dict:
     return out
 
 
-def run(preset: str, overrides: list[str], device, points: list[tuple[str, int, int]], timeout: float | None) -> list:
-    """:func:`measure` in a subprocess on the CPU (one process start for every point), in this process on CUDA."""
+def run(preset: str, overrides: list[str], device, points: list[tuple[str, int, int]],
+        timeout: float | None) -> tuple[list, dict]:
+    """:func:`measure` in a subprocess on the CPU (one process start for every point), in this process
+    on CUDA; with the subprocess's model builds and copies (none: this process's are counted here)."""
     if device.type == "cuda":
-        return measure(preset, overrides, points, warm=False)
+        return measure(preset, overrides, points, warm=False), {"builds": 0, "copies": 0}
     import os
     import subprocess
 
@@ -212,9 +224,14 @@ def run(preset: str, overrides: list[str], device, points: list[tuple[str, int, 
     if out.returncode:
         last = (out.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"the memory steps failed: {last}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    return doc["points"], doc["models"]
 
 
 if __name__ == "__main__":
+    from nclip.bench.shared_models import shared_models
+
     a = json.loads(sys.argv[1])
-    print(json.dumps(measure(a["preset"], a["overrides"], [tuple(p) for p in a["points"]])))
+    with shared_models() as models:
+        measured = measure(a["preset"], a["overrides"], [tuple(p) for p in a["points"]])
+    print(json.dumps({"points": measured, "models": models.counts()}))

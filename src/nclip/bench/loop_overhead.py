@@ -1,25 +1,29 @@
 """Trainer over hand loop: the real training loop (:func:`nclip.train.loop.train`, what ``nclip
 train`` runs) against a minimal hand-written loop, on the same model config, batch and optimizer.
 
-Both loops get one real batch of the run's data, built once and kept in memory, so the data loader
-is out of the comparison (:mod:`nclip.bench.train_path` puts it back in); what remains is what the
-trainer adds around forward, backward and the optimizer step (the lr schedule, the non-finite guard,
-the gradient norm, the logged terms, metrics.jsonl, the counters). The hand loop is what a user
-would write:
+Both loops get one real batch of the run's data, built once and kept in device memory as the loader
+makes it (uint8 pixels), so the data loader and the host-to-device copy are out of the comparison
+(:mod:`nclip.bench.train_path` puts them back in). Both take every step's batch from a
+:class:`nclip.data.device_feed.DeviceFeed`, which normalises the pixels on the device (and whatever
+else the feed does to a batch), so both pay for it; what remains is what the trainer adds around
+forward, backward and the optimizer step (the lr schedule, the non-finite guard, the gradient norm,
+the logged terms, metrics.jsonl, the counters). The hand loop is what a user would write:
 
+    pixels, ids, mask = next(feed)            # the batch on the device, pixels normalised
     out = model(pixels, ids, mask)            # under the run's autocast
     loss = objective(to_float32(out))["loss"]
     loss.backward(); optimizer.step(); optimizer.zero_grad(set_to_none=True)
 
-Each loop builds its model once (a ViT-B/16 xCLIP model has 414 M parameters: building it for
-every repeat took most of the bench's time on an H100). The hand loop (:class:`HandLoop`) is built
-first and warmed up; then one :func:`nclip.train.loop.train` run is fed the batch by a data source
-(:class:`_Windows`) that, after the trainer's warm-up steps, times windows of ``steps`` steps (from
-the request of a window's first batch to the request after its last, so the model build, the
-warm-up and the final save are outside them) and, between two windows, runs a window of the hand
+Each loop has its model once (a ViT-B/16 xCLIP model has 414 M parameters: building it for every
+repeat took most of the bench's time on an H100); inside :func:`nclip.bench.shared_models.shared_models`
+the two are copies of one build. The hand loop (:class:`HandLoop`) is made first and warmed up;
+then one :func:`nclip.train.loop.train` run (``save=False``: it writes no model) is fed the batch by
+a data source (:class:`_Windows`) that, after the trainer's warm-up steps, times windows of
+``steps`` steps (from the request of a window's first batch to the request after its last, so the
+model build and the warm-up are outside them) and, between two windows, runs a window of the hand
 loop. So the repeats alternate trainer, hand, trainer, hand, ... in one process, and the ratio is
 the median of the per-repeat ratios, which a loaded machine disturbs less than either time alone.
-The data source stops after the last window, before ``train.steps``: no checkpoint is written.
+The data source stops after the last window, before ``train.steps``.
 """
 
 from __future__ import annotations
@@ -32,12 +36,13 @@ from pathlib import Path
 
 import torch
 
+from nclip.bench.shared_models import build
 from nclip.config import RunConfig
+from nclip.data.device_feed import DeviceFeed
 from nclip.data.loader import train_loader
 from nclip.data.tokenization import CaptionTokenizer
-from nclip.models import build_model
 from nclip.objectives import REGISTRY, build_objective
-from nclip.precision import autocast_dtype, to_float32, tower_autocast
+from nclip.precision import autocast_dtype
 from nclip.train.labels import label_space_for
 from nclip.train.launch import TrainStep
 from nclip.train.optim import build_optimizer
@@ -69,7 +74,7 @@ def build_parts(cfg: RunConfig, device: torch.device):
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg)
+    model = build(cfg)
     objective = build_objective(cfg.objective, cfg, label_space=label_space_for(cfg))
     model.to(device)
     objective.to(device)
@@ -81,28 +86,33 @@ class HandLoop:
 
     ``count_flops``: the FLOPs of one forward and backward are counted first (eager, before any
     compilation; ``flops``), so that the MFU row needs no model of its own. With ``train.compile``
-    the towers are compiled as the trainer compiles them, so that both loops run the same code."""
+    the step (towers, heads, float32 objective: a ``TrainStep``) is compiled as the trainer compiles
+    it, so that both loops run the same code."""
 
     def __init__(self, cfg: RunConfig, batch: tuple, warmup: int = 1, count_flops: bool = False):
         self.device = device = device_of(cfg)
         self.model, self.objective, self.optimizer = build_parts(cfg, device)
         self.amp = autocast_dtype(cfg.train.precision, device)
-        self.batch = tuple(x.to(device) for x in batch)
+        self.batch = tuple(x.to(device) for x in batch)  # as the loader makes it: uint8 pixels
+        self.feed = iter(DeviceFeed(_Repeat(self.batch), device))  # normalised on the device, as the trainer's
         self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
         self.clip = cfg.train.grad_clip
         self.flops = self._count_flops() if count_flops else None
+        self.train_step = TrainStep(self.model, self.objective, self.amp)  # the trainer's forward, no more
         if cfg.train.compile:
-            from nclip.train.compile import compile_towers
+            from nclip.train.compile import compile_step
 
-            compile_towers(self.model)
+            compile_step(self.train_step)
         self.model.train()
         self.objective.train()
-        self.pilot = self.window(max(warmup, 1))  # the first steps (allocator, autotune, compile) are untimed
+        self.warmup = max(warmup, 1)
+        self.pilot = self.window(self.warmup)  # the first steps (allocator, autotune, compile) are untimed
+        self.start_s = self.pilot[0] * self.warmup  # their wall seconds
 
     def _count_flops(self) -> int:
         from torch.utils.flop_counter import FlopCounterMode
 
-        pixels, ids, mask, *rows = self.batch
+        pixels, ids, mask, *rows = next(self.feed)
         step = TrainStep(self.model, self.objective, self.amp)
         counter = FlopCounterMode(display=False)
         with counter:
@@ -111,10 +121,8 @@ class HandLoop:
         return int(counter.get_total_flops())
 
     def step(self) -> None:
-        pixels, ids, mask, *rows = self.batch
-        with tower_autocast(self.device, self.amp):
-            out = self.model(pixels, ids, mask)
-        loss = self.objective(to_float32(out), *rows)["loss"]
+        pixels, ids, mask, *rows = next(self.feed)
+        loss = self.train_step(pixels, ids, mask, *rows)["loss"]
         loss.backward()
         if self.clip:  # part of the recipe, not of the trainer: the hand loop clips as well
             torch.nn.utils.clip_grad_norm_(self.params, self.clip)
@@ -124,12 +132,6 @@ class HandLoop:
     def window(self, steps: int) -> Clock:
         """(wall, process CPU) seconds per step over ``steps`` steps."""
         return timed_steps(self.step, self.device, steps)
-
-
-def hand_loop(cfg: RunConfig, batch: tuple, warmup: int, steps: int) -> Clock:
-    """(wall, process CPU) seconds per step of the minimal loop over ``steps`` steps after
-    ``warmup`` (a fresh :class:`HandLoop`; the bench keeps one per row instead)."""
-    return HandLoop(cfg, batch, warmup).window(steps)
 
 
 def timed_steps(step, device: torch.device, steps: int) -> Clock:
@@ -148,6 +150,23 @@ def _now(device: torch.device) -> Clock:
 
 def _per_step(t0: Clock, t1: Clock, steps: int) -> Clock:
     return (t1[0] - t0[0]) / steps, (t1[1] - t0[1]) / steps
+
+
+class _Repeat:
+    """One batch, endlessly: a data source for :class:`DeviceFeed` (its interface: ``skipped``,
+    ``state()``, iteration)."""
+
+    skipped = 0
+
+    def __init__(self, batch: tuple):
+        self.batch = batch
+
+    def state(self) -> dict:
+        return {"kind": "map", "skipped": 0}
+
+    def __iter__(self):
+        while True:
+            yield self.batch
 
 
 class _Windows:
@@ -186,23 +205,20 @@ class _Windows:
 
 def trainer_windows(cfg: RunConfig, batch: tuple, warmup: int, steps: int, repeats: int,
                     between: Callable[[], None] | None = None, deadline: float = float("inf")) -> list[Clock]:
-    """One :func:`nclip.train.loop.train` run (one model build) over ``batch``: (wall, CPU) seconds
-    per step of each timed window, ``between()`` run after each (module docstring)."""
+    """One :func:`nclip.train.loop.train` run (one model) over ``batch``, held on the device: (wall, CPU)
+    seconds per step of each timed window, ``between()`` run after each (module docstring)."""
     from nclip.train.loop import train
 
-    total = warmup + steps * repeats + 1  # never reached: the source stops first, so no checkpoint
+    total = warmup + steps * repeats + 1  # never reached: the source stops first
     t = cfg.train.model_copy(update={"steps": total, "schedule_steps": None, "checkpoint_every": total,
                                      "keep_checkpoints": 1})
     run_cfg = cfg.model_copy(update={"train": t})
-    source = _Windows(batch, device_of(cfg), warmup, steps, repeats, between, deadline)
+    device = device_of(cfg)
+    source = _Windows(tuple(x.to(device) for x in batch), device, warmup, steps, repeats, between, deadline)
     with tempfile.TemporaryDirectory(prefix="nclip-bench-") as tmp:
-        train(run_cfg, Path(tmp) / "run", progress=False, evaluate=False, data_source=lambda **kw: source)
+        train(run_cfg, Path(tmp) / "run", progress=False, evaluate=False, data_source=lambda **kw: source,
+              save=False)
     return source.windows
-
-
-def trainer_loop(cfg: RunConfig, batch: tuple, warmup: int, steps: int) -> Clock:
-    """(wall, process CPU) seconds per step of :func:`nclip.train.loop.train` over ``batch``: one window."""
-    return trainer_windows(cfg, batch, warmup, steps, repeats=1)[0]
 
 
 def steps_for(seconds_per_step: float, window_s: float, lo: int = 5, hi: int = 400) -> int:
@@ -238,18 +254,3 @@ def trainer_over_hand(cfg: RunConfig, repeats: int = 3, window_s: float = 0.4, w
     if keep_hand:
         out["hand"] = hand_loop_
     return out
-
-
-def step_flops(cfg: RunConfig, batch: tuple) -> int:
-    """FLOPs of one training step's forward and backward (``FlopCounterMode``: matmuls and
-    convolutions; the optimizer's element-wise update is not counted, as in the usual MFU)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    device = device_of(cfg)
-    model, objective, _ = build_parts(cfg, device)
-    step = TrainStep(model, objective, autocast_dtype(cfg.train.precision, device))
-    pixels, ids, mask, *rows = (x.to(device) for x in batch)
-    counter = FlopCounterMode(display=False)
-    with counter:
-        step(pixels, ids, mask, *rows)["loss"].backward()
-    return int(counter.get_total_flops())

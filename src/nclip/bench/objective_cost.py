@@ -7,7 +7,8 @@ One process per objective builds its model once, warms up, then times ``repeats`
 ``steps`` steps (``torch.cuda.synchronize`` around each window on CUDA; the step time is the median
 of the windows' means); it stops after the window that passes ``deadline`` (``time.time()``), so a
 time budget cuts repeats, not the whole row. It also reports the model build's and the first
-step's seconds, from which the runner estimates what later rows will cost.
+step's seconds, from which the runner estimates what later rows will cost, and the models it
+built (one, counted by :class:`nclip.bench.shared_models.ModelCache`).
 
 Run by :mod:`nclip.bench.runner` as ``python -m nclip.bench.objective_cost '<json>'``; prints one
 JSON line. The xCLIP paper reports 1.3x the time and 1.27x the memory of CLIP (ViT-B/16, V100s).
@@ -38,18 +39,19 @@ def measure(preset: str, overrides: list[str], objective: str, steps: int, warmu
     import torch
 
     from nclip.bench.loop_overhead import device_of
-    from nclip.models import build_model
+    from nclip.bench.shared_models import shared_models
     from nclip.objectives import build_objective
     from nclip.precision import autocast_dtype, to_float32, tower_autocast
     from nclip.train.optim import build_optimizer
 
+    t_start = time.perf_counter()  # the process's start and imports: the runner's wall time less run_s
     cfg = config_with_objective(preset, overrides, objective)
     device = device_of(cfg)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
-    torch.manual_seed(0)
     t_build = time.perf_counter()
-    model = build_model(cfg, pretrained_text=False).to(device).train()
+    with shared_models() as models:  # counts the build, for the bench's JSON
+        model = models.get(cfg, pretrained_text=False).to(device).train()
     obj = build_objective(cfg.objective, cfg).to(device)
     opt = build_optimizer([model, obj], cfg.train)
     amp = autocast_dtype(cfg.train.precision, device)
@@ -97,7 +99,8 @@ def measure(preset: str, overrides: list[str], objective: str, steps: int, warmu
         peak = (_peak_rss_kib() - base_rss) / 1024  # KiB -> MiB
     return {"objective": objective, "step_s": statistics.median(windows), "windows_s": windows,
             "steps": steps, "peak_mib": peak, "build_s": build_s, "first_step_s": first_step_s,
-            "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "device": device.type}
+            "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "device": device.type,
+            "copy_s": models.copy_s[0], **models.counts(), "run_s": time.perf_counter() - t_start}
 
 
 def _status_kib(field: str) -> int | None:

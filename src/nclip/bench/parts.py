@@ -75,26 +75,79 @@ def kmeans_and_pbt(n: int, k: int, d: int = 128, iters: int = 20) -> dict:
             "pbt_s": pbt_s, "pbt_loop_est_s": loop_s, "pbt_loop_over_pbt": loop_s / max(pbt_s, 1e-9)}
 
 
-def eval_rate(cfg, n: int, device: torch.device) -> dict:
-    """Images/s of the evaluation's feature extraction (pre-processing + image tower + heads) over
-    ``n`` held-out synthetic scenes, timed after a warm-up batch."""
-    from nclip.data.synthetic import SyntheticScenes
+def eval_rate(cfg, n: int, device: torch.device, workers: int | None = None) -> dict:
+    """Images/s of the evaluation's feature extraction (pre-processing + image tower + heads, under
+    the run's autocast, as its evaluations encode) over ``n`` held-out synthetic scenes (made before
+    the clock starts, by :func:`scenes`), timed after a warm-up batch. The model:
+    :func:`nclip.bench.shared_models.build` (a copy of the bench's)."""
+    from nclip.bench.shared_models import build
     from nclip.eval.features import extract
-    from nclip.models import build_model
+    from nclip.precision import autocast_dtype
 
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg, pretrained_text=False).to(device)
-    samples = SyntheticScenes("val", length=n, image_size=cfg.data.image_size)
-    items = [samples[i] for i in range(n)]  # generated before the clock starts
+    model = build(cfg).to(device)
+    items = scenes(n, cfg.data.image_size, workers)
     bs = min(cfg.eval.batch_size, n)
-    extract(model, items[:bs], cfg.data.image_size, device, bs, texts=False)
+    dtype = autocast_dtype(cfg.train.precision, device)  # as the run's own evaluations encode
+    extract(model, items[:bs], cfg.data.image_size, device, bs, texts=False, autocast=dtype)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
-    extract(model, items, cfg.data.image_size, device, bs, texts=False)
+    extract(model, items, cfg.data.image_size, device, bs, texts=False, autocast=dtype)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return {"images": n, "batch_size": bs, "images_per_s": n / max(time.perf_counter() - t0, 1e-9)}
+
+
+SCENES_PER_TASK = 64  # fewer scenes than this per worker: made in this process (a pool costs more)
+
+
+def scenes(n: int, image_size: int, workers: int | None = None) -> list:
+    """The first ``n`` held-out synthetic scenes (``SyntheticScenes("val")``, masks dropped: the
+    evaluation reads images and labels), made by ``workers`` processes (default: one per core this
+    process may use, at least :data:`SCENES_PER_TASK` scenes each; 4,096 scenes at 224 px take
+    seconds on one core). The workers write the images into one shared-memory array (616 MB at
+    that size, no pickling through pipes) and send back the rest. Each scene depends on its index
+    alone, and every chunk lands in its place, so the list is the same whatever the workers."""
+    import os
+
+    if workers is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        workers = max(1, min(cores, n // SCENES_PER_TASK))
+    if workers <= 1:
+        return _make_scenes(None, n, image_size, 0, n)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from dataclasses import replace
+
+    images = torch.empty((n, image_size, image_size, 3), dtype=torch.uint8).share_memory_()
+    # fork where there is one: the workers run NumPy only (no CUDA, no torch threads) and start in
+    # milliseconds rather than re-importing nclip
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+    step = -(-n // (4 * workers))  # 4 chunks per worker: a slow chunk delays the end less
+    starts = list(range(0, n, step))
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        parts = list(pool.map(_make_scenes, [images] * len(starts), [n] * len(starts), [image_size] * len(starts),
+                              starts, [min(a + step, n) for a in starts]))
+    pixels = images.numpy()
+    return [replace(s, image=pixels[i]) for i, s in enumerate(s for part in parts for s in part)]
+
+
+def _make_scenes(images: torch.Tensor | None, n: int, image_size: int, start: int, stop: int) -> list:
+    """Scenes ``start`` to ``stop`` of :func:`scenes`, without their masks; with ``images`` (shared
+    memory) each image is written there and left out of the scene returned."""
+    from dataclasses import replace
+
+    from nclip.data.synthetic import SyntheticScenes
+
+    samples = SyntheticScenes("val", length=n, image_size=image_size)
+    out = []
+    for i in range(start, stop):
+        s = samples[i]
+        if images is not None:
+            images[i].numpy()[...] = s.image
+            s = replace(s, image=None)
+        out.append(replace(s, masks=None))
+    return out
 
 
 def device_peak(device: torch.device, dtype: torch.dtype | None) -> dict:

@@ -1,6 +1,6 @@
 """Trainer samples/s at FLIP patch dropout rates 0, 0.5 and 0.75 (ViT image towers only).
 
-One :func:`nclip.train.loop.train` run (one model build) on one in-memory batch of the run's data:
+One :func:`nclip.train.loop.train` run (one model, no model written) on one in-memory batch of the run's data:
 after one warm-up step at each rate (a new token count is a new shape: on CUDA, autotune), timed
 windows whose rates alternate 0, 0.5, 0.75, 0, 0.5, ... The trainer sets the image tower's rate
 before every step from :func:`nclip.models.patch_dropout.patch_dropout_at` (the config's rate);
@@ -79,12 +79,12 @@ def samples_per_s(cfg, steps: int, repeats: int, deadline: float = float("inf"))
     device = device_of(cfg)
     clock = 0 if device.type == "cuda" else 1
     source = _AlternatingRates(one_batch(cfg), device, steps, repeats, deadline)
-    total = len(source) + 1  # never reached: the source stops first, so no checkpoint
+    total = len(source) + 1  # never reached: the source stops first
     t = cfg.train.model_copy(update={"steps": total, "schedule_steps": None, "checkpoint_every": total,
                                      "keep_checkpoints": 1, "unmasked_steps": 0})
     with tempfile.TemporaryDirectory(prefix="nclip-bench-") as tmp, _rates_from(source):
         train(cfg.model_copy(update={"train": t}), Path(tmp) / "run", progress=False, evaluate=False,
-              data_source=lambda **kw: source)
+              data_source=lambda **kw: source, save=False)
     n = min(len(w) for w in source.windows.values())
     batch = cfg.train.batch_size
     rate = {p: statistics.median(batch / w[clock] for w in source.windows[p][:n]) for p in RATES}

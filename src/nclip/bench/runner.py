@@ -13,7 +13,7 @@ Rows (every figure is measured in this run; a ratio's two sides are measured sid
 - synthetic data generation per core at 64 and 224 px, over the 2,000 samples/s target;
 - ProtoCLIP's per-episode K-Means and PBT (the paper's 200k × 128 → 20k on a GPU; scaled down on
   the CPU, as the row says);
-- evaluation feature extraction, images/s;
+- evaluation feature extraction, images/s (the held-out scenes made by a process pool first);
 - the largest global batch under a memory limit, plain, with gradient checkpointing and with exact
   accumulation: a linear fit of the peak memory of measured trainer steps (:mod:`nclip.bench.batch_memory`);
 - trainer samples/s at FLIP patch dropout 0, 0.5 and 0.75 and the ratios to 0, ViT towers only
@@ -22,10 +22,15 @@ Rows (every figure is measured in this run; a ratio's two sides are measured sid
   ``open_clip`` imports (:mod:`nclip.bench.open_clip_step`).
 
 The rows are grouped in stages (:data:`STAGES`: a stage is a function that adds its rows, and the
-names of those rows for when it is skipped); each records its wall time, and a stage that does
-not fit in what is left of ``--budget-s`` is skipped with a stated reason (:mod:`nclip.bench.budget`,
-which also holds the estimate of what the GPU sizes cost at ViT-B/16). A new row: one function
-``_stage_x(b)`` and one line in :data:`STAGES`.
+names of those rows for when it is skipped); each records its wall time, its estimate and the
+models it built and copied, and a stage that does not fit in what is left of ``--budget-s`` is
+skipped with a stated reason (:mod:`nclip.bench.budget`, which also holds the estimate of what the
+GPU sizes cost at ViT-B/16). A new row: one function ``_stage_x(b)`` and one line in :data:`STAGES`.
+
+The bench writes no model: every training run in it is ``train(save=False)`` (only its config.yaml
+and metrics.jsonl, in a temporary directory), and each model is built once in each process
+(:mod:`nclip.bench.shared_models`; the rows get copies). The JSON counts both: ``models`` (builds
+and copies, subprocesses included) and ``written_bytes`` (everything passed to ``write()``).
 """
 
 from __future__ import annotations
@@ -40,85 +45,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nclip.bench.budget import DEFAULT_BUDGET_S, Budget
+from nclip.bench.budget import COMPILE_GUESS_S, DEFAULT_BUDGET_S, Budget, ModelCosts, Sizes
+from nclip.bench.report import Report
+from nclip.bench.shared_models import ModelCache, shared_models
 from nclip.errors import NclipError
-
-
-@dataclass
-class Sizes:
-    """How much each row measures: the CPU defaults (about a minute on 2 cores at micro), ``--quick``
-    (a smoke test), or a GPU's (about 3 minutes at ViT-B/16 batch 256 on an H100, estimated in
-    :mod:`nclip.bench.budget`)."""
-
-    objective_steps: int = 5
-    objective_warmup: int = 2
-    objective_repeats: int = 2
-    loop_repeats: int = 3
-    loop_window_s: float = 0.4
-    data_64: int = 1000
-    data_224: int = 100
-    kmeans: tuple[int, int, int] = (20_000, 2_000, 20)  # N, K, iterations
-    kmeans_note: str = "1/10 of the paper's N and K (CPU default)"
-    eval_images: int = 512
-    # largest batch per device (nclip.bench.batch_memory): plain and checkpointed steps at these
-    # batches (None: a quarter, half and all of the run's), exact accumulation at micro-batch
-    # mem_micro (None: an eighth of the run's batch) with each k of mem_ks
-    mem_batches: tuple[int, ...] | None = (64, 128, 256)
-    mem_micro: int | None = 32
-    mem_ks: tuple[int, ...] = (2, 4, 8)
-
-    @classmethod
-    def pick(cls, quick: bool, cuda: bool) -> Sizes:
-        if quick:
-            return cls(objective_steps=2, objective_warmup=1, objective_repeats=1, loop_repeats=2,
-                       loop_window_s=0.05, data_64=50, data_224=5, kmeans=(2_000, 50, 3),
-                       kmeans_note="a smoke-test scale (--quick)", eval_images=32, mem_batches=(32, 128),
-                       mem_micro=16, mem_ks=(2, 8))
-        if cuda:
-            # ViT-B/16 xCLIP at batch 256: ~0.17 s a step, so 10-step objective windows and ~12-step
-            # loop windows; each model is built once per row (nclip.bench.budget: ~140 s in all)
-            return cls(objective_steps=10, objective_warmup=3, objective_repeats=3, loop_repeats=3,
-                       loop_window_s=2.0, kmeans=(200_000, 20_000, 20), kmeans_note="the paper's scale",
-                       eval_images=4096, mem_batches=None, mem_micro=None)
-        return cls()
-
-
-@dataclass
-class Row:
-    what: str
-    value: float | None  # None: skipped (the detail says why)
-    detail: str = ""
-    wall_s: float | None = None  # the wall time of the stage that measured it
-
-
-@dataclass
-class Report:
-    rows: list[Row] = field(default_factory=list)
-    details: dict = field(default_factory=dict)
-
-    def add(self, what: str, value: float, detail: str = "") -> None:
-        self.rows.append(Row(what, float(value), detail))
-
-    def skip(self, what: str, reason: str) -> None:
-        self.rows.append(Row(what, None, reason))
-
-    def table(self) -> str:
-        width = max(len(r.what) for r in self.rows)
-        lines = [f"{'row':<{width}}  {'value':>10}  {'wall s':>7}  detail"]
-        lines += [f"{r.what:<{width}}  {_fmt(r.value):>10}  {_fmt_s(r.wall_s):>7}  {r.detail}" for r in self.rows]
-        return "\n".join(lines)
-
-
-def _fmt(v: float | None) -> str:
-    if v is None:
-        return "-"
-    if v != 0 and (abs(v) >= 1e5 or abs(v) < 1e-3):
-        return f"{v:.3g}"
-    return f"{v:.3f}" if abs(v) < 100 else f"{v:.0f}"
-
-
-def _fmt_s(s: float | None) -> str:
-    return "" if s is None else f"{s:.1f}"
 
 
 @dataclass
@@ -140,13 +70,29 @@ class _Bench:
     costs: dict | None = None
     loop: dict | None = None
     memory_gib: float | None = None  # --memory-gib: the largest-batch rows' limit
+    models: ModelCache = field(default_factory=ModelCache)  # this process's models (shared_models)
+    child_models: dict = field(default_factory=lambda: {"builds": 0, "copies": 0})  # the subprocesses'
+    hand: object = None  # the trainer row's HandLoop, for the train-path row
+    compile_s: float | None = None  # one compilation of the towers, timed by the trainer row's hand loop
 
-    def step_costs(self) -> tuple[float, float, float] | None:
-        """(model build, first step, step) seconds of the costlier objective measured, or None."""
+    def step_costs(self) -> ModelCosts | None:
+        """What a model of the run costs at the least (:class:`ModelCosts`), from what this process has
+        built, copied and compiled so far, the trainer row's step once measured, and before it the
+        objective rows' figures: the run's objective's where it is one of them, else the cheaper one
+        (a CMSF preset's xCLIP row, with the model's default nCLIP heads, can step 40x slower than
+        CMSF). None before the objective rows."""
         if not self.costs:
             return None
-        c = max(self.costs.values(), key=lambda r: r["step_s"])
-        return c["build_s"], c["first_step_s"], c["step_s"]
+        c = self.costs.get(self.cfg.objective.name) or min(self.costs.values(), key=lambda r: r["step_s"])
+        m = self.models
+        compile_s = (self.compile_s if self.compile_s is not None else COMPILE_GUESS_S) if self.cfg.train.compile else 0
+        return ModelCosts(build_s=max(m.build_s, default=c["build_s"]), copy_s=max(m.copy_s, default=c["copy_s"]),
+                          compile_s=compile_s, first_s=c["first_step_s"],
+                          step_s=self.loop["trainer_step_s"] if self.loop else c["step_s"])
+
+    def add_child_models(self, counts: dict) -> None:
+        for k in self.child_models:
+            self.child_models[k] += counts[k]
 
 
 @dataclass(frozen=True)
@@ -157,15 +103,20 @@ class Stage:
     estimate: Callable[[_Bench], float | None] = lambda b: None  # one repeat's seconds; None: unknown
 
 
-def _models(b: _Bench, builds: int, steps_per_model: float) -> float | None:
-    """Seconds for ``builds`` models, each with a first step and ``steps_per_model`` windows' steps."""
+def _models(b: _Bench, count: int, windows: float, cfg=None, builds: int | None = None,
+            compiled: bool = True) -> float | None:
+    """Seconds for ``count`` models of ``cfg`` (default the run's): a build where the bench has none
+    of that config yet (or ``builds``), copies for the others, each compiled with ``train.compile``
+    (where ``compiled``), with a first step and ``windows`` windows' steps."""
     c = b.step_costs()
     if c is None:
         return None
     from nclip.bench.loop_overhead import steps_for
 
-    build_s, first_s, step_s = c
-    return builds * (build_s + first_s + steps_per_model * steps_for(step_s, b.sizes.loop_window_s) * step_s)
+    cfg = cfg or b.cfg
+    builds = (0 if b.models.has(cfg) else min(count, 1)) if builds is None else builds
+    steps = count * windows * steps_for(c.step_s, b.sizes.loop_window_s)
+    return c.seconds(builds, count - builds, steps, compiles=count if compiled and cfg.train.compile else 0)
 
 
 def _stage_objectives(b: _Bench) -> None:
@@ -175,7 +126,7 @@ def _stage_objectives(b: _Bench) -> None:
         arg = json.dumps({"preset": b.preset, "overrides": b.overrides, "objective": name,
                           "steps": b.sizes.objective_steps, "warmup": b.sizes.objective_warmup,
                           "repeats": b.sizes.objective_repeats, "deadline": b.budget.wall_deadline()})
-        left = b.budget.left()
+        left, t0 = b.budget.left(), time.perf_counter()
         try:
             out = subprocess.run([sys.executable, "-m", "nclip.bench.objective_cost", arg], capture_output=True,
                                  text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
@@ -186,6 +137,8 @@ def _stage_objectives(b: _Bench) -> None:
             last = (out.stderr.strip().splitlines() or ["no output"])[-1]
             raise NclipError(f"bench: the {name} step failed: {last}")
         runs[name] = json.loads(out.stdout.strip().splitlines()[-1])
+        runs[name]["process_s"] = time.perf_counter() - t0 - runs[name]["run_s"]  # start and imports
+        b.add_child_models(runs[name])
         b.log(f"bench: {name} step {runs[name]['step_s']:.4f} s ({len(runs[name]['windows_s'])} windows)")
     b.costs = runs
     clip, xclip = runs["clip"], runs["xclip"]
@@ -203,12 +156,15 @@ def _stage_loop(b: _Bench) -> None:
 
     loop = loop_overhead.trainer_over_hand(b.cfg, repeats=b.sizes.loop_repeats, window_s=b.sizes.loop_window_s,
                                            deadline=b.budget.deadline(), keep_hand=True, count_flops=True)
+    b.hand = loop.pop("hand")
+    if b.cfg.train.compile:  # the hand loop's warm-up window less its steps: a compilation and autotune
+        b.compile_s = max(0.0, b.hand.start_s - b.hand.warmup * loop["hand_step_s"])
     b.loop = loop
     b.headline["trainer_over_hand_loop"] = loop["ratio"]
     b.rep.add("trainer / hand loop speed", loop["ratio"],
               f"{loop['clock']} time; step {loop['hand_step_s'] * 1e3:.1f} ms hand, "
               f"{loop['trainer_step_s'] * 1e3:.1f} ms trainer (wall); {loop['steps']} steps x {loop['repeats']}")
-    b.details["loop"] = {k: v for k, v in loop.items() if k != "hand"}
+    b.details["loop"] = loop
 
 
 def _stage_mfu(b: _Bench) -> None:
@@ -229,10 +185,9 @@ def _stage_mfu(b: _Bench) -> None:
 def _stage_train_path(b: _Bench) -> None:
     from nclip.bench.train_path import train_path_over_hand
 
-    hand = b.loop.pop("hand", None) if b.loop else None
     steps = b.loop["steps"] if b.loop else 5
-    r = train_path_over_hand(b.cfg, steps=steps, repeats=b.sizes.loop_repeats, hand=hand)
-    del hand  # the trainer row's model: not needed after this row
+    r = train_path_over_hand(b.cfg, steps=steps, repeats=b.sizes.loop_repeats, hand=b.hand)
+    b.hand = None  # the trainer row's model: not needed after this row
     b.headline["train_path_over_hand_loop"] = r["ratio"]
     b.rep.add("nclip train path / hand loop samples/s", r["ratio"],
               f"{r['train_samples_per_s']:.1f} vs {r['hand_samples_per_s']:.1f} samples/s (wall), real loader with "
@@ -251,13 +206,15 @@ def _stage_data(b: _Bench) -> None:
 
 
 def _stage_loader(b: _Bench) -> None:
-    from nclip.bench.loader_rate import loader_over_generator  # the loader's rate per worker, same config
+    from nclip.bench.loader_rate import loader_over_generator, views_over_one  # rates per worker, same config
 
     feed = loader_over_generator(b.cfg, b.sizes.data_64, workers=1)
     b.rep.add("generator / loader per worker", feed["ratio"],
               f"generator {feed['generator_samples_per_s_per_core']:.0f}/s/core, loader "
               f"{feed['samples_per_s_per_worker']:.0f}/s per worker (CPU time; target <= 1.5)")
     b.details["loader"] = feed
+    views = b.details["loader_views"] = views_over_one(b.cfg, b.sizes.data_224, workers=1)  # 224 px
+    b.rep.add("one / two views loader per worker", views["ratio"], views["detail"])
 
 
 def _stage_kmeans(b: _Bench) -> None:
@@ -325,9 +282,10 @@ def _stage_batch_memory(b: _Bench) -> None:
     limit, source = bm.limit_bytes(b.device, b.memory_gib)
     left = b.budget.left()
     try:
-        measured = bm.run(b.preset, b.overrides, b.device, points, left if math.isfinite(left) else None)
+        measured, models = bm.run(b.preset, b.overrides, b.device, points, left if math.isfinite(left) else None)
     except subprocess.TimeoutExpired:
         raise _OutOfBudget(f"skipped: the {b.budget.limit_s:.0f} s budget ran out in the memory steps") from None
+    b.add_child_models(models)
     fits = bm.largest_batches(measured, m0, limit)
     mib, gib = 2**20, 2**30
     for setting, row in BATCH_ROWS.items():
@@ -363,7 +321,7 @@ def _stage_patch_dropout(b: _Bench) -> None:
         b.details["patch_dropout"] = None
         return
     c = b.step_costs()
-    steps = steps_for(b.loop["trainer_step_s"] if b.loop else (c[2] if c else 0.05), b.sizes.loop_window_s)
+    steps = steps_for(b.loop["trainer_step_s"] if b.loop else (c.step_s if c else 0.05), b.sizes.loop_window_s)
     r = samples_per_s(b.cfg, steps, b.sizes.loop_repeats, deadline=b.budget.deadline())
     rate = r["samples_per_s"]
     where = f"batch {r['batch_size']}, {r['clock']} time, {r['steps']} steps x {r['repeats']}"
@@ -375,15 +333,24 @@ def _stage_patch_dropout(b: _Bench) -> None:
 
 
 def _memory_estimate(b: _Bench) -> float | None:
-    """Every memory point: a build, a first and a second step at its batch (a step's cost scaled by
-    the batch), one discarded point, and on the CPU the subprocess's start (~10 s loaded)."""
+    """Every memory point: a copy of its model (built once per model config: in the subprocess on the
+    CPU, where this process has none on CUDA), compiled with ``train.compile``, a first and a second
+    step at its batch (a step's cost scaled by the batch), one discarded point, and on the CPU the
+    subprocess's start (as long as an objective subprocess's start and imports took)."""
+    from nclip.bench.batch_memory import point_config
+    from nclip.bench.shared_models import model_key
+
     c = b.step_costs()
     if c is None:
         return None
-    build_s, first_s, step_s = c
     points, _ = _memory_points(b)
-    scale = [max(1.0, n / b.cfg.train.batch_size) for _, n, _ in [points[0], *points]]
-    return (0 if b.device.type == "cuda" else 10) + sum(build_s + (first_s + step_s) * x for x in scale)
+    keys = {model_key(point_config(b.preset, b.overrides, *p)) for p in points}
+    builds = len(keys) if b.device.type != "cuda" else sum(k not in b.models.templates for k in keys)
+    runs = [points[0], *points]
+    scale = sum(max(1.0, n / b.cfg.train.batch_size) for _, n, _ in runs)
+    start = 0 if b.device.type == "cuda" else max(r["process_s"] for r in b.costs.values())
+    # compile_s is 0 without train.compile
+    return start + builds * c.build_s + len(runs) * (c.copy_s + c.compile_s) + (c.first_s + c.step_s) * scale
 
 
 class _OutOfBudget(Exception):
@@ -397,20 +364,32 @@ STAGES = [
     Stage("train_path", ("nclip train path / hand loop samples/s",), _stage_train_path,
           lambda b: _models(b, 1, 3)),
     Stage("data", ("data 64 px samples/s/core", "data 224 px samples/s/core"), _stage_data),
-    Stage("loader", ("generator / loader per worker",), _stage_loader),
+    Stage("loader", ("generator / loader per worker", "one / two views loader per worker"), _stage_loader),
     Stage("kmeans", ("K-Means s", "PBT s"), _stage_kmeans),
     Stage("eval", ("eval features images/s",), _stage_eval, lambda b: _models(b, 1, 0)),
     Stage("batch_memory", tuple(BATCH_ROWS.values()), _stage_batch_memory, _memory_estimate),
-    Stage("patch_dropout", PATCH_ROWS, _stage_patch_dropout, lambda b: _models(b, 1, 3)),
+    Stage("patch_dropout", PATCH_ROWS, _stage_patch_dropout,
+          lambda b: _models(b, 1, 3) if b.cfg.model.vision.kind == "vit" else 0.0),  # else skipped at once
 ]
-COMPARE = {"open_clip": Stage("open_clip", (OPEN_CLIP_ROW,), _stage_open_clip, lambda b: _models(b, 2, 2))}
+def _open_clip_estimate(b: _Bench) -> float | None:
+    """nclip's CLIP model (another config than the run's) and OpenCLIP's (a build, never compiled)."""
+    from nclip.bench.objective_cost import config_with_objective
+
+    ours = _models(b, 1, 2, cfg=config_with_objective(b.preset, b.overrides, "clip"))
+    return None if ours is None else ours + _models(b, 1, 2, builds=1, compiled=False)
+
+
+COMPARE = {"open_clip": Stage("open_clip", (OPEN_CLIP_ROW,), _stage_open_clip, _open_clip_estimate)}
 
 
 def _run_stage(b: _Bench, stage: Stage) -> dict:
-    """Run one stage within the budget; its rows get its wall time. Returns its record for the JSON."""
+    """Run one stage within the budget; its rows get its wall time. Returns its record for the JSON:
+    its wall time, its estimate, and the models it built and copied (here and in its subprocesses)."""
     first = len(b.rep.rows)
     t0 = time.perf_counter()
-    reason = b.budget.why_not(stage.estimate(b))
+    before = {k: b.models.counts()[k] + b.child_models[k] for k in b.child_models}
+    estimate = stage.estimate(b)
+    reason = b.budget.why_not(estimate)
     if reason is None:
         b.log(f"bench: {stage.name} ({b.budget.spent():.0f} s so far)")
         try:
@@ -425,7 +404,9 @@ def _run_stage(b: _Bench, stage: Stage) -> dict:
     wall = time.perf_counter() - t0
     for row in b.rep.rows[first:]:
         row.wall_s = wall
-    return {"stage": stage.name, "wall_s": wall, "rows": [r.what for r in b.rep.rows[first:]], "skipped": reason}
+    models = {k: b.models.counts()[k] + b.child_models[k] - before[k] for k in before}
+    return {"stage": stage.name, "wall_s": wall, "estimate_s": estimate, **models,
+            "rows": [r.what for r in b.rep.rows[first:]], "skipped": reason}
 
 
 def run_bench(preset: str, overrides: list[str], quick: bool = False, compare: list[str] | None = None,
@@ -451,12 +432,13 @@ def run_bench(preset: str, overrides: list[str], quick: bool = False, compare: l
         cfg = resolve(preset, overrides)
         log("bench: CPU: train.threads=1 (set train.threads to change)")
     torch.set_num_threads(cfg.train.threads or torch.get_num_threads())
-    b = _Bench(preset, overrides, cfg, device, Sizes.pick(quick, device.type == "cuda"), budget, log,
-               memory_gib=memory_gib)
+    written = _written_bytes()
     stages = [*STAGES, *(COMPARE[name] for name in compare or [])]
-    records = [_run_stage(b, stage) for stage in stages]
-    if b.loop:
-        b.loop.pop("hand", None)  # the trainer row's hand loop, where the train-path row did not take it
+    with shared_models() as models:  # each model built once (nclip.bench.shared_models)
+        b = _Bench(preset, overrides, cfg, device, Sizes.pick(quick, device.type == "cuda"), budget, log,
+                   memory_gib=memory_gib, models=models)
+        records = [_run_stage(b, stage) for stage in stages]
+        b.hand = None  # the trainer row's hand loop, where the train-path row did not run
     skipped = [r for r in records if r["skipped"]]
     if skipped:
         log("bench: skipped: " + "; ".join(f"{', '.join(r['rows'])} ({r['skipped']})" for r in skipped))
@@ -467,6 +449,8 @@ def run_bench(preset: str, overrides: list[str], quick: bool = False, compare: l
         "device": name or f"cpu ({threads} thread{'s' * (threads != 1)})",
         "preset": preset, "overrides": overrides, "quick": quick,
         "budget_s": budget_s or None, "wall_s": budget.spent(),
+        "models": {k: models.counts()[k] + b.child_models[k] for k in b.child_models},
+        "written_bytes": None if written is None else _written_bytes() - written,
         **{k: b.headline.get(k) for k in ("trainer_over_hand_loop", "xclip_over_clip_time", "xclip_over_clip_memory",
                                           "mfu", "train_path_over_hand_loop")},
         "details": {**b.details, "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},
@@ -479,6 +463,16 @@ def run_bench(preset: str, overrides: list[str], quick: bool = False, compare: l
     doc["rows"] = [{"row": r.what, "value": r.value, "detail": r.detail, "wall_s": r.wall_s} for r in b.rep.rows]
     doc["table"] = b.rep.table()
     return doc
+
+
+def _written_bytes() -> int | None:
+    """Bytes this process and its finished subprocesses have passed to ``write()`` (Linux's
+    /proc/self/io ``wchar``: files, and pipes and the terminal too), or None where there is no such file."""
+    try:
+        with open("/proc/self/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
+    except (OSError, StopIteration, ValueError):
+        return None
 
 
 def check_finite(doc: dict) -> None:

@@ -3,9 +3,10 @@ included, as a share of the minimal loop on a batch already in device memory.
 
 The train path is :func:`nclip.train.loop.train` itself with no data source of its own: the run's
 :func:`nclip.data.loader.train_loader` (built-in synthetic data at the preset's image size, or the
-configured source; ``data.num_workers`` as configured), the trainer's step, logging and, at the
-end, its checkpoint and model save, into a temporary directory (``evaluate=False``, no progress
-bar: ``nclip train --no-progress --no-eval``). Its samples/s is read from the run's metrics.jsonl
+configured source; ``data.num_workers`` as configured), the trainer's step and logging, into a
+temporary directory (``evaluate=False``, no progress bar: ``nclip train --no-progress --no-eval``;
+``save=False``: no checkpoint or model is written, which a real run does every
+``train.checkpoint_every`` steps, outside the steps timed here). Its samples/s is read from the run's metrics.jsonl
 (``train.log_every`` set to the window's steps), the trainer's own figure, so nothing is added to
 the measured path; the first logged window is left out (it holds the first steps and the loader's
 start). Then the hand loop (:class:`nclip.bench.loop_overhead.HandLoop`, the trainer row's when the
@@ -39,7 +40,7 @@ def train_path_over_hand(cfg: RunConfig, steps: int, repeats: int, warmup: int =
     run_cfg = cfg.model_copy(update={"train": t})
     with tempfile.TemporaryDirectory(prefix="nclip-bench-") as tmp:
         run_dir = Path(tmp) / "run"
-        train(run_cfg, run_dir, progress=False, evaluate=False)
+        train(run_cfg, run_dir, progress=False, evaluate=False, save=False)
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     logged = [r["samples_per_s"] for r in rows if "samples_per_s" in r]
     train_rates = logged[1:] or logged  # the first window holds the warm-up

@@ -27,7 +27,7 @@ from torch.utils.data import Dataset
 
 from nclip.config import RunConfig
 from nclip.data.bad_samples import first_good
-from nclip.data.transforms import augment, csv_view_side, to_uint8_tensor, view_source
+from nclip.data.transforms import augment, to_uint8_tensor
 from nclip.errors import NclipError
 
 _AUG_STREAM = 0xA06
@@ -112,8 +112,8 @@ class CsvTrainPairs(Dataset):
     """Row i → (augmented image [3, S, S], caption, [(path, reason) of rows skipped for it], the row
     read). ``labels`` [N]: the class id of every row with ``data.csv_label_key`` (else None).
 
-    ``raw``: the un-augmented image instead (:func:`nclip.data.transforms.view_source`), from which the
-    collate function makes two views (CMSF). With ``data.tagging`` the caption column is not read:
+    ``raw``: the un-augmented image instead (uint8 [H, W, 3]), from which the collate function crops
+    two views (:mod:`nclip.data.views`). With ``data.tagging`` the caption column is not read:
     the caption is made from the row's label by the loader (the class name stands in for it here)."""
 
     def __init__(self, cfg: RunConfig, raw: bool = False):
@@ -135,7 +135,7 @@ class CsvTrainPairs(Dataset):
     def __getitem__(self, index: int):
         (image, caption), row, bad = first_good(index, len(self.images), self._read, self._where)
         if self.raw:
-            return view_source(image, csv_view_side(self.cfg.data.image_size)), caption, bad, row
+            return image, caption, bad, row
         aug = self.cfg.data.augment
         rng = np.random.default_rng([self.cfg.seed, _AUG_STREAM, index])
         crop = augment(image, self.cfg.data.image_size, aug, rng)

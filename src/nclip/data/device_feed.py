@@ -3,8 +3,9 @@
 :class:`DeviceFeed` wraps the trainer's batch iterable (:class:`nclip.data.loader.TrainData`, or a
 data source such as :class:`nclip.train.episodic.EpisodicData`) and yields ``(pixels, ids, mask,
 *rows)`` on the device, with uint8 pixels normalised there into float32 (CLIP's mean and std, as
-:func:`nclip.data.transforms.normalize_pixels`); float pixels (two views, episodic batches) pass as
-they are.
+:func:`nclip.data.transforms.normalize_pixels`) and two views' uint8 crops finished there (the
+strong view's colour steps, then the normalisation: :func:`nclip.data.views.finish_views`, from
+the parameters the workers drew); float pixels (episodic batches) pass as they are.
 
 On CUDA the batches come from pinned host memory (the loader's ``pin_memory``) and every tensor is
 copied with ``non_blocking=True`` on a side stream. With a source that allows it (``lookahead``,
@@ -21,8 +22,10 @@ Reading ahead must not move what the trainer checkpoints: ``state()`` and ``skip
 the source right after the batch last handed out (a snapshot), and an error raised while reading
 ahead is raised when that batch is asked for, so a run stops at the step it stopped at before.
 
-On the CPU the feed is a pass-through plus the normalisation, bitwise the float pixels the loader
-made before pixels travelled as uint8.
+On CUDA the views are finished on the side stream with the copy, so that for a source read ahead
+they are made while the previous step runs. On the CPU the feed is a pass-through plus the
+normalisation, bitwise the float pixels the loader made before pixels travelled as uint8, and plus
+the views' finishing, bitwise what :func:`nclip.data.loader.train_loader` without a device hands out.
 
 Data wait: the host time spent in ``__next__`` (the loader's wait; on CUDA no device sync is
 taken to measure it), summed until :meth:`DeviceFeed.pop_wait` reads and resets it.
@@ -36,6 +39,7 @@ from typing import Iterator
 import torch
 
 from nclip.data.transforms import clip_stats, normalize_pixels
+from nclip.data.views import ViewCrops, finish_views
 
 
 class _Ahead:
@@ -126,11 +130,19 @@ class DeviceFeed:
         return _Ahead(moved, event, state, skipped)
 
     def _moved(self, batch: tuple) -> tuple:
-        """Every tensor on the device (asynchronously from pinned memory), uint8 pixels normalised."""
-        out = [x.to(self.device, non_blocking=True) if torch.is_tensor(x) else x for x in batch]
-        if out and torch.is_tensor(out[0]) and out[0].dtype == torch.uint8:
+        """Every tensor on the device (asynchronously from pinned memory), uint8 pixels normalised,
+        two views finished."""
+        out = [self._to(x) for x in batch]
+        if out and isinstance(out[0], ViewCrops):
+            out[0] = finish_views(out[0], self.stats)
+        elif out and torch.is_tensor(out[0]) and out[0].dtype == torch.uint8:
             out[0] = normalize_pixels(out[0], self.stats)
         return tuple(out)
+
+    def _to(self, x):
+        if isinstance(x, ViewCrops):
+            return x._replace(pixels=self._to(x.pixels), params=self._to(x.params))
+        return x.to(self.device, non_blocking=True) if torch.is_tensor(x) else x
 
     def _hand_out(self, ahead: _Ahead) -> tuple:
         if ahead.event is None:

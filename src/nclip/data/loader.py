@@ -13,13 +13,15 @@ normalised where the step runs (:mod:`nclip.data.device_feed`); workers: :mod:`n
 What an objective needs beyond (pixels, ids, mask) comes from its class (``Objective.views``,
 ``Objective.label_request``), passed by the trainer:
 
-- ``views=2`` (CMSF, MSF): pixels [B, 2, 3, S, S], the strong (online) view first, the weak
-  (target) view second, made by :class:`nclip.data.views.TwoViews` on the batch in the collate
-  function (in the loader's workers) from the un-augmented images, with the parameters of the
-  *global* batch of the step drawn from a generator seeded by (seed, step) and this rank's rows of
-  them applied: a resumed run and a run split over ranks see exactly the views of an uninterrupted
-  single-process run. Map-style sources only (built-in and CSV); images of a CSV source are first
-  resized and centre-cropped to ⌈8·S/7⌉ (256 for 224) so that they batch.
+- ``views=2`` (CMSF, MSF, SupCon...): pixels [B, 2, 3, S, S], the strong (online) view first, the
+  weak (target) view second (:mod:`nclip.data.views`). The collate function (in the loader's
+  workers) crops both views as uint8 from the un-augmented images and draws the strong view's
+  colour parameters, row by row from (seed, step, row of the *global* batch): a resumed run and a run
+  split over ranks see exactly the views of an uninterrupted single-process run. Batches for a
+  device (``train_loader(..., device=...)``: the trainer's) carry these :class:`ViewCrops`, which
+  :class:`nclip.data.device_feed.DeviceFeed` finishes there (colours, normalisation); without a
+  device the loader finishes them itself, on the CPU, with the same function: the floats a
+  ``DeviceFeed`` on the CPU hands out. Map-style sources only (built-in, CSV and folder).
 - labels (built-in sources, a ``folder`` tree, a CSV with ``data.csv_label_key``: see
   :func:`nclip.defaults.has_labels`): two more per-row tensors, the training label of the requested kind
   and the clean one, appended as ``(pixels, ids, mask, labels, true_labels)``. Label noise is
@@ -51,8 +53,9 @@ from nclip.data.bad_samples import BadWindow, SkipLog, first_good
 from nclip.data.shards import Bad
 from nclip.data.tagging import TagCaptions
 from nclip.data.tokenization import CaptionTokenizer
-from nclip.data.transforms import augment, csv_view_side, resize_center_crop, to_tensor, to_uint8_tensor, view_source
+from nclip.data.transforms import augment, eval_resize, to_tensor, to_uint8_tensor
 from nclip.data.types import LabelSpace, Sample
+from nclip.data.views import ViewCrops, ViewRecipe, crop_views, finish_views
 from nclip.data.workers import loader_options, loader_workers, worker_message
 from nclip.defaults import BUILTIN_SOURCES, USER_LABEL, has_labels
 from nclip.errors import NclipError
@@ -191,15 +194,14 @@ class TrainPairs(Dataset):
     """Key (step, index) → (augmented image, uint8 [3, S, S], caption, bad, labels, step, index); see
     :class:`Collate`.
 
-    ``raw``: the un-augmented image (:func:`view_source`, of side ``raw_side``), for the two views
-    made in the collate function; ``labels``: (train, true) of the ``label_key`` kind by
-    :class:`RowLabels`; ``tags``: the tagging captions instead of the samples' own."""
+    ``raw``: the un-augmented image instead (uint8 [H, W, 3]), from which the collate function crops
+    two views; ``labels``: (train, true) of the ``label_key`` kind by :class:`RowLabels`; ``tags``:
+    the tagging captions instead of the samples' own."""
 
     def __init__(self, samples: Sequence[Sample], cfg: RunConfig, raw: bool = False,
-                 labels: RowLabels | None = None, label_key: str | None = None, tags: Tagged | None = None,
-                 raw_side: int | None = None):
+                 labels: RowLabels | None = None, label_key: str | None = None, tags: Tagged | None = None):
         self.samples, self.cfg, self.raw, self.labels, self.label_key = samples, cfg, raw, labels, label_key
-        self.tags, self.raw_side = tags, raw_side or cfg.data.image_size
+        self.tags = tags
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -211,7 +213,7 @@ class TrainPairs(Dataset):
         else:  # built-in samples are never bad
             s, bad = self.samples[index], []
         if self.raw:
-            image = view_source(s.image, self.raw_side)  # built-in images are S × S
+            image = s.image
         else:
             rng = np.random.default_rng([self.cfg.seed, _AUG_STREAM, index])
             image = to_uint8_tensor(augment(s.image, self.cfg.data.image_size, self.cfg.data.augment, rng))
@@ -335,24 +337,24 @@ class Collate:
     reason) of samples skipped in favour of this one, ``labels`` is (train, true) or None and
     ``index`` the sample's dataset index (appended when ``with_index``).
 
-    ``views``: a :class:`nclip.data.views.TwoViews`; the images are then un-augmented and pixels
-    become normalised float [B, 2, 3, S, S] (online/strong view, target/weak view; kornia's views are
-    off the 1/255 grid: uint8 would round them again) with the parameters of this rank's rows of the
-    step's global batch (``world_size`` × B rows), seeded by (seed, step)."""
+    ``views``: a :class:`nclip.data.views.ViewRecipe`; the images are then un-augmented uint8
+    [H, W, 3] and pixels become their :class:`nclip.data.views.ViewCrops` (finished by
+    :func:`nclip.data.views.finish_views`), row i drawn as row ``rank`` × B + i of the step's global
+    batch, seeded by (seed, step)."""
 
-    def __init__(self, tokenizer: CaptionTokenizer, views=None, seed: int = 0, rank: int = 0, world_size: int = 1,
+    def __init__(self, tokenizer: CaptionTokenizer, views: ViewRecipe | None = None, seed: int = 0, rank: int = 0,
                  with_index: bool = False):
-        self.tokenizer, self.views, self.seed, self.rank, self.world = tokenizer, views, seed, rank, world_size
+        self.tokenizer, self.views, self.seed, self.rank = tokenizer, views, seed, rank
         self.with_index = with_index
 
     def __call__(self, items):
         images, captions, bad = zip(*(item[:3] for item in items))
         ids, mask = self.tokenizer(list(captions))
-        pixels = torch.stack(images)
-        if self.views is not None:
+        if self.views is None:
+            pixels = torch.stack(images)
+        else:
             b, step = len(items), items[0][4]
-            v = self.views(pixels, seed=_int_seed(self.seed, _VIEW_STREAM, step), rows=(self.rank * b, self.world * b))
-            pixels = torch.stack([v.online, v.target], dim=1)  # [B, 2, 3, S, S]
+            pixels = crop_views(images, self.views, (self.seed, _VIEW_STREAM, step), first_row=self.rank * b)
         rows = []
         if len(items[0]) > 3 and items[0][3] is not None:
             labels = torch.tensor([item[3] for item in items], dtype=torch.long)  # [B, 2]
@@ -364,13 +366,15 @@ class Collate:
 
 class TrainData:
     """This rank's batches from ``start_step`` to ``train.steps``, the count of bad samples skipped
-    (restored on resume) and the data position (:meth:`state`) for checkpoints."""
+    (restored on resume) and the data position (:meth:`state`) for checkpoints. ``finish``: two views'
+    :class:`ViewCrops` are finished here (on the CPU) instead of by a :class:`DeviceFeed`."""
 
     lookahead = True  # a batch depends on its step alone: the next may be read before a step runs
 
     def __init__(self, loader: DataLoader, kind: str, steps: int, cfg: RunConfig, world_size: int,
-                 what: str, skipped: int = 0, streams: list[list[int]] | None = None):
+                 what: str, skipped: int = 0, streams: list[list[int]] | None = None, finish: bool = True):
         self.loader, self.kind, self.steps, self.world, self.what = loader, kind, steps, world_size, what
+        self.finish = finish
         self._skipped = skipped  # map-style sources
         self.size: int | None = None  # samples of a map-style source (None: streamed)
         # streamed sources: [records consumed, bad skipped, *per-source consumed (data.sampling per_source)]
@@ -402,11 +406,13 @@ class TrainData:
             except NclipError as e:  # raised in a loader worker: keep the one-line message
                 raise NclipError(worker_message(e)) from None
             if self.kind == "map":
-                self._account_map(pixels.shape[0], info["bad"])
+                self._account_map(ids.shape[0], info["bad"])
             else:
                 self.streams[info["stream"]] = [int(info["consumed"]), int(info["skipped"]),
                                                 *(int(n) for n in info.get("sources", ()))]
             self.skip_log.add(info.get("bad", ()))
+            if self.finish and isinstance(pixels, ViewCrops):
+                pixels = finish_views(pixels)
             yield pixels, ids, mask, *rows
         if (summary := self.skip_log.summary()) is not None:
             print(summary, file=sys.stderr, flush=True)
@@ -424,7 +430,9 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
                  labels: LabelRequest | None = None, device: torch.device | str | None = None) -> TrainData:
     """This rank's training data from ``start_step`` on; ``state`` is the data position saved in
     the checkpoint being resumed (see :meth:`TrainData.state`); ``views`` and ``labels``: what the
-    objective needs (module docstring); ``device``: where the batches go (CUDA: pinned, auto workers)."""
+    objective needs (module docstring); ``device``: where the batches go (CUDA: pinned, auto workers),
+    given by a caller that hands them to a :class:`DeviceFeed`: two views then stay
+    :class:`ViewCrops` for the feed to finish on that device (None: finished here, on the CPU)."""
     workers = {"num_workers": loader_workers(cfg, device)}  # resolved once: the webdataset streams see it
     cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update=workers)})
     d = cfg.data
@@ -471,26 +479,22 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
         dataset = _Keyed(pairs, unlabelled=labels is not None and want is None, class_ids=pairs.labels,
                          labels=row_labels, tags=tags)
         what = d.csv
-    else:  # a folder's images have any size: the views' source is resized as a CSV's
-        side = csv_view_side(d.image_size) if d.source == "folder" else None
-        dataset = TrainPairs(samples, cfg, raw=views == 2, labels=row_labels, label_key=key, tags=tags, raw_side=side)
+    else:
+        dataset = TrainPairs(samples, cfg, raw=views == 2, labels=row_labels, label_key=key, tags=tags)
         what = d.folder if d.source == "folder" else d.source
     if kept is not None:
         dataset = _Excluding(dataset, kept)
-    two = None
-    if views == 2:
-        from nclip.data.views import TwoViews
-
-        two = TwoViews(d.image_size, normalize=True, crop_scale=tuple(d.augment.crop_scale))
-    collate = Collate(tokenizer, two, cfg.seed, rank, world_size,
-                      with_index=labels is not None and labels.frozen is not None)
+    recipe = ViewRecipe(d.image_size, crop_scale=tuple(d.augment.crop_scale)) if views == 2 else None
+    collate = Collate(tokenizer, recipe, cfg.seed, rank, with_index=labels is not None and labels.frozen is not None)
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, **workers)
     skipped = int(state.get("skipped", 0)) if state and state.get("kind") == "map" else 0
-    data = TrainData(loader, "map", steps, cfg, world_size, what, skipped=skipped)
+    data = TrainData(loader, "map", steps, cfg, world_size, what, skipped=skipped, finish=device is None)
     data.size = n if kept is None else len(kept)  # training rows, for the start-up block
     return data
 
 
-def eval_tensor(image: np.ndarray, size: int) -> torch.Tensor:
-    """Evaluation pre-processing of one image: resize + centre crop + normalise."""
-    return to_tensor(resize_center_crop(image, size))
+def eval_tensor(image: np.ndarray, size: int, resize: tuple[str, str] | tuple[()] = ()) -> torch.Tensor:
+    """Evaluation pre-processing of one image: resize (+ centre crop) + normalise; ``resize``: the
+    model's (mode, interpolation), :func:`~nclip.data.transforms.model_resize` (default: the shorter
+    side, bicubic)."""
+    return to_tensor(eval_resize(image, size, *resize))

@@ -2,9 +2,11 @@
 with the tokenizer of a pretrained model's directory (``model.text.tokenizer``, e.g. a CLIP BPE).
 
 Offline by construction: the tokenizer.json is read from the installed package or a local directory,
-never from a hub. Captions become ``[CLS] tokens [SEP] [PAD]...`` of a fixed length (a CLIP
-tokenizer: ``<|startoftext|> tokens <|endoftext|>...``); the [SEP] position is the "end of text"
-token whose final-norm feature the CLIP-style text tower pools.
+never from a hub. ``model.text.tokenizer`` naming CLIP's ``bpe_simple_vocab_16e6.txt.gz`` (or a
+directory holding it) gives CLIP's own BPE tokenizer, with OpenCLIP's ids (:mod:`nclip.data.clip_bpe`).
+Captions become ``[CLS] tokens [SEP] [PAD]...`` of a fixed length (a CLIP tokenizer:
+``<|startoftext|> tokens <|endoftext|>...``); the [SEP] position is the "end of text" token whose
+final-norm feature the CLIP-style text tower pools.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer as _HFTokenizer
 
+from nclip.data import clip_bpe
 from nclip.errors import NclipError
 from nclip.jsonio import read_json
 
@@ -52,10 +55,15 @@ class CaptionTokenizer:
     """Fixed-length tokenization: ``__call__(list[str]) -> (ids, mask)``, both [N, L].
 
     ``path``: a tokenizer.json file, or a directory holding one and the files that name its special
-    tokens (:func:`special_tokens`); None: the bundled WordPiece tokenizer."""
+    tokens (:func:`special_tokens`); CLIP's BPE vocabulary (a ``*.txt.gz`` file or a directory with
+    ``bpe_simple_vocab_16e6.txt.gz``); None: the bundled WordPiece tokenizer."""
 
     def __init__(self, length: int = 32, path: str | Path | None = None):
         path = Path(path).expanduser() if path else bundled_model_dir() / TOKENIZER_FILE
+        self._split = None  # CLIP's BPE: captions are cleaned and split into words in Python
+        if (bpe := clip_bpe.bpe_file(path)) is not None:
+            self._init_bpe(bpe, length)
+            return
         specials = special_tokens(path) if path.is_dir() else WORDPIECE_SPECIALS
         path = path / TOKENIZER_FILE if path.is_dir() else path
         if not path.is_file():
@@ -68,13 +76,27 @@ class CaptionTokenizer:
         if None in (self.pad_id, self.cls_id, self.eos_id):
             raise NclipError(f"{path} lacks one of its special tokens {sorted(set(specials.values()))}")
 
+    def _init_bpe(self, path: Path, length: int) -> None:
+        if not path.is_file():
+            raise NclipError(f"tokenizer file not found: {path}")
+        self.length = length
+        self._tok = clip_bpe.load(str(path), length)
+        self._split = clip_bpe.Splitter()
+        self.vocab_size = self._tok.get_vocab_size()
+        self.pad_id, self.cls_id, self.eos_id = (clip_bpe.PAD_ID, self._tok.token_to_id(clip_bpe.SOT),
+                                                 self._tok.token_to_id(clip_bpe.EOT))
+
     def same_vocabulary(self, other: CaptionTokenizer) -> bool:
         """Whether ``other`` maps every token, and the pad/bos/eos tokens, to the same ids."""
         return ((self.pad_id, self.cls_id, self.eos_id) == (other.pad_id, other.cls_id, other.eos_id)
                 and self._tok.get_vocab() == other._tok.get_vocab())
 
     def __call__(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        enc = self._tok.encode_batch(list(texts))
+        if self._split is not None:  # without offsets (encode_batch_fast): 3-4x faster on long captions
+            encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
+            enc = encode([self._split(t) for t in texts], is_pretokenized=True)
+        else:
+            enc = self._tok.encode_batch(list(texts))
         # through NumPy: a third of torch.tensor's time on lists of lists (in the loader's workers)
         ids = torch.from_numpy(np.array([e.ids for e in enc], dtype=np.int64).reshape(len(enc), -1))  # [N, L]
         mask = torch.from_numpy(np.array([e.attention_mask for e in enc], dtype=np.int64).reshape(len(enc), -1))

@@ -139,7 +139,29 @@ def augment(image: np.ndarray, size: int, aug, rng: np.random.Generator) -> np.n
     return image
 
 
-def resize_center_crop(image: np.ndarray, size: int) -> np.ndarray:
+INTERPOLATION = {"bicubic": Image.BICUBIC, "bilinear": Image.BILINEAR}
+EVAL_RESIZE = ("shortest", "bicubic")  # data.eval_resize, data.eval_interpolation by default
+
+
+def model_resize(model) -> tuple[str, str]:
+    """The (mode, interpolation) evaluation resizes with for ``model``: a DualEncoder's ``eval_resize``
+    (its run's data.eval_resize and data.eval_interpolation)."""
+    return getattr(model, "eval_resize", EVAL_RESIZE)
+
+
+def eval_resize(image: np.ndarray, size: int, mode: str = "shortest", interpolation: str = "bicubic") -> np.ndarray:
+    """Evaluation pre-processing to [size, size, 3]: ``shortest`` (:func:`resize_center_crop`) or
+    ``squash`` (both sides to ``size``), as OpenCLIP's eval transform of that ``resize_mode`` (PIL's
+    resize, which torchvision's ``Resize`` calls on PIL images)."""
+    if mode == "squash":
+        h, w = image.shape[:2]
+        if (h, w) == (size, size):
+            return image
+        return np.asarray(Image.fromarray(image).resize((size, size), INTERPOLATION[interpolation]))
+    return resize_center_crop(image, size, interpolation)
+
+
+def resize_center_crop(image: np.ndarray, size: int, interpolation: str = "bicubic") -> np.ndarray:
     """Evaluation pre-processing: shorter side to ``size`` (bicubic), then a centre crop.
 
     The longer side becomes ``int(size * long / short)``, truncated as torchvision's ``Resize``,
@@ -148,22 +170,10 @@ def resize_center_crop(image: np.ndarray, size: int) -> np.ndarray:
     h, w = image.shape[:2]
     if (h, w) != (size, size):
         long = int(size * max(h, w) / min(h, w))
-        img = Image.fromarray(image).resize((size, long) if w <= h else (long, size), Image.BICUBIC)
+        img = Image.fromarray(image).resize((size, long) if w <= h else (long, size), INTERPOLATION[interpolation])
         left, top = (img.width - size) // 2, (img.height - size) // 2
         image = np.asarray(img.crop((left, top, left + size, top + size)))
     return image
-
-
-def view_source(image: np.ndarray, side: int) -> torch.Tensor:
-    """An un-augmented image for :class:`nclip.data.views.TwoViews`: float [3, side, side] in [0, 1] (resized and
-    centre-cropped unless it has that size already). Built-in images keep their size S; CSV images
-    get ⌈8·S/7⌉ (:data:`csv_view_side`), which the views' random resized crop brings to S."""
-    image = resize_center_crop(image, side)
-    return torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1))).float() / 255.0
-
-
-def csv_view_side(size: int) -> int:
-    return math.ceil(size * 8 / 7)  # 256 for 224, as ImageNet's resize-then-crop
 
 
 def to_tensor(image: np.ndarray) -> torch.Tensor:

@@ -2,9 +2,10 @@
 
 ``nclip eval --checkpoint`` takes a run directory (RUN/model/), a model directory
 (model.safetensors + config.json), a training checkpoint (RUN/checkpoints/step_N/, with the
-config of RUN/config.yaml) or a model nclip did not train, a local transformers ``CLIPModel``
-directory (evaluated as a CLIP-objective model with its own architecture and tokenizer, via
-:mod:`nclip.models.hf_import`); :func:`resolve_checkpoint` tells them apart.
+config of RUN/config.yaml) or a model nclip did not train: a local transformers ``CLIPModel``
+directory, an open_clip directory, an open_clip/OpenAI state-dict file (with ``--arch``) or OpenAI's
+TorchScript archive (each evaluated as a CLIP-objective model with its own architecture, tokenizer
+and pixel statistics, via :mod:`nclip.models.hf_import`); :func:`resolve_checkpoint` tells them apart.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ class Checkpoint:
     run_dir: Path | None  # where metrics.jsonl lives, if known
     cfg: object  # RunConfig
     sha256: str = ""
-    format: str = "nclip"  # or "transformers CLIPModel"
+    format: str = "nclip"  # or "transformers CLIPModel", "open_clip directory", ...
+    arch: str | None = None  # the open_clip config of a state-dict file
 
     def load(self, device):
         from safetensors.torch import load_file
@@ -35,7 +37,7 @@ class Checkpoint:
         if self.format != "nclip":
             from nclip.models.hf_import import load_init_weights
 
-            load_init_weights(model, self.path)
+            load_init_weights(model, self.path, self.arch)
             return model.to(device).eval()
         try:
             state = load_file(str(self.weights), device="cpu")
@@ -55,17 +57,21 @@ class Checkpoint:
         return VISION_TOWERS[self.cfg.model.vision.kind]
 
 
-def resolve_checkpoint(path: str | Path) -> Checkpoint:
+def resolve_checkpoint(path: str | Path, arch: str | None = None) -> Checkpoint:
     """A run directory (RUN/model/; without it, the run's newest training checkpoint), a model
-    directory (model.safetensors + config.json) or a training checkpoint (RUN/checkpoints/step_N/,
-    config from RUN/config.yaml)."""
+    directory (model.safetensors + config.json), a training checkpoint (RUN/checkpoints/step_N/,
+    config from RUN/config.yaml), or a model nclip did not train: a transformers CLIPModel
+    directory, an open_clip directory, an open_clip/OpenAI state-dict file of open_clip config
+    ``arch``, OpenAI's TorchScript archive."""
     from nclip.config import validate
     from nclip.models.io import CONFIG, WEIGHTS, read_config
 
     p = Path(path).expanduser()
-    hf = _hf_checkpoint(p)
-    if hf is not None:
-        return hf
+    found = _openclip_checkpoint(p, arch)
+    if found is None:
+        found = _hf_checkpoint(p)
+    if found is not None:
+        return found
     if (p / "model" / CONFIG).is_file():
         model_dir, run_dir = p / "model", p
     elif (p / CONFIG).is_file():
@@ -101,17 +107,33 @@ def _training_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(found, key=lambda d: int(d.name[5:]))
 
 
+def _openclip_checkpoint(p: Path, arch: str | None) -> Checkpoint | None:
+    """An OpenCLIP/OpenAI checkpoint as a checkpoint of the CLIP objective (None: not one)."""
+    from nclip.config import validate
+    from nclip.models.hf_import import init_config
+    from nclip.models.io import WEIGHTS
+    from nclip.models.openclip_files import WEIGHT_SUFFIXES, is_openclip, source
+
+    if not is_openclip(p, arch) and not (p.is_file() and p.name != WEIGHTS and p.suffix in WEIGHT_SUFFIXES):
+        return None
+    src = source(p, arch)  # a weights file without --arch: a one-line error saying so
+    init = {"init": str(p.resolve()), "init_arch": arch}
+    cfg = init_config(validate({"objective": {"name": "clip"}, "model": init}), note=lambda line: None)
+    form = src.form.split(" ", 1)[1] if src.form.startswith(("a ", "an ")) else src.form
+    return Checkpoint(p, src.weights, None, cfg, file_sha256(src.weights), format=form, arch=arch)
+
+
 def _hf_checkpoint(p: Path) -> Checkpoint | None:
     """A transformers CLIPModel directory as a checkpoint of the CLIP objective (None: not one)."""
     from nclip.config import validate
-    from nclip.models.hf_import import SHARD_INDEX, init_config, is_hf_clip_dir
+    from nclip.models.hf_import import PT_WEIGHTS, hf_weights_file, init_config, is_hf_clip_dir
     from nclip.models.io import WEIGHTS
 
     if not p.is_dir() or not is_hf_clip_dir(p):
         return None
     cfg = init_config(validate({"objective": {"name": "clip"}, "model": {"init": str(p.resolve())}}),
                       note=lambda line: None)
-    weights = p / WEIGHTS if (p / WEIGHTS).is_file() else p / SHARD_INDEX
-    if not weights.is_file():
-        raise NclipError(f"missing weights file: {p / WEIGHTS} (nclip reads safetensors only)")
+    weights = hf_weights_file(p)
+    if weights is None:
+        raise NclipError(f"missing weights file: {p / WEIGHTS} (or {PT_WEIGHTS})")
     return Checkpoint(p, weights, None, cfg, file_sha256(weights), format="transformers CLIPModel")

@@ -31,7 +31,9 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
                                    "linear probe, k-NN, clustering, realm-wise probing, text STS, mask probing and "
                                    "representation diagnostics. `nclip eval compare A B ...` tabulates evaluations.")
     p.add_argument("--checkpoint", type=Path, help="run directory, model directory or RUN/checkpoints/step_N")
-    p.add_argument("--out", type=Path, help="output directory for results.json and report.html")
+    p.add_argument("--out", type=Path, help="output directory for results.json and report.html (one that holds "
+                   "an evaluation is refused unless --force)")
+    p.add_argument("--force", action="store_true", help="write over the evaluation an --out holds")
     p.add_argument("--tasks", help=f"comma-separated subset of: {','.join(TASKS)} (default: all)")
     p.add_argument("--dataset", dest="datasets", action="append", metavar="SPEC", help=_DATASET_HELP)
     p.add_argument("--suite", type=Path, metavar="FILE.yaml",
@@ -68,6 +70,8 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--caption-key", help="caption column of a captions: CSV (default: the run's "
                    "data.csv_caption_key if the header has it, else the caption* columns)")
     p.add_argument("--baseline", metavar="RUN_DIR", help="run or eval directory for relative realm accuracy")
+    p.add_argument("--arch", metavar="NAME", help="open_clip config (e.g. ViT-B-32, RN50) of an open_clip or OpenAI "
+                   "state-dict file given as --checkpoint or --baseline (docs/transfer.md)")
     p.add_argument("--hierarchy", metavar="FILE|builtin",
                    help="realm labels for the realms task from each dataset's class labels and a class hierarchy: "
                         "a JSON or TSV file (realm = the child of the root on a class's path), or builtin "
@@ -120,7 +124,7 @@ def run_eval_command(args) -> int:
         _option, tasks=tasks, datasets=tuple(args.datasets or EvalSettings().datasets), head=args.head,
         features=args.features, probe=args.probe, probe_recipe=args.probe_recipe, probe_epochs=args.probe_epochs,
         classnames=args.classnames, templates=args.templates,
-        multilabel_topk=_ints(args.topk, "--topk"), baseline=args.baseline, hierarchy=args.hierarchy,
+        multilabel_topk=_ints(args.topk, "--topk"), baseline=args.baseline, arch=args.arch, hierarchy=args.hierarchy,
         image_key=args.image_key, caption_key=args.caption_key,
         test_samples=args.samples, train_samples=args.train_samples,
         sts_pairs=args.sts_pairs, mask_samples=args.mask_samples, batch_size=args.batch_size, seed=args.seed,
@@ -130,8 +134,30 @@ def run_eval_command(args) -> int:
         from nclip.eval.suite import load_suite
 
         load_suite(args.suite)  # checked here too: a mistake in the file answers before torch is imported
+    check_eval_out(args.out, args.force)  # before torch is imported, and again under the lock
     from nclip.eval.runner import run_eval  # after the settings: their mistakes answer before torch is imported
+    from nclip.runlock import DirLock
 
+    with DirLock(args.out, "nclip eval"):  # one writer (docs/runs.md)
+        check_eval_out(args.out, args.force)
+        doc = _evaluate(args, settings, run_eval)
+    print(summary(doc, args.out, report=not args.no_report))
+    return 0
+
+
+EVAL_OUTPUTS = ("results.json", "report.html")
+
+
+def check_eval_out(out: Path, force: bool) -> None:
+    """An --out that holds an evaluation is refused unless ``force``: a second `nclip eval` with other
+    settings would replace the first one's results without a word."""
+    held = [name for name in EVAL_OUTPUTS if (out / name).exists()]
+    if held and not force:
+        raise NclipError(f"eval: --out {out} already holds an evaluation ({held[0]}); choose another --out, "
+                         "or pass --force to write over it")
+
+
+def _evaluate(args, settings, run_eval) -> dict:
     cache = None if args.no_cache else (args.cache_dir if args.cache_dir else "default")
     log = None if args.quiet else (lambda msg: print(f"eval: {msg}", file=sys.stderr, flush=True))
     if args.suite is not None:
@@ -142,8 +168,7 @@ def run_eval_command(args) -> int:
     else:
         doc = run_eval(args.checkpoint, args.out, settings=settings, cache_dir=cache, report=not args.no_report,
                        log=log)
-    print(summary(doc, args.out, report=not args.no_report))
-    return 0
+    return doc
 
 
 # the settings fields not named as their option

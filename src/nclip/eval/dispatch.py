@@ -22,6 +22,7 @@ from nclip.eval.datasets import EvalData
 from nclip.eval.features import encode_texts, ensemble, extract, prompt_outputs, similarity
 from nclip.eval.probe import threads as _threads
 from nclip.eval.settings import MODEL_HEAD, EvalSettings
+from nclip.precision import autocast_dtype
 
 
 @dataclass
@@ -56,6 +57,17 @@ class EvalState:
         return self.ck.cfg.data.image_size
 
     @property
+    def autocast(self) -> torch.dtype | None:
+        """The towers' autocast dtype in the checkpoint's run (``train.precision``) on this device:
+        they encode in it, the scores are float32 (:mod:`nclip.eval.features`)."""
+        return autocast_dtype(self.ck.cfg.train.precision, self.device)
+
+    def identity(self, **what) -> dict:
+        """A cache entry's identity: ``what``, and the encoding precision when it is not float32
+        (float32 entries keep the identity they had before evaluation followed the run's)."""
+        return {**what, "autocast": str(self.autocast)} if self.autocast is not None else what
+
+    @property
     def probe_key(self) -> str:
         """The key of the probed image features in the extracted outputs (settings.features)."""
         return PROBE_FEATURES[self.settings.features or "backbone"]
@@ -72,13 +84,14 @@ class EvalState:
 
 def _features(st: EvalState, data: EvalData, split: str, texts: bool) -> dict[str, torch.Tensor]:
     samples = data.splits[split]
-    identity = {"data": data.identity, "split": split, "texts": texts, "image_size": st.image_size,
-                "text_length": st.ck.cfg.data.text_length, "n": len(samples)}
+    identity = st.identity(data=data.identity, split=split, texts=texts, image_size=st.image_size,
+                           text_length=st.ck.cfg.data.text_length, n=len(samples))
 
     def compute():
         st.log(f"extracting {data.name}/{split}: {len(samples)} images" + (" + captions" if texts else ""))
         with _threads(st.extract_threads):
-            f = extract(st.model, samples, st.image_size, st.device, st.settings.batch_size, texts=texts)
+            f = extract(st.model, samples, st.image_size, st.device, st.settings.batch_size, texts=texts,
+                        autocast=st.autocast)
         out = {f"image.{k}": v for k, v in f.image.items()}
         out.update({f"text.{k}": v for k, v in f.text.items()})
         out["text_to_image"] = f.text_to_image
@@ -98,8 +111,9 @@ def _group(flat: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor
 
 def _prompts(st: EvalState, data: EvalData, kind: str) -> dict[str, torch.Tensor]:
     space = data.label_spaces[kind]
-    identity = {"names": space.names, "templates": space.templates, "text_length": st.ck.cfg.data.text_length}
-    return st.cache.get(f"{data.name}-prompts-{kind}", identity, lambda: prompt_outputs(st.model, space, st.device))
+    identity = st.identity(names=space.names, templates=space.templates, text_length=st.ck.cfg.data.text_length)
+    return st.cache.get(f"{data.name}-prompts-{kind}", identity,
+                        lambda: prompt_outputs(st.model, space, st.device, st.autocast))
 
 
 def _check_head(st: EvalState, outputs: dict[str, torch.Tensor]) -> None:
@@ -250,14 +264,14 @@ def _eval_realms(st: EvalState, data: EvalData, test: dict) -> None:
 
 def _eval_sts(st: EvalState, data: EvalData) -> None:
     a, b, gold = zip(*data.sts)
-    identity = {"data": data.identity, "text_length": st.ck.cfg.data.text_length}
+    identity = st.identity(data=data.identity, text_length=st.ck.cfg.data.text_length)
 
     def compute():
         st.log(f"encoding {data.name} STS: {len(a)} sentence pairs")
         with _threads(st.extract_threads):
-            out = {f"a.{k}": v for k, v in encode_texts(st.model, list(a), st.device, st.settings.batch_size).items()}
-            out.update({f"b.{k}": v
-                        for k, v in encode_texts(st.model, list(b), st.device, st.settings.batch_size).items()})
+            out = {f"{side}.{k}": v for side, texts in (("a", a), ("b", b))
+                   for k, v in encode_texts(st.model, list(texts), st.device, st.settings.batch_size,
+                                            st.autocast).items()}
         return out
 
     f = st.cache.get(f"{data.name}-sts", identity, compute)

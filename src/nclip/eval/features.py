@@ -1,4 +1,10 @@
-"""Batched feature extraction: every head's output for the images and captions of a dataset."""
+"""Batched feature extraction: every head's output for the images and captions of a dataset.
+
+Precision (docs/precision.md): the towers and heads encode under the run's autocast (``autocast``:
+the dtype of :func:`nclip.precision.autocast_dtype` for ``train.precision`` on the device, bf16 on
+CUDA by default; None: float32), as they train; every output is cast to float32 as it is
+collected (:func:`_cat`), so every score computed from them (cosine, nCLIP's −L_CE, the probes)
+runs in float32. While training, the other ranks wait at a barrier for this encoding."""
 
 from __future__ import annotations
 
@@ -12,10 +18,11 @@ import torch
 import torch.nn.functional as F
 
 from nclip.data.loader import eval_tensor
+from nclip.data.transforms import model_resize
 from nclip.data.types import LabelSpace, Sample
 from nclip.defaults import EVAL_BATCH_SIZE
 from nclip.objectives.functional import nclip_similarity, yclip_similarity
-from nclip.precision import to_float32
+from nclip.precision import to_float32, tower_autocast
 
 
 @dataclass
@@ -40,29 +47,37 @@ def _cat(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return {k: to_float32(torch.cat([p[k] for p in parts])).cpu() for k in parts[0]}
 
 
+def _autocast(device, dtype: torch.dtype | None):
+    return tower_autocast(torch.device(device), dtype)
+
+
 @torch.no_grad()
-def encode_texts(model, texts: Sequence[str], device, batch_size: int = EVAL_BATCH_SIZE) -> dict[str, torch.Tensor]:
+def encode_texts(model, texts: Sequence[str], device, batch_size: int = EVAL_BATCH_SIZE,
+                 autocast: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     parts = []
     for i in range(0, len(texts), batch_size):
         ids, mask = model.tokenizer(list(texts[i : i + batch_size]))
-        parts.append(model.encode_text(ids.to(device), mask.to(device)))
+        with _autocast(device, autocast):
+            parts.append(model.encode_text(ids.to(device), mask.to(device)))
     return _cat(parts)
 
 
 @torch.no_grad()
-def encode_images(model, images: Sequence[np.ndarray], size: int, device,
-                  batch_size: int = EVAL_BATCH_SIZE) -> dict[str, torch.Tensor]:
+def encode_images(model, images: Sequence[np.ndarray], size: int, device, batch_size: int = EVAL_BATCH_SIZE,
+                  autocast: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     parts = []
     for i in range(0, len(images), batch_size):
-        pixels = torch.stack([eval_tensor(im, size) for im in images[i : i + batch_size]])
-        parts.append(model.encode_image(pixels.to(device)))
+        pixels = torch.stack([eval_tensor(im, size, model_resize(model)) for im in images[i : i + batch_size]])
+        with _autocast(device, autocast):
+            parts.append(model.encode_image(pixels.to(device)))
     return _cat(parts)
 
 
 @torch.no_grad()
 def extract(model, samples: Sequence[Sample], image_size: int, device, batch_size: int = EVAL_BATCH_SIZE,
-            texts: bool = True) -> Features:
-    """Every head's output for the images (and, with ``texts``, the reference captions) of ``samples``.
+            texts: bool = True, autocast: torch.dtype | None = None) -> Features:
+    """Every head's output for the images (and, with ``texts``, the reference captions) of ``samples``,
+    encoded under ``autocast`` (None: float32) and returned in float32.
 
     Streamed a batch at a time: only one batch of images is decoded at once (a lazy dataset such as
     ImageNet's 50,000 validation images would not fit in memory decoded), the next batch decoded
@@ -72,8 +87,9 @@ def extract(model, samples: Sequence[Sample], image_size: int, device, batch_siz
     labels: dict[str, list[int]] = {}
     multilabels: dict[str, list[np.ndarray]] = {}
     with ThreadPoolExecutor(max_workers=_DECODE_THREADS) as pool:
-        for start, pixels, batch in _decoded_batches(pool, samples, image_size, batch_size):
-            parts.append(model.encode_image(pixels.to(device)))
+        for start, pixels, batch in _decoded_batches(pool, samples, image_size, batch_size, model_resize(model)):
+            with _autocast(device, autocast):
+                parts.append(model.encode_image(pixels.to(device)))
             for n, s in enumerate(batch, start):
                 if texts:
                     captions.extend(s.captions)
@@ -84,7 +100,7 @@ def extract(model, samples: Sequence[Sample], image_size: int, device, batch_siz
                     multilabels.setdefault(k, []).append(v)
     return Features(
         image=_cat(parts),
-        text=encode_texts(model, captions, device, batch_size) if captions else {},
+        text=encode_texts(model, captions, device, batch_size, autocast) if captions else {},
         text_to_image=torch.tensor(owner, dtype=torch.long),
         labels={k: torch.tensor(v) for k, v in labels.items()},
         multilabels={k: torch.from_numpy(np.stack(v)) for k, v in multilabels.items()},
@@ -94,13 +110,14 @@ def extract(model, samples: Sequence[Sample], image_size: int, device, batch_siz
 _DECODE_THREADS = min(8, os.cpu_count() or 1)
 
 
-def _decoded_batches(pool: ThreadPoolExecutor, samples: Sequence[Sample], size: int, batch_size: int):
+def _decoded_batches(pool: ThreadPoolExecutor, samples: Sequence[Sample], size: int, batch_size: int,
+                     resize: tuple[str, str]):
     """(first index, pixels [b, 3, size, size], the batch's samples with their images dropped) per
     batch, in order; the next batch is decoding while the caller encodes this one."""
 
     def load(i: int) -> tuple[torch.Tensor, Sample]:
         s = samples[i]
-        return eval_tensor(s.image, size), replace(s, image=_NO_IMAGE)
+        return eval_tensor(s.image, size, resize), replace(s, image=_NO_IMAGE)
 
     def submit(start: int):
         return start, [pool.submit(load, i) for i in range(start, min(start + batch_size, len(samples)))]
@@ -134,10 +151,10 @@ def similarity(image: dict[str, torch.Tensor], text: dict[str, torch.Tensor], he
 
 
 @torch.no_grad()
-def prompt_outputs(model, space: LabelSpace, device) -> dict[str, torch.Tensor]:
+def prompt_outputs(model, space: LabelSpace, device, autocast: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Every prompt's text output, class-major: [C * T, ...] for C classes and T templates."""
     prompts = [p for c in range(len(space)) for p in space.prompts(c)]
-    return encode_texts(model, prompts, device)
+    return encode_texts(model, prompts, device, autocast=autocast)
 
 
 def ensemble(prompts: dict[str, torch.Tensor], num_classes: int) -> dict[str, torch.Tensor]:
@@ -164,6 +181,7 @@ def ensemble(prompts: dict[str, torch.Tensor], num_classes: int) -> dict[str, to
 
 
 @torch.no_grad()
-def class_text_outputs(model, space: LabelSpace, device) -> dict[str, torch.Tensor]:
-    """One text output per class from its prompt ensemble (see :func:`ensemble`)."""
-    return ensemble(prompt_outputs(model, space, device), len(space))
+def class_text_outputs(model, space: LabelSpace, device,
+                       autocast: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """One text output per class from its prompt ensemble (see :func:`ensemble`), in float32."""
+    return ensemble(prompt_outputs(model, space, device, autocast), len(space))

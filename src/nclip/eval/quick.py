@@ -12,6 +12,9 @@ train split) and tested on ``eval.samples`` held-out ones, against the *clean* l
 label kind: ``knn/<kind>/top1``, ``linear/<kind>/top1``, ``probe/<kind>/chance``. They read the
 image features ``eval.probe_features`` names (None: the objective's ``probe_features``, the
 backbone for CMSF and xent), recorded as ``eval/probe_features``, as ``nclip eval --features``.
+
+The towers encode under the run's autocast (``train.precision``: bf16 on CUDA by default) and every
+score is computed in float32 (:mod:`nclip.eval.features`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from nclip.eval import probe, retrieval, zeroshot
 from nclip.eval.features import class_text_outputs, extract, similarity
 from nclip.objectives import REGISTRY
 from nclip.objectives.base import LabelRequest
+from nclip.precision import autocast_dtype
 
 
 @torch.no_grad()
@@ -33,9 +37,10 @@ def evaluate_run(model, cfg: RunConfig, device) -> dict[str, float]:
     head = objective.zero_shot_head
     split = "test"
     data = build_dataset(cfg, split, length=cfg.eval.samples)
+    amp = autocast_dtype(cfg.train.precision, torch.device(device))  # the towers' precision in training
     if head is None:
-        return _probe_run(model, cfg, device, data, objective)
-    feats = extract(model, data, cfg.data.image_size, device, cfg.eval.batch_size)
+        return _probe_run(model, cfg, device, data, objective, amp)
+    feats = extract(model, data, cfg.data.image_size, device, cfg.eval.batch_size, autocast=amp)
     score = cfg.eval.nclip_score
     results: dict[str, float] = {"eval/samples": float(len(data)), "eval/head": head}
     if head == "nclip":
@@ -43,7 +48,7 @@ def evaluate_run(model, cfg: RunConfig, device) -> dict[str, float]:
     for kind, space in data.label_spaces.items():
         if kind not in feats.labels:
             continue
-        scores = zeroshot.scores(feats.image, class_text_outputs(model, space, device), head, score)
+        scores = zeroshot.scores(feats.image, class_text_outputs(model, space, device, amp), head, score)
         m, _ = zeroshot.evaluate(scores, feats.labels[kind])
         results[f"zeroshot/{kind}/top1"] = m["top1"]
         results[f"zeroshot/{kind}/chance"] = m["chance"]
@@ -53,7 +58,7 @@ def evaluate_run(model, cfg: RunConfig, device) -> dict[str, float]:
     return results
 
 
-def _probe_run(model, cfg: RunConfig, device, test_data, objective) -> dict:
+def _probe_run(model, cfg: RunConfig, device, test_data, objective, amp: torch.dtype | None) -> dict:
     """k-NN and linear-probe top-1 on the probed features, for objectives without a zero-shot head."""
     from nclip.eval.runner import probe_features
 
@@ -64,8 +69,8 @@ def _probe_run(model, cfg: RunConfig, device, test_data, objective) -> dict:
     # scenes), its test images from the held-out split, as nclip eval's linear and k-NN protocols
     train_data = build_dataset(cfg, "train", length=cfg.eval.samples)
     bs = cfg.eval.batch_size
-    train = extract(model, train_data, cfg.data.image_size, device, bs, texts=False)
-    test = extract(model, test_data, cfg.data.image_size, device, bs, texts=False)
+    train, test = (extract(model, d, cfg.data.image_size, device, bs, texts=False, autocast=amp)
+                   for d in (train_data, test_data))
     n_cls = len(test_data.label_spaces[kind])
     xtr, ytr = train.image[key], train.labels[kind]
     xte, yte = test.image[key], test.labels[kind]

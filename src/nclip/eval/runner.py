@@ -79,7 +79,7 @@ def start(checkpoint: str | Path, settings: EvalSettings, log: Callable[[str], N
     """(the evaluation state, the objective class) of ``checkpoint`` under resolved ``settings``: the
     zero-shot head chosen and checked, the text tasks of an image-only objective skipped with their
     reason, the probe features and SGD recipe resolved (the model loads on first use)."""
-    ck = resolve_checkpoint(checkpoint)
+    ck = resolve_checkpoint(checkpoint, settings.arch)
     if log and Path(ck.path) != Path(checkpoint).expanduser():  # a run without model/: its newest checkpoint
         log(f"{checkpoint} has no model/ (training did not finish): evaluating its newest checkpoint, {ck.path}")
     from nclip.objectives import REGISTRY

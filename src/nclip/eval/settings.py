@@ -76,6 +76,8 @@ class EvalSettings(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     cache_dir: str | None = None  # None: no cache
     baseline: str | None = None  # run dir, eval dir or results.json for relative realm accuracy
+    # the open_clip config (e.g. ViT-B-32) of a state-dict file given as the checkpoint or the baseline
+    arch: str | None = None
     # realm labels for the realms task from each dataset's class labels: "builtin" (the built-in
     # data's own hierarchies, nclip.data.hierarchies) or a JSON/TSV hierarchy file (nclip.hierarchy)
     hierarchy: str | None = None

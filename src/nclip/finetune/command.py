@@ -86,8 +86,8 @@ def run_finetune(checkpoint, out, settings: FinetuneSettings, resume: bool = Fal
                  log: Callable[[str], None] = lambda msg: None) -> dict:
     """Fine-tune ``checkpoint`` at every lr of ``settings.lrs``, choose the lr and epoch on the
     validation split, test the chosen weights; write ``out`` (see the module docstring). ``out``
-    is locked for the whole of it: a second writer is refused (:mod:`nclip.train.runlock`)."""
-    from nclip.train.runlock import DirLock
+    is locked for the whole of it: a second writer is refused (:mod:`nclip.runlock`)."""
+    from nclip.runlock import DirLock
 
     with DirLock(out, "nclip finetune"):
         return _run_finetune(checkpoint, Path(out).expanduser(), settings, resume, report, log)

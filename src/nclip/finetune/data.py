@@ -41,7 +41,7 @@ def prepare(cfg, settings) -> Prepared:
                         train_samples=settings.train_samples, seed=settings.seed)
     data = build_datasets(cfg, spec)[0]
     kind = class_kind(data.label_spaces)
-    size = cfg.data.image_size
+    size, resize = cfg.data.image_size, (cfg.data.eval_resize, cfg.data.eval_interpolation)
     train = [data.splits["train"][i] for i in range(len(data.splits["train"]))]
     test = [data.splits["test"][i] for i in range(len(data.splits["test"]))]
     y = np.array([s.labels[kind] for s in train], dtype=np.int64)
@@ -49,10 +49,10 @@ def prepare(cfg, settings) -> Prepared:
     labelled = LabelledData(
         train_images=[train[i].image for i in splits.train],
         train_labels=torch.from_numpy(y[splits.train]),
-        val_pixels=torch.stack([eval_tensor(train[i].image, size) for i in splits.val]),
+        val_pixels=torch.stack([eval_tensor(train[i].image, size, resize) for i in splits.val]),
         val_labels=torch.from_numpy(y[splits.val]),
         image_size=size)
     return Prepared(data.name, kind, data.label_spaces[kind], labelled,
-                    torch.stack([eval_tensor(s.image, size) for s in test]),
+                    torch.stack([eval_tensor(s.image, size, resize) for s in test]),
                     torch.tensor([s.labels[kind] for s in test], dtype=torch.long), splits,
                     per_class_counts(y, splits.train, len(data.label_spaces[kind])))

@@ -30,7 +30,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from nclip.errors import NclipError
-from nclip.models import checkpointing
+from nclip.models import checkpointing, pixel_stats
 from nclip.vision_config import VisionConfig, clip_resnet_grid
 
 EXPANSION = 4  # a bottleneck's output channels over its 3×3 convolution's
@@ -131,9 +131,11 @@ class ClipResNetTower(nn.Module):
             if isinstance(m, Bottleneck):  # γ = 0: each block starts as its shortcut (the released model's init)
                 nn.init.zeros_(m.branch[-1].weight)
         self.grad_checkpointing = False
+        pixel_stats.add(self, cfg.pixel_mean, cfg.pixel_std)  # a tower trained with other statistics sees its own
 
     def _body(self, pixels: torch.Tensor) -> torch.Tensor:
         """pixels [B, 3, S, S] → the last stage's map [B, C, h, w]."""
+        pixels = pixel_stats.apply(self, pixels)
         if not (self.grad_checkpointing and checkpointing.active(self)):
             x = self.stem(pixels)
             for stage in self.stages:

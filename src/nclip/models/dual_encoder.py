@@ -64,6 +64,9 @@ class DualEncoder(nn.Module):
         m = cfg.model
         self.cfg_text_kind = m.text.kind
         self.tokenizer = CaptionTokenizer(cfg.data.text_length, m.text.tokenizer)
+        # how evaluation resizes an image for the image tower, (mode, interpolation): data.eval_resize and
+        # data.eval_interpolation (an OpenCLIP checkpoint's own preprocessing), read by nclip.data.loader.eval_tensor
+        self.eval_resize = (cfg.data.eval_resize, cfg.data.eval_interpolation)
         self.vision = build_vision_tower(m.vision, cfg.data.image_size)
         self.text = build_text_tower(m, self.tokenizer, cfg.data.text_length, pretrained_text)
         if m.grad_checkpointing:  # active while training only; CMSF's target copy runs without grad

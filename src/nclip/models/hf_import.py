@@ -1,5 +1,7 @@
 """Start from a pretrained model (``model.init``): a local transformers ``CLIPModel`` directory (what
-``CLIPModel.save_pretrained`` and ``nclip export --hf`` write) or an nclip run/model directory.
+``CLIPModel.save_pretrained`` and ``nclip export --hf`` write), an nclip run/model directory, or an
+OpenCLIP/OpenAI checkpoint (:mod:`nclip.models.openclip_files`: an open_clip directory, a state dict
+with ``model.init_arch``, OpenAI's TorchScript archive; renamed by :mod:`nclip.models.openclip_import`).
 
 Two steps. :func:`init_config` gives the run config the pretrained model's architecture (towers,
 image size, text length, vocabulary, tokenizer, pixel statistics, CLIP head width), replacing the
@@ -9,7 +11,8 @@ usual initialisation. The inverse of :mod:`nclip.models.export`: nclip's ViT and
 transformers' CLIPVisionModel / CLIPTextModel, so the weights are a renaming.
 
 Nothing downloads: anything but an existing local directory (a hub name such as
-``openai/clip-vit-base-patch32``) is a one-line error. Weights are read from safetensors only.
+``openai/clip-vit-base-patch32``) is a one-line error. Weights are read from safetensors, or from a
+CLIPModel's ``pytorch_model.bin`` with ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -26,10 +29,13 @@ from nclip.data.tokenization import TOKENIZER_FILE, CaptionTokenizer
 from nclip.data.transforms import CLIP_MEAN, CLIP_STD
 from nclip.errors import NclipError
 from nclip.jsonio import read_json
+from nclip.models import openclip_files, openclip_import
 from nclip.models.io import CONFIG, WEIGHTS, read_config
 
 PREPROCESSOR = "preprocessor_config.json"
 SHARD_INDEX = "model.safetensors.index.json"
+PT_WEIGHTS = "pytorch_model.bin"  # transformers' pickled weights, read with torch.load(weights_only=True)
+PT_SHARD_INDEX = "pytorch_model.bin.index.json"
 ACTIVATIONS = ("gelu", "quick_gelu")  # the ones nclip's config offers
 # nclip tower prefix in the model's state dict → CLIPModel's prefix
 HF_TOWERS = {"vision.model.": "vision_model.", "text.model.": "text_model."}
@@ -39,12 +45,19 @@ HF_HEAD = {"image_clip_head.weight": "visual_projection.weight", "text_clip_head
 NCLIP_TOWERS = ("vision.", "text.")
 
 
-def init_dir(value: str | Path) -> Path:
-    """``value`` as an existing local directory; anything else is an error (nothing downloads)."""
+def init_dir(value: str | Path, arch: str | None = None) -> Path:
+    """``value`` as an existing local directory, or a local OpenCLIP/OpenAI weights file (with
+    ``arch``, or a TorchScript archive); anything else is an error (nothing downloads)."""
     path = Path(value).expanduser()
+    if path.is_file() and openclip_files.is_openclip(path, arch):
+        return path
+    if path.is_file():
+        raise NclipError(f"model.init: {value} is a file: name its open_clip architecture with --arch NAME "
+                         "(model.init_arch), or give a model directory")
     if not path.is_dir():
-        raise NclipError(f"model.init: {value} is not a local directory (nclip downloads nothing: give the "
-                         "directory CLIPModel.save_pretrained or nclip export --hf wrote, or an nclip run)")
+        raise NclipError(f"model.init: {value} is not a local directory or file (nclip downloads nothing: give "
+                         "the directory CLIPModel.save_pretrained, open_clip or nclip export --hf wrote, a "
+                         "weights file, or an nclip run)")
     return path
 
 
@@ -74,10 +87,13 @@ def init_config(cfg: RunConfig, required: bool = True, note=None) -> RunConfig:
     """``cfg`` with the architecture of ``cfg.model.init`` (unchanged without one). ``required``
     False (resuming a run, whose config already holds the architecture) tolerates a vanished
     directory. ``note(line)`` gets one line saying what was taken (default: stderr)."""
-    if cfg.model.init is None or (not required and not Path(cfg.model.init).expanduser().is_dir()):
+    if cfg.model.init is None or (not required and not Path(cfg.model.init).expanduser().exists()):
         return cfg
-    path = init_dir(cfg.model.init)
-    if is_hf_clip_dir(path):
+    arch = cfg.model.init_arch
+    path = init_dir(cfg.model.init, arch)
+    if openclip_files.is_openclip(path, arch):
+        vision, text, data, embed_dim, source = _openclip_architecture(path, arch)
+    elif is_hf_clip_dir(path):
         vision, text, data, embed_dim, source = _hf_architecture(path)
     else:
         vision, text, data, embed_dim, source = _nclip_architecture(path)
@@ -94,6 +110,13 @@ def init_config(cfg: RunConfig, required: bool = True, note=None) -> RunConfig:
             f"CLIP head {out.model.embed_dim}")
     (note or (lambda msg: print(msg, file=sys.stderr)))(line)
     return out
+
+
+def _openclip_architecture(path: Path, arch: str | None):
+    src = openclip_files.source(path, arch)
+    state = openclip_files.read_state(src) if src.model_cfg is None else None  # OpenAI's: from its tensors
+    vision, text, data, embed_dim = openclip_import.architecture(src, openclip_import.model_config(src, state))
+    return vision, text, data, embed_dim, src.form
 
 
 def _hf_architecture(path: Path):
@@ -165,7 +188,7 @@ def _hf_tokenizer(path: Path, length: int, tc, pooling: str) -> str | None:
 
 def _nclip_architecture(path: Path):
     src = read_config(_nclip_model_dir(path))
-    data = {"image_size": src.data.image_size, "text_length": src.data.text_length}
+    data = {k: getattr(src.data, k) for k in ("image_size", "text_length", "eval_resize", "eval_interpolation")}
     m = src.model.model_dump(mode="json")
     return m["vision"], m["text"], data, m["embed_dim"], "an nclip model"
 
@@ -175,16 +198,29 @@ def _nclip_architecture(path: Path):
 # ---------------------------------------------------------------------------------------------
 
 
-def load_init_weights(model, init: str | Path) -> str:
+def load_init_weights(model, init: str | Path, arch: str | None = None) -> str:
     """Copy the towers and, where the shapes match, the CLIP head and logit scale of ``init`` into
     ``model`` (built from :func:`init_config`'s config); returns one line saying what was loaded."""
-    path = init_dir(init)
-    hf = is_hf_clip_dir(path)
-    source = _read_safetensors(path) if hf else _read_safetensors(_nclip_model_dir(path))
+    path = init_dir(init, arch)
+    hf = True
+    if openclip_files.is_openclip(path, arch):  # renamed to a CLIPModel's names (the modified ResNet: nclip's)
+        state = openclip_files.read_state(openclip_files.source(path, arch))
+        source = openclip_import.transformers_names(state, model.vision.width)
+    elif is_hf_clip_dir(path):
+        source = read_hf_weights(path)
+    else:
+        hf, source = False, _read_safetensors(_nclip_model_dir(path))
+    return copy_weights(model, source, hf, path)
+
+
+def copy_weights(model, source: dict[str, torch.Tensor], hf: bool, path: Path) -> str:
+    """Copy ``source`` -- a CLIPModel's tensors by its names (``hf``; a modified ResNet's under nclip's
+    own ``vision.*`` names) or an nclip model's -- into ``model``'s towers, CLIP head and logit scale."""
     own = model.state_dict()
     towers, heads = {}, {}
+    native = any(k.startswith("vision.") for k in source)  # the modified ResNet under nclip's own names
     for key in own:
-        src = _tower_key(key, hf)
+        src = key if native and key.startswith("vision.") else _tower_key(key, hf)
         if src is not None:
             towers[key] = src
         elif key in HF_HEAD:
@@ -222,6 +258,36 @@ def _tower_key(key: str, hf: bool) -> str | None:
     return None
 
 
+def hf_weights_file(directory: Path) -> Path | None:
+    """The file that names a transformers directory's weights: model.safetensors, its shard index,
+    pytorch_model.bin or its shard index (in that order of preference); None: none of them."""
+    for name in (WEIGHTS, SHARD_INDEX, PT_WEIGHTS, PT_SHARD_INDEX):
+        if (directory / name).is_file():
+            return directory / name
+    return None
+
+
+def read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """A transformers directory's tensors: safetensors where it has them, else pytorch_model.bin
+    (or its shards) through ``torch.load(weights_only=True)``, which unpickles tensors and plain
+    containers only."""
+    found = hf_weights_file(directory)
+    if found is None or found.name in (WEIGHTS, SHARD_INDEX):
+        return _read_safetensors(directory)
+    files = [PT_WEIGHTS] if found.name == PT_WEIGHTS else sorted(set(read_json(found).get("weight_map", {}).values()))
+    state = {}
+    for name in files:
+        try:
+            part = torch.load(str(directory / name), map_location="cpu", weights_only=True)
+        except Exception as e:  # pickle, zip and weights_only errors alike
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise NclipError(f"cannot read {directory / name} (torch.load, weights_only=True): {first}") from None
+        if not isinstance(part, dict):
+            raise NclipError(f"{directory / name} holds a {type(part).__name__}, not a state dict")
+        state.update({k: v for k, v in part.items() if isinstance(v, torch.Tensor)})
+    return state
+
+
 def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
     """The tensors of ``directory``/model.safetensors, or of the shards its index names."""
     if (directory / SHARD_INDEX).is_file():
@@ -229,8 +295,7 @@ def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
     elif (directory / WEIGHTS).is_file():
         files = [WEIGHTS]
     else:
-        raise NclipError(f"model.init: no {WEIGHTS} in {directory} (nclip reads safetensors only: save with "
-                         "save_pretrained(..., safe_serialization=True))")
+        raise NclipError(f"model.init: no {WEIGHTS} in {directory}")
     state = {}
     for name in files:
         try:

@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from nclip import fileperm
 from nclip.config import RunConfig, validate
+from nclip.data import clip_bpe
 from nclip.errors import NclipError
 from nclip.jsonio import read_json
 
@@ -66,7 +67,12 @@ def save_model(model, cfg: RunConfig, directory: str | Path) -> Path:
         if cfg.model.text.tokenizer is not None:
             source = Path(cfg.model.text.tokenizer).expanduser()
             (tmp / TOKENIZER_DIR).mkdir()
-            files = {TOKENIZER_FILES[0]: source} if source.is_file() else {n: source / n for n in TOKENIZER_FILES}
+            if clip_bpe.bpe_file(source) is not None:  # CLIP's BPE vocabulary, under its own name
+                files = {clip_bpe.BPE_FILE: clip_bpe.bpe_file(source)}
+            elif source.is_file():
+                files = {TOKENIZER_FILES[0]: source}
+            else:
+                files = {n: source / n for n in TOKENIZER_FILES}
             for name, file in files.items():
                 if file.is_file():
                     shutil.copyfile(file, tmp / TOKENIZER_DIR / name)
@@ -80,7 +86,8 @@ def read_config(directory: str | Path) -> RunConfig:
         raise NclipError(f"not an nclip model directory (no {CONFIG}): {directory}")
     cfg = validate(read_json(path))
     copy = Path(directory) / TOKENIZER_DIR
-    if cfg.model.text.tokenizer is not None and (copy / TOKENIZER_FILES[0]).is_file():
+    if cfg.model.text.tokenizer is not None and any((copy / n).is_file() for n in (TOKENIZER_FILES[0],
+                                                                                  clip_bpe.BPE_FILE)):
         text = cfg.model.text.model_copy(update={"tokenizer": str(copy.resolve())})
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"text": text})})
     return cfg

@@ -1,13 +1,17 @@
-"""BatchNorm over the global batch, on any device (CPU/gloo included), through the audited collectives.
+"""BatchNorm over the global batch, on every device (CUDA, and CPU/gloo), through the audited collectives.
 
-``torch.nn.SyncBatchNorm`` refuses CPU tensors, so the 2-process gloo test that settles
-distributed correctness (docs/design.md) could not run it (and CPU-only multi-process training could not
-use it). :class:`GlobalBatchNorm1d` (and ``2d``) computes the same
-thing with :mod:`nclip.distributed`: the batch mean and the (biased) batch variance over the union
-of all ranks' rows, differentiably, with gradients that are exact under DDP's gradient averaging
-(``all_reduce_mean_with_grad``). It is a ``BatchNorm1d`` subclass with the same parameters and
-buffers, so checkpoints and exported weights are interchangeable with the plain layer, and it *is*
-the plain layer whenever there is no process group, in eval mode, or with world size 1.
+:class:`GlobalBatchNorm1d` (and ``2d``) computes the batch mean and the (biased) batch variance over
+the union of all ranks' rows with :mod:`nclip.distributed`, differentiably, with gradients that are
+exact under DDP's gradient averaging (``all_reduce_mean_with_grad``). It is a ``BatchNorm1d``
+subclass with the same parameters and buffers, so checkpoints and exported weights are
+interchangeable with the plain layer, and it *is* the plain layer whenever there is no process
+group, in eval mode, or with world size 1.
+
+Why not ``torch.nn.SyncBatchNorm``: it refuses CPU tensors, so the 2-process gloo test that settles
+distributed correctness (docs/design.md) could not run it; and on CUDA its forward indexes with a
+boolean mask (the ranks with a non-empty batch), which makes the host wait for the device once per
+BatchNorm layer (~110 waits per step for a ResNet-50). This layer reads nothing on the host: the
+local row count is known from the shape, the global one stays a device tensor.
 
 Variance is computed about the *global* mean (two small all-reduces of [C] vectors, one after the
 other) rather than as E[x²] − E[x]², which cancels catastrophically in float32 when |mean| ≫ std.
@@ -33,9 +37,11 @@ class _GlobalStats:
         shape = tuple(-1 if d == 1 else 1 for d in range(x.ndim))
         # statistics in (at least) float32 even under bf16 autocast, like cuDNN BN
         x32 = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        n_local = x32.numel() // x32.shape[1]
-        count = collectives.all_reduce_sum_no_grad(torch.tensor(float(n_local), device=x.device, dtype=torch.float64))
-        n_total = float(count)  # rows (× positions) over all ranks
+        n_local = x32.numel() // x32.shape[1]  # a Python int from the shape: no device read
+        # rows (× positions) over all ranks, left on the device (float64: exact far beyond 2^24 rows;
+        # torch.full fills on the device where torch.tensor would copy a host value over)
+        count = torch.full((), n_local, device=x.device, dtype=torch.float64)
+        n_total = collectives.all_reduce_sum_no_grad(count)
         n_mean = n_total / collectives.world_size()
         # count-weighted means: mean_r(n_r · m_r) / mean_r(n_r) = Σ n_r m_r / Σ n_r
         mean = collectives.all_reduce_mean_with_grad(x32.mean(dims) * n_local) / n_mean  # [C]
@@ -45,13 +51,20 @@ class _GlobalStats:
         if self.affine:
             y = y * self.weight.view(shape) + self.bias.view(shape)
         if self.track_running_stats:
-            with torch.no_grad():
-                self.num_batches_tracked.add_(1)
-                factor = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked)
-                unbiased = var * (n_total / max(n_total - 1.0, 1.0))
-                self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), factor)
-                self.running_var.lerp_(unbiased.detach().to(self.running_var.dtype), factor)
+            self._track(mean, var, n_total)
         return y.to(x.dtype)
+
+    @torch.no_grad()
+    def _track(self, mean: torch.Tensor, var: torch.Tensor, n_total: torch.Tensor) -> None:
+        """Running statistics from the global ones (unbiased variance, n/(n − 1)), on the device."""
+        self.num_batches_tracked.add_(1)
+        if self.momentum is not None:
+            factor = self.momentum
+        else:  # the cumulative average: 1/t, t read on the device (a lerp weight may be a tensor)
+            factor = self.num_batches_tracked.to(self.running_mean.dtype).reciprocal()
+        unbiased = var * (n_total / (n_total - 1.0).clamp_min(1.0))
+        self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), factor)
+        self.running_var.lerp_(unbiased.detach().to(self.running_var.dtype), factor)
 
 
 class GlobalBatchNorm1d(_GlobalStats, nn.BatchNorm1d):
@@ -71,11 +84,10 @@ _GLOBAL = {nn.BatchNorm1d: GlobalBatchNorm1d, nn.BatchNorm2d: GlobalBatchNorm2d}
 
 def convert_sync_batchnorm(module: nn.Module, device: torch.device | None = None) -> nn.Module:
     """Make every BatchNorm of ``module`` use global-batch statistics; returns the (possibly new)
-    root. On CUDA this is PyTorch's own ``nn.SyncBatchNorm`` (fused kernels); elsewhere
-    ``BatchNorm1d``/``2d`` become :class:`GlobalBatchNorm1d`/``2d`` holding the same parameters and
-    buffers. Both keep the plain layer's state-dict keys."""
-    if device is not None and device.type == "cuda":
-        return nn.SyncBatchNorm.convert_sync_batchnorm(module)
+    root. ``BatchNorm1d``/``2d`` become :class:`GlobalBatchNorm1d`/``2d`` holding the same
+    parameters and buffers (the plain layer's state-dict keys), on every device: ``device`` is
+    accepted for the callers' signature and changes nothing (see the module docstring for why not
+    ``nn.SyncBatchNorm`` on CUDA)."""
     cls = _GLOBAL.get(type(module))
     if cls is not None:
         ref = module.weight if module.affine else module.running_mean

@@ -13,6 +13,7 @@ None when it pools without attention, and has no ``attention_maps`` (mask probin
 
 from __future__ import annotations
 
+import sys
 from contextlib import contextmanager
 
 import torch
@@ -30,9 +31,8 @@ from transformers import (
 
 from nclip.config import ModelConfig, TextConfig, VisionConfig
 from nclip.data.tokenization import bundled_model_dir
-from nclip.data.transforms import CLIP_MEAN, CLIP_STD
 from nclip.errors import NclipError
-from nclip.models import checkpointing
+from nclip.models import checkpointing, pixel_stats
 from nclip.models.clip_resnet import ClipResNetTower
 from nclip.models.patch_dropout import drop_patches
 
@@ -121,19 +121,11 @@ class VisionTower(nn.Module):
         # FLIP's rate (nclip.models.patch_dropout), a plain attribute the trainer changes between
         # steps (train.unmasked_steps); not in the state dict
         self.patch_dropout = patch_dropout
-        self.renormalise = mean is not None
-        if self.renormalise:  # x_CLIP·σ_CLIP + μ_CLIP = raw pixel → (raw − μ) / σ, as one affine map
-            mean, std = torch.tensor(mean).view(1, 3, 1, 1), torch.tensor(std).view(1, 3, 1, 1)
-            clip_mean = torch.from_numpy(CLIP_MEAN).view(1, 3, 1, 1)
-            clip_std = torch.from_numpy(CLIP_STD).view(1, 3, 1, 1)
-            self.register_buffer("pixel_scale", clip_std / std, persistent=False)
-            self.register_buffer("pixel_shift", (clip_mean - mean) / std, persistent=False)
+        pixel_stats.add(self, mean, std)  # a tower trained with other statistics sees its own
 
     def _pixels(self, pixels: torch.Tensor) -> torch.Tensor:
         """The data layer normalises with CLIP's mean/std; a tower trained with others sees its own."""
-        if not self.renormalise:
-            return pixels
-        return pixels * self.pixel_scale.to(pixels.dtype) + self.pixel_shift.to(pixels.dtype)
+        return pixel_stats.apply(self, pixels)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         """pixels [B, 3, H, W] normalised → final-norm [CLS] feature [B, width]; while training with
@@ -341,13 +333,35 @@ class PretrainedTextTower(nn.Module):
         self.width = self.model.config.hidden_size
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        out = self.model(input_ids=ids, attention_mask=mask)
+        out = self.model(input_ids=ids, attention_mask=self._attention_mask(mask))
         if self.pooling == "pooler" and getattr(out, "pooler_output", None) is not None:
             return out.pooler_output
         if self.pooling == "mean":
             m = mask.unsqueeze(-1).to(out.last_hidden_state.dtype)  # [B, L, 1]
             return (out.last_hidden_state * m).sum(1) / m.sum(1).clamp_min(1)
         return out.last_hidden_state[:, 0]
+
+    def _attention_mask(self, mask: torch.Tensor) -> torch.Tensor:
+        """The [B, L] padding mask as the 4-d mask [B, 1, 1, L] transformers would build from it for
+        the model's attention (SDPA: bool, True = attend; eager: additive, 0 or the dtype's min).
+
+        Given the 2-d mask, transformers' ``create_bidirectional_mask`` reads ``mask.all()`` on the
+        host at every forward (to hand SDPA no mask when nothing is padded): a host wait per step on
+        a GPU. A prepared 4-d mask it takes as it is. Captions are padded to the text length, so
+        the mask it would drop is rarely all ones; where it is, SDPA with an all-true mask gives
+        the unmasked result up to float rounding. Encoders whose modelling code does not take a
+        prepared mask (a decoder, an older transformers, FlashAttention or flex kernels) get the
+        2-d mask as before."""
+        impl = getattr(self.model.config, "_attn_implementation", None)
+        modelling = sys.modules.get(type(self.model).__module__)
+        if (impl not in ("sdpa", "eager") or getattr(self.model.config, "is_decoder", False)
+                or not hasattr(modelling, "create_bidirectional_mask")):
+            return mask
+        keep = mask.bool()[:, None, None, :]  # [B, 1, 1, L]: every query sees the unpadded keys
+        if impl == "sdpa":
+            return keep
+        dtype = self.model.dtype  # eager adds the mask to its scores, in the embeddings' dtype
+        return torch.zeros(keep.shape, dtype=dtype, device=mask.device).masked_fill_(~keep, torch.finfo(dtype).min)
 
     def enable_grad_checkpointing(self) -> None:
         checkpointing.enable_hf(self.model)  # each encoder layer

@@ -135,8 +135,9 @@ def _stderr(msg: str) -> None:
 
 
 def rng_state() -> dict:
-    """This process's RNG states: torch (CPU), CUDA (if initialised), NumPy's and Python's global
-    generators."""
+    """This process's RNG states: torch (CPU), every visible CUDA device's (if CUDA is initialised:
+    a tower or an objective may draw on a device other than the current one), NumPy's and
+    Python's global generators."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     version, py_state, py_gauss = random.getstate()
     state = {
@@ -146,7 +147,7 @@ def rng_state() -> dict:
         "python": {"version": version, "state": list(py_state), "gauss": py_gauss},
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
+        state["cuda"] = torch.cuda.get_rng_state_all()  # [one state per device]
     return state
 
 
@@ -159,4 +160,9 @@ def set_rng_state(state: dict) -> None:
     if p is not None:
         random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
+        cuda = state["cuda"]
+        if torch.is_tensor(cuda):  # written before every device's state was kept: the current device's
+            torch.cuda.set_rng_state(cuda)
+        else:  # a run resumed on fewer devices restores those it has
+            for index, device_state in enumerate(cuda[: torch.cuda.device_count()]):
+                torch.cuda.set_rng_state(device_state, index)

@@ -1,16 +1,21 @@
 """An exponential moving average of the model's weights (``train.ema``: the decay, 0 = off).
 
 After every optimizer step that is *taken*, each trainable parameter θ of the model moves its
-average θ̄ by θ̄ ← d·θ̄ + (1 − d)·θ (d = ``train.ema``, e.g. 0.999), in one multi-tensor
-``torch._foreach_lerp_`` whose weight (1 − d)·taken is a device tensor: a step the gate skipped
-(:mod:`nclip.train.gate`, ``taken`` = 0) leaves θ̄ bitwise as it was, with no host read. The
+average θ̄ by θ̄ ← d·θ̄ + (1 − d)·θ (d = ``train.ema``, e.g. 0.999), in one
+``torch._foreach_lerp_`` call whose weight (1 − d)·taken is a 0-d device tensor: a step the gate
+skipped (:mod:`nclip.train.gate`, ``taken`` = 0) leaves θ̄ bitwise as it was, with no host read. The
+weight goes in as a list of tensors (the ``List`` overload, each parameter's lerp reading its weight
+on the device): the ``Scalar`` overload takes a number, and a 0-d tensor given there is read with
+``item()``, a host sync every step on CUDA. On the CPU both compute the same lerp bitwise; on CUDA
+the list overload runs one lerp kernel per parameter instead of one fused multi-tensor kernel (PyTorch
+has no foreach lerp with a device-scalar weight), which queues launches but never waits. The
 average starts from the weights the run starts from (its initialisation, or ``model.init``).
 
 Why not ``torch.optim.swa_utils.AveragedModel`` with ``get_ema_multi_avg_fn``: its update reads a
 counter on the host every step (``if n_averaged == 0``), has no way to leave a skipped step out
 without that host read, and keeps a deep copy of the whole model (frozen towers and buffers
-included). Its multi-tensor path is the same ``_foreach_lerp_`` call as here;
-``benchmarks/ema_update.py`` measures both on the CPU (docs/runs.md).
+included). Its multi-tensor path is ``_foreach_lerp_`` with a number weight (the fused kernel on
+CUDA); ``benchmarks/ema_update.py`` measures both on the CPU (docs/runs.md).
 
 Buffers (BatchNorm statistics, ...) are not averaged: the EMA model uses the live buffers. A copy
 taken after every taken step would always equal them (a skipped step puts the buffers back), so
@@ -52,6 +57,7 @@ class WeightEMA:
         # detached views of the parameters, made once: they share storage, so they see every
         # in-place optimizer update, and the step's hot path builds no list
         self.params = [p.detach() for _, p in named]
+        self.dtypes = [p.dtype for p in self.params]
         with torch.no_grad():
             self.averages = [p.clone() for p in self.params]
 
@@ -62,9 +68,10 @@ class WeightEMA:
         if not self.params:
             return
         if not torch.is_tensor(taken):
-            taken = torch.tensor(float(taken), device=self.params[0].device)
+            taken = torch.full((), float(taken), device=self.params[0].device)
         weight = (taken * (1.0 - self.decay)).to(self.params[0].dtype)
-        torch._foreach_lerp_(self.averages, self.params, weight)
+        by_dtype = {dtype: weight.to(dtype) for dtype in set(self.dtypes)}  # lerp's weight has its input's dtype
+        torch._foreach_lerp_(self.averages, self.params, [by_dtype[d] for d in self.dtypes])
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """{parameter name: θ̄} (for the checkpoint's state.pt)."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from nclip import distributed as collectives
-from nclip.train.loss_scale import LossScale
+from nclip.train.loss_scale import loss_scale_for
 
 # optimizers whose fused update takes ``found_inf`` (torch.optim's Adam, AdamW, SGD)
 _FOUND_INF = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
@@ -43,11 +43,13 @@ def supports_found_inf(optimizer: torch.optim.Optimizer) -> bool:
 
 class StepGate:
     """The device-side skip decision of every step, the gated optimizer update, the skip counters
-    and, under fp16, the loss scale (``loss_scale``; None: no scaling)."""
+    and, when the towers autocast to float16 (``amp``), the loss scale (``loss_scale``; None: no
+    scaling), restored from a checkpoint's ``state`` when it holds one."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, device: torch.device, counters: dict[str, int],
-                 loss_scale: LossScale | None = None):
-        self.optimizer, self.device, self.loss_scale = optimizer, device, loss_scale
+                 amp: torch.dtype | None = None, state: dict | None = None):
+        self.optimizer, self.device = optimizer, device
+        self.loss_scale = loss_scale_for(amp, device, state)
         self.on_device = supports_found_inf(optimizer)
         # [in total, in a row], as float so that arithmetic with the float flag needs no casts
         self.skips = torch.tensor([float(counters.get("nonfinite_total", 0)), float(counters.get("nonfinite_row", 0))],

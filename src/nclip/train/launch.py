@@ -19,8 +19,9 @@ that the objective's own parameters (learnable biases, prototypes) are averaged 
   so the objectives need no change. Works with gloo on CPU as well (tested on 2 ranks).
 - ``model.sync_batchnorm`` — every BatchNorm of the model *and* the objective (the nCLIP and
   ProtoCLIP heads, and a ResNet image tower's BatchNorm2d) computes its statistics over the global
-  batch: ``nn.SyncBatchNorm`` on CUDA, :class:`nclip.models.sync_batchnorm.GlobalBatchNorm1d`/``2d``
-  elsewhere (``nn.SyncBatchNorm`` refuses CPU tensors). We convert the whole module rather than
+  batch: :class:`nclip.models.sync_batchnorm.GlobalBatchNorm1d`/``2d`` on every device (not
+  ``nn.SyncBatchNorm``: it refuses CPU tensors, and on CUDA it waits for the device once per layer,
+  see that module). We convert the whole module rather than
   only the heads so that a BatchNorm added anywhere later is covered too; transformer towers use
   LayerNorm and are unaffected.
 
@@ -79,23 +80,30 @@ def _device(cfg: RunConfig, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def _use(device: torch.device) -> torch.device:
+    """Make a CUDA ``device`` the current one: what runs on ``cuda`` without an index (NCCL's
+    communicators, a library's own allocations, the RNG state a checkpoint saves) goes to this
+    rank's GPU rather than GPU 0."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
 def setup(cfg: RunConfig) -> DistContext:
     """Initialise the process group from torchrun's environment (if any) and pick this rank's device."""
     if dist.is_available() and dist.is_initialized():  # created by the caller
         rank, world = dist.get_rank(), dist.get_world_size()
         local = int(os.environ.get("LOCAL_RANK", rank if world > 1 else 0))
-        device = _device(cfg, local if torch.cuda.is_available() else 0)
+        device = _use(_device(cfg, local if torch.cuda.is_available() else 0))
         return DistContext(rank, world, local, device, owns_group=False)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
-        return DistContext(device=_device(cfg, 0))
+        return DistContext(device=_use(_device(cfg, 0)))
     for key in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         if key not in os.environ:
             raise NclipError(f"WORLD_SIZE={world} but {key} is not set; launch with torchrun")
     local = int(os.environ["LOCAL_RANK"])
-    device = _device(cfg, local)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    device = _use(_device(cfg, local))
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30),
                             device_id=device if device.type == "cuda" else None)

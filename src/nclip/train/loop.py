@@ -53,6 +53,7 @@ from nclip.models.locking import lock_towers
 from nclip.models.patch_dropout import patch_dropout_at, set_patch_dropout
 from nclip.objectives import REGISTRY, build_objective
 from nclip.precision import autocast_dtype
+from nclip.runlock import DirLock
 from nclip.train.accumulate import cached_step, online_towers
 from nclip.train.checkpoint import (
     checkpoint_dir,
@@ -63,7 +64,7 @@ from nclip.train.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from nclip.train.compile import compile_towers
+from nclip.train.compile import compile_step
 from nclip.train.ema import WeightEMA, ema_for, ema_state, evaluate_with_ema, save_run_models
 from nclip.train.gate import StepGate
 from nclip.train.labels import label_space_for
@@ -83,13 +84,11 @@ from nclip.train.launch import (
     wrap_passes,
 )
 from nclip.train.logbook import METRICS, Log, startup_block
-from nclip.train.loss_scale import loss_scale_for
 from nclip.train.memory_check import check_step_memory, out_of_memory_message
 from nclip.train.monitors import nonfinite_stop_message
 from nclip.train.optim import build_optimizer, lr_at, set_lr
 from nclip.train.periodic_eval import PeriodicEval
 from nclip.train.rundir import agree, plan_run, start_run
-from nclip.train.runlock import DirLock
 from nclip.train.snapshot import BufferSnapshot
 
 
@@ -104,7 +103,7 @@ class RunResult:
 
 def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: bool = True,
           evaluate: bool = True, data_source=None, force: bool = False, extend_to: int | None = None,
-          preset: str | None = None) -> RunResult:
+          preset: str | None = None, save: bool = True) -> RunResult:
     """Train per ``cfg`` into ``run_dir``; under torchrun on every rank (see the module docstring).
 
     The run directory's rules (:mod:`nclip.train.rundir`, docs/runs.md): a directory that holds a
@@ -115,6 +114,7 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: b
     ``data_source``: builds the batches instead of :func:`train_loader` (see ``_train``); episodic
     objectives (``Objective.episodic``, e.g. ProtoCLIP) get :class:`nclip.train.episodic.EpisodicData`.
     ``preset``: what the config was resolved from, for the start-up block (:mod:`nclip.train.logbook`).
+    ``save=False`` (``nclip bench``): no checkpoint, model/ or eval.json (config.yaml, metrics.jsonl still).
     """
     if data_source is None and REGISTRY[cfg.objective.name][1].episodic:
         from nclip.train.episodic import EpisodicData
@@ -124,7 +124,7 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: b
     lock = DirLock(run_dir, "nclip train")  # rank 0's, taken before it reads the directory (runlock.py)
     try:
         return _train(cfg, Path(run_dir), ctx, resume or extend_to is not None, progress, evaluate, data_source,
-                      force, extend_to, preset, lock)
+                      force, extend_to, preset, lock, save)
     except WriteFailed as e:  # a full disk: one line, and what is kept to continue from
         raise NclipError(f"{e}; {kept_note(Path(run_dir))}") from None
     finally:
@@ -134,7 +134,7 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: b
 
 def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progress: bool,
            evaluate: bool, data_source=None, force: bool = False, extend_to: int | None = None,
-           preset: str | None = None, lock: DirLock | None = None) -> RunResult:
+           preset: str | None = None, lock: DirLock | None = None, save: bool = True) -> RunResult:
     t = cfg.train
     if t.batch_size % (ctx.world_size * t.accumulation):
         raise NclipError(f"train.batch_size {t.batch_size} is not divisible by world size {ctx.world_size} "
@@ -144,10 +144,13 @@ def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progre
     # every rank takes rank 0's decision about the run directory before anything is written
     plan = agree(ctx, lambda: plan_run(cfg, run_dir, resume, force, extend_to, lock))
     run, data_state = _restore(plan.cfg, run_dir, ctx, resume)
+    run.save = save
     if run.start >= run.cfg.train.steps:  # every rank: the step came from rank 0
         return RunResult(run_dir, run.start, already_finished=True)
     if data_source is None:  # a batch that cannot fit: one line, before anything is written
         check_step_memory(run)
+    if run.cfg.train.compile:  # after the check: its probe batches compile nothing (nclip.train.compile)
+        compile_step(run.step_module, run.passes)
     run.data = _open_data(run, data_source, data_state)
     run.periodic = PeriodicEval.for_run(run.cfg, ctx)  # train.eval_every: its data, before anything is written
     # the first write: a run that cannot start (bad config, missing data) leaves no trace
@@ -179,15 +182,14 @@ class _Run:
     tower_buffers: BufferSnapshot | None = None  # the online towers' buffers, put back between passes
     ema: WeightEMA | None = None  # train.ema: the weights' moving average (nclip.train.ema)
     periodic: PeriodicEval | None = None  # evaluation while training (train.eval_every), else None
+    save: bool = True  # False: no checkpoint, model/ or eval.json (train(save=False))
 
     def __post_init__(self):
         self.snapshot = BufferSnapshot(self.step_module)
 
     def start_gate(self, state: dict | None = None) -> None:
-        """The skip gate, from the counters as restored (call after the optimizer state is loaded),
-        with fp16's loss scale (from the checkpoint's ``state`` when resuming)."""
-        self.gate = StepGate(self.optimizer, self.ctx.device, self.counters,
-                             loss_scale_for(self.step_module.amp, self.ctx.device, state))
+        """The skip gate and fp16's loss scale, as restored (call after the optimizer state is loaded)."""
+        self.gate = StepGate(self.optimizer, self.ctx.device, self.counters, self.step_module.amp, state)
 
 
 def _restore(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool) -> tuple[_Run, dict | None]:
@@ -208,13 +210,11 @@ def _restore(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool) -> t
             model.load_state_dict(weights)
             objective.load_state_dict(state["objective"])
     if state is None and cfg.model.init is not None:  # a new run from a pretrained model's weights
-        line = load_init_weights(model, cfg.model.init)
+        line = load_init_weights(model, cfg.model.init, cfg.model.init_arch)
         if ctx.is_main:
             _note(line)
     model.to(ctx.device)
     objective.to(ctx.device)
-    if t.compile:
-        compile_towers(model)
     step_module = TrainStep(model, objective, autocast_dtype(t.precision, ctx.device))
     module = wrap(step_module, ctx, cfg)
     run = _Run(cfg, run_dir, ctx, model, step_module, module, build_optimizer([model, objective], t), start)
@@ -331,10 +331,10 @@ def _step(run: _Run, step: int, batch: tuple) -> _StepResult:
     keys, vector = run.gate.logged(keys, vector)  # fp16: and the loss scale
     sync_replicated_grads(module)  # FSDP2's unsharded scalars (logit scale): averaged like DDP
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    # fp16: the norm of the gradients the backward scaled, divided by the loss scale (exact, no pass
-    # over the gradients); clipped with it, the kernel's division leaves the bits of an unscaled clip
+    # fp16: ‖S·g‖ / S = ‖g‖ exactly; clipped with it, the kernel's ÷S leaves an unscaled clip's bits (loss_scale.py)
     grad_norm = run.gate.unscaled(torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
-    torch.nn.utils.clip_grads_with_norm_(params, t.grad_clip if t.grad_clip else math.inf, grad_norm)
+    if t.grad_clip:  # no clip: the norm, no ×1
+        torch.nn.utils.clip_grads_with_norm_(params, t.grad_clip, grad_norm)
     if hasattr(grad_norm, "full_tensor"):  # FSDP2: a replicated DTensor
         grad_norm = grad_norm.full_tensor()
     skip = run.gate.decide(nonfinite_loss, grad_norm)  # every rank takes the same decision
@@ -395,7 +395,7 @@ def _run_steps(run: _Run, progress: bool) -> dict:
             log.step(done, read, run.periodic.at_step(run) if evals else None)  # before the checkpoint of `done`
             if stop:
                 raise NclipError(nonfinite_stop_message(run.cfg, run.run_dir, counters["nonfinite_row"], done))
-            if (saves and counters["nonfinite_row"] == 0) or done == t.steps:
+            if run.save and ((saves and counters["nonfinite_row"] == 0) or done == t.steps):
                 _save(run, done)
     finally:
         log.close()
@@ -417,15 +417,17 @@ def _finish(run: _Run, last: dict, evaluate: bool) -> RunResult:
         final.load_state_dict(_strip(weights, "model."))
         final.to(ctx.device)
     final.eval()
-    save_run_models(final, cfg, run.run_dir, run.ema)  # model/: the EMA when on, model-raw/ beside it
+    if run.save:
+        save_run_models(final, cfg, run.run_dir, run.ema)  # model/: the EMA when on, model-raw/ beside it
     if evaluate and cfg.data.source not in BUILTIN_SOURCES:
         print(f"nclip: note: no end-of-run evaluation for data.source {cfg.data.source}", file=sys.stderr)
     elif evaluate:
         from nclip.eval.quick import evaluate_run
 
         result.eval = evaluate_with_ema(lambda m: evaluate_run(m, cfg, ctx.device), final, run.ema)
-        with writing(run.run_dir / "eval.json"):
-            (run.run_dir / "eval.json").write_text(json.dumps(result.eval, indent=2, sort_keys=True))
+        if run.save:
+            with writing(run.run_dir / "eval.json"):
+                (run.run_dir / "eval.json").write_text(json.dumps(result.eval, indent=2, sort_keys=True))
     return result
 
 
@@ -484,8 +486,7 @@ def _save(run: _Run, step: int) -> None:
         "data": [e["data"] for e in everyone],
         "world_size": ctx.world_size,
         "counters": dict(run.counters),
-        **ema_state(run.ema),
-        **run.gate.checkpoint_state(),  # fp16's loss scale
+        **ema_state(run.ema), **run.gate.checkpoint_state(),  # the EMA; fp16's loss scale
     }
     save_checkpoint(run.run_dir, step, _strip(full, "model."), state, run.cfg.train.keep_checkpoints)
 

@@ -28,7 +28,10 @@ builds: a ViT-B/16 at 224 saves ~2, the tiny presets 0.1 to 1) passes half the a
 Then two forward passes of 2 and 4 samples, no backward: 0.07 s for the micro preset, 0.15 to
 0.2 s for a tiny one (batch 128: probed) on two loaded CPU cores (not measured on a GPU). The
 probe leaves the run as it found it (buffers, RNG states and the modules' counters are put back):
-a run's numbers do not depend on it.
+a run's numbers do not depend on it. Under ``train.compile`` the trainer compiles the step after this
+check (:mod:`nclip.train.compile`), so the probe runs eagerly and its batches of 2 and 4 compile no
+graph of their own: the compiled step's saved activations are estimated by the eager step's
+(Inductor may recompute cheap ones in the backward rather than save them).
 
 What it does not see: terms quadratic in the batch (the B × B logits of a contrastive objective
 are a small share below very large batches), the caching allocator's fragmentation, a custom data

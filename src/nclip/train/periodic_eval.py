@@ -26,7 +26,8 @@ The rules that keep it out of the training's way:
   afterwards, and the RNG states (torch, CUDA, NumPy, Python) are saved before and restored after;
 - rank 0 evaluates while the other ranks wait at a barrier (under FSDP every rank first takes part
   in gathering the whole weights, as for a checkpoint);
-- its time, ``eval_s`` on the row, is left out of the row's ``samples_per_s``;
+- its time, ``eval_s`` on the row, is left out of the row's ``samples_per_s``, and the towers
+  encode under the run's autocast (``train.precision``), as they train; the scores are float32;
 - an evaluation belongs to its step: a run resumed from a checkpoint at step k does not repeat the
   evaluation of step k (it was written before the checkpoint), and one killed after evaluating a
   step but before its checkpoint redoes it, its row replacing the lost one.
@@ -52,6 +53,7 @@ from nclip.eval import datasets as eval_data
 from nclip.eval import probe, retrieval, zeroshot
 from nclip.eval.features import class_text_outputs, extract, similarity
 from nclip.objectives import REGISTRY
+from nclip.precision import autocast_dtype
 from nclip.train.checkpoint import rng_state, set_rng_state
 from nclip.train.ema import swapped_to_ema
 
@@ -133,6 +135,7 @@ class PeriodicEval:
         objective = REGISTRY[cfg.objective.name][1]
         self.every, self.sets, self.device = cfg.train.eval_every, sets, device
         self.head, self.nclip_score = objective.zero_shot_head, cfg.eval.nclip_score
+        self.autocast = autocast_dtype(cfg.train.precision, device)  # the towers' precision in training
         self.image_size, self.batch_size = cfg.data.image_size, cfg.eval.batch_size
         features = cfg.eval.probe_features or objective.probe_features
         self.probe_key = PROBE_FEATURES[features]
@@ -196,9 +199,10 @@ class PeriodicEval:
             if self.head is None:
                 out.update(self._knn(model, s, prefix))
                 continue
-            feats = extract(model, s.test, self.image_size, self.device, self.batch_size, texts=s.retrieval)
+            feats = extract(model, s.test, self.image_size, self.device, self.batch_size, texts=s.retrieval,
+                            autocast=self.autocast)
             for kind, space in s.label_spaces.items():
-                classes = class_text_outputs(model, space, self.device)
+                classes = class_text_outputs(model, space, self.device, self.autocast)
                 metrics, _ = zeroshot.evaluate(zeroshot.scores(feats.image, classes, self.head, self.nclip_score),
                                                feats.labels[kind])
                 out[f"{prefix}/zeroshot/{s.name}-{kind}/top1"] = metrics["top1"]
@@ -210,8 +214,8 @@ class PeriodicEval:
 
     def _knn(self, model, s: EvalSet, prefix: str) -> dict[str, float]:
         """Weighted k-NN top-1 per label kind on the probed features (image-only objectives)."""
-        ref = extract(model, s.reference, self.image_size, self.device, self.batch_size, texts=False)
-        test = extract(model, s.test, self.image_size, self.device, self.batch_size, texts=False)
+        ref, test = (extract(model, samples, self.image_size, self.device, self.batch_size, texts=False,
+                             autocast=self.autocast) for samples in (s.reference, s.test))
         key = self.probe_key
         return {f"{prefix}/knn/{s.name}-{kind}/top1":
                 probe.knn(ref.image[key], ref.labels[kind], test.image[key], test.labels[kind], len(space))["top1"]

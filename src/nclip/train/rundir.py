@@ -26,7 +26,7 @@ import yaml
 from nclip.config import RunConfig, to_yaml, validate
 from nclip.errors import NclipError
 from nclip.jsonio import check_writable_dir, parse_yaml, read_text, writing
-from nclip.train.runlock import LOCK_NAME, DirLock
+from nclip.runlock import LOCK_NAME, DirLock
 
 CONFIG = "config.yaml"
 EPISODES_LOG = "episodes.jsonl"  # ProtoCLIP's per-episode log (nclip.train.episodic)

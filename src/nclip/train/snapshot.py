@@ -6,12 +6,74 @@ change in the forward, before finiteness is known, so every step copies them fir
 that own buffers are found once; each step copies into the same storage (one multi-tensor copy)
 rather than walking the module tree and allocating a clone per buffer, which was a visible share of
 a CPU-sized step.
+
+A module whose big buffers a step writes only in part (a memory bank that enqueues a few rows
+into ~1 GB at paper scale, CMSF) may restore them itself, cheaper than a copy of the whole: it
+names them in ``self_restored_buffers`` and implements :class:`RestoresItself`. The snapshot then
+copies the module's other buffers only, calls ``begin_step()`` at :meth:`BufferSnapshot.take` and
+``undo_step(skip)`` where it would put the buffers back. :class:`RowLog` is the undo record such a
+module keeps: the rows it overwrites, saved before each write, written back in reverse order.
 """
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import torch
 from torch import nn
+
+
+@runtime_checkable
+class RestoresItself(Protocol):
+    """A module that puts the buffers it names in ``self_restored_buffers`` back itself.
+
+    ``begin_step()``: a step starts (forget the previous step's record); ``undo_step(skip)``: put
+    the named buffers back as they were at ``begin_step`` -- unconditionally with ``skip`` None (a
+    host-side caller), else where the 0-d device tensor ``skip`` is 1, without reading it on the
+    host. Only one snapshot may reach such a module (the step's: the towers' snapshot of exact
+    accumulation covers the towers, which hold none), or one's ``begin_step`` would drop the
+    other's record."""
+
+    self_restored_buffers: tuple[str, ...]
+
+    def begin_step(self) -> None: ...
+
+    def undo_step(self, skip: torch.Tensor | None = None) -> None: ...
+
+
+class RowLog:
+    """The undo record of in-place writes to a module's buffers: ``record(buffer, index)`` before
+    writing rows ``index`` (a long tensor of distinct rows, on the buffer's device; None: the whole
+    buffer, for small ones such as a pointer), ``undo(skip)`` writes the saved rows back, last
+    write first, then forgets them; ``clear()`` forgets them. Costs a copy of the rows written, not
+    of the buffer; reads nothing on the host."""
+
+    def __init__(self):
+        self.entries: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = []
+
+    def clear(self) -> None:
+        self.entries = []
+
+    @torch.no_grad()
+    def record(self, buffer: torch.Tensor, index: torch.Tensor | None = None) -> None:
+        old = buffer.clone() if index is None else buffer.index_select(0, index)
+        self.entries.append((buffer, index, old))
+
+    @torch.no_grad()
+    def undo(self, skip: torch.Tensor | None = None) -> None:
+        keep = None if skip is None else skip.bool()
+        for buffer, index, old in reversed(self.entries):
+            current = buffer if index is None else buffer.index_select(0, index)
+            back = old if keep is None else torch.where(keep, old, current)
+            if index is None:
+                buffer.copy_(back)
+            else:
+                buffer.index_copy_(0, index, back)
+        self.entries = []
+
+
+def _self_restored(owner: nn.Module) -> tuple[str, ...]:
+    return tuple(getattr(owner, "self_restored_buffers", ())) if isinstance(owner, RestoresItself) else ()
 
 
 class BufferSnapshot:
@@ -22,14 +84,17 @@ class BufferSnapshot:
         # (prefix, owner) of every submodule; a buffer a step registers later in one of them is
         # picked up by the next take(), as a walk of named_buffers() would
         self.owners = [(name + "." if name else "", m) for name, m in module.named_modules()]
+        self.own = {id(m): _self_restored(m) for _, m in self.owners}  # the buffers a module restores itself
+        self.restoring = [m for _, m in self.owners if self.own[id(m)]]  # RestoresItself modules
         self.names: list[str] = []
         self.saved: list[torch.Tensor] = []
 
     def _current(self) -> tuple[list[str], list[torch.Tensor]]:
         names, tensors, seen = [], [], set()
         for prefix, owner in self.owners:
+            own = self.own[id(owner)]
             for attr, b in owner._buffers.items():
-                if b is not None and id(b) not in seen:  # a shared buffer once, as named_buffers()
+                if b is not None and id(b) not in seen and attr not in own:  # a shared buffer once
                     seen.add(id(b))
                     names.append(prefix + attr)
                     tensors.append(b)
@@ -44,6 +109,8 @@ class BufferSnapshot:
                 torch._foreach_copy_(self.saved, [b.detach() for b in tensors])
         elif not same:
             self.names, self.saved = names, [b.detach().clone() for b in tensors]
+        for m in self.restoring:
+            m.begin_step()
 
     @torch.no_grad()
     def restore_where(self, skip: torch.Tensor) -> None:
@@ -56,10 +123,13 @@ class BufferSnapshot:
                for n, s in zip(self.names, self.saved)):
             if bool(keep):
                 self.restore()
+            else:
+                self._undo_self_restored(skip)
             return
         for name, saved in zip(self.names, self.saved):
             b = current[name]
-            b.copy_(torch.where(keep, saved, b))
+            torch.where(keep, saved, b, out=b)  # in place: no temporary the size of the buffer
+        self._undo_self_restored(skip)
 
     @torch.no_grad()
     def restore(self) -> None:
@@ -74,3 +144,8 @@ class BufferSnapshot:
             else:
                 owner, _, attr = name.rpartition(".")
                 self.module.get_submodule(owner).register_buffer(attr, saved.clone())
+        self._undo_self_restored(None)
+
+    def _undo_self_restored(self, skip: torch.Tensor | None) -> None:
+        for m in self.restoring:
+            m.undo_step(skip)

@@ -17,7 +17,7 @@ import yaml
 
 from nclip.cli import main
 from nclip.errors import NclipError
-from nclip.train.runlock import LOCK_NAME, DirLock
+from nclip.runlock import LOCK_NAME, DirLock
 
 from conftest import MICRO_OVERRIDES
 
@@ -27,7 +27,7 @@ ENV = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
 # holds the lock on argv[1] until argv[2] exists (or is killed), saying "locked" once it holds it
 HOLDER = textwrap.dedent("""
     import os, sys, time
-    from nclip.train.runlock import DirLock
+    from nclip.runlock import DirLock
     with DirLock(sys.argv[1], "test holder"):
         print("locked", flush=True)
         while not os.path.exists(sys.argv[2]):
@@ -77,7 +77,7 @@ def test_processes_started_together_get_the_lock_one_at_a_time(tmp_path):
     script = textwrap.dedent("""
         import os, sys, time
         from nclip.errors import NclipError
-        from nclip.train.runlock import DirLock
+        from nclip.runlock import DirLock
         while not os.path.exists(sys.argv[2]):
             time.sleep(0.001)
         try:
