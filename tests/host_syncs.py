@@ -51,9 +51,8 @@ OPTIONS = {
     "nclip-warmup": ["objective.nclip_warmup_start=1", "objective.nclip_warmup_steps=3"],
     "text-unlocked-layers": ["model.text.unlocked_layers=1"],
     "pretrained-text": ["model.text.kind=pretrained"],
-    # the optimizer's and the loss scale's own ops, with an objective whose case passes (xCLIP's is an objective case)
-    "adamw8bit": ["objective.name=clip", "train.optimizer=adamw8bit"],
-    "fp16": ["objective.name=clip", "train.precision=fp16"],
+    "adamw8bit": ["train.optimizer=adamw8bit"],
+    "fp16": ["train.precision=fp16"],
     "sgd-convnet": ["objective.name=clip", "train.optimizer=sgd", *CONVNET],
     "cmsf-semi": ["objective.name=cmsf", "objective.constraint=semi"],
 }

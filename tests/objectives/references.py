@@ -317,3 +317,21 @@ def encoder_output(h_i=None, h_t=None, g_i=None, g_t=None, scale=14.0):
         image_features=some, text_features=some, image_emb=g_i, text_emb=g_t,
         image_logits=h_i, text_logits=h_t, logit_scale=torch.tensor(scale, dtype=some.dtype),
     )
+
+
+def ref_proto_loss(h, c, labels, t_proto, t_target, c_target=None):
+    """Algorithm 1's loss_Proto: cross_entropy(h @ Cᵀ / τ, softmax(C[label] @ Cᵀ / τ_y)); hard
+    labels for τ_y <= 0. Targets are constants (built from detached prototypes)."""
+    c_target = c if c_target is None else c_target
+    total = 0.0
+    for i in range(h.shape[0]):
+        scores = torch.stack([(h[i] * c[k]).sum() / t_proto for k in range(c.shape[0])])
+        log_p = scores - torch.logsumexp(scores, 0)
+        if t_target > 0:
+            with torch.no_grad():
+                s_y = torch.stack([(c_target[labels[i]] * c_target[k]).sum() / t_target for k in range(c.shape[0])])
+                y = torch.softmax(s_y, 0)
+            total = total - (y * log_p).sum()
+        else:
+            total = total - log_p[labels[i]]
+    return total / h.shape[0]

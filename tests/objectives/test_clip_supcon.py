@@ -43,7 +43,8 @@ SPACE = LabelSpace(("a", "b", "c"), _similarity())
 
 
 def _keep(labels: torch.Tensor, side: str) -> torch.Tensor:
-    """Eq. 5's mask as the module draws it: the side's own (seed, draws = 0) stream over the global batch."""
+    """Eq. 5's mask as the module draws it: the side's own stream (seed, no step announced, first forward)
+    over the global batch."""
     seed = SEED if side == "image" else SEED + _TEXT_STREAM
     gen = RecoObjective(RecoConfig(), seed=seed, similarity=_similarity()).generator("cpu")
     return functional.reco_keep_mask(labels, _similarity(), gen)
@@ -138,13 +139,18 @@ def test_text_side_is_the_label_aware_term_on_the_captions():
     assert "supcon/loss" not in terms and terms["loss"] == terms["supcon_text/loss"]
 
 
-def test_reco_sides_draw_independent_masks_and_checkpoint_their_draws():
+def test_reco_sides_draw_independent_masks_keyed_by_the_announced_step():
     x = _inputs(5)
-    obj = _module(ClipSupconConfig(aux="reco", side="both"), x)
+    cfg = ClipSupconConfig(aux="reco", side="both")
     assert not torch.equal(_keep(x["labels"], "image"), _keep(x["labels"], "text"))
-    obj(_out(x), x["labels"])
-    state = obj.state_dict()
-    assert int(state["image_aux.draws"]) == 1 and int(state["text_aux.draws"]) == 1
+    a, b, fresh = _module(cfg, x), _module(cfg, x), _module(cfg, x)
+    a.before_step(7, 10)  # reaches both sides' draws: a module told the same step draws the same masks
+    b.before_step(7, 10)
+    side_terms = ("reco/reco", "reco_text/reco")
+    got, same, other = (m(_out(x), x["labels"]) for m in (a, b, fresh))
+    assert all(got[k] == same[k] for k in side_terms)
+    assert all(got[k] != other[k] for k in side_terms)  # step 7's draws, not those of no step
+    assert not any(k.endswith("draws") for k in a.state_dict())  # host data: nothing on the device to restore
 
 
 @pytest.mark.parametrize("fields,heads", [

@@ -20,7 +20,7 @@ from nclip.train import episodic, teacher
 from nclip.train import kmeans as km
 from nclip.train.logbook import WALL_CLOCK
 
-from references import ref_clip_algorithm1
+from references import ref_clip_algorithm1, ref_proto_loss
 
 # ---- straight transcriptions of Algorithm 1, in float64 with loops ---------------------------
 
@@ -33,24 +33,6 @@ def ref_pbt(features, labels, k):
         if len(idx):
             out[c] = features[idx].mean(0)
     return out
-
-
-def ref_proto_loss(h, c, labels, t_proto, t_target, c_target=None):
-    """Algorithm 1's loss_Proto: cross_entropy(h @ Cᵀ / τ, softmax(C[label] @ Cᵀ / τ_y)); hard
-    labels for τ_y <= 0. Targets are constants (built from detached prototypes)."""
-    c_target = c if c_target is None else c_target
-    total = 0.0
-    for i in range(h.shape[0]):
-        scores = torch.stack([(h[i] * c[k]).sum() / t_proto for k in range(c.shape[0])])
-        log_p = scores - torch.logsumexp(scores, 0)
-        if t_target > 0:
-            with torch.no_grad():
-                s_y = torch.stack([(c_target[labels[i]] * c_target[k]).sum() / t_target for k in range(c.shape[0])])
-                y = torch.softmax(s_y, 0)
-            total = total - (y * log_p).sum()
-        else:
-            total = total - log_p[labels[i]]
-    return total / h.shape[0]
 
 
 def _unit(*shape, seed):

@@ -273,21 +273,29 @@ def test_objective_matches_float64_reference(case):
         assert ga[1] is not None and ga[1].abs().sum() > 0
 
 
-def test_reco_draws_are_seeded_per_forward_and_checkpointed():
+def test_reco_draws_are_keyed_by_step_and_forward():
+    """The key of a forward's draws is (seed, announced step, training forward within the step): host
+    data, so no device read, nothing to checkpoint, and a resumed module draws what the uninterrupted one drew."""
     x = _inputs(14)
     a, b = _module("reco", x), _module("reco", x)
     first = [a(_out(x), x["labels"])["loss"] for _ in range(3)]
     second = [b(_out(x), x["labels"])["loss"] for _ in range(3)]
     assert first == second and len({float(v) for v in first}) == 3  # a new draw each training forward
-    assert int(a.draws) == 3 and "draws" in a.state_dict() and "similarity" not in a.state_dict()
+    assert "draws" not in a.state_dict() and "similarity" not in a.state_dict()
     a.eval()
-    a(_out(x), x["labels"])
-    assert int(a.draws) == 3  # evaluation draws from the current state without advancing it
-    c = _module("reco", x)
-    c.load_state_dict(a.state_dict())
+    a(_out(x), x["labels"])  # evaluation draws from the current key without advancing it
     a.train()
-    c.train()
-    assert a(_out(x), x["labels"])["loss"] == c(_out(x), x["labels"])["loss"]  # resume continues the stream
+    assert a(_out(x), x["labels"])["loss"] == b(_out(x), x["labels"])["loss"]
+    a.before_step(5, 10)
+    resumed = _module("reco", x)
+    state = a.state_dict()
+    resumed.load_state_dict({**state, "draws": torch.tensor(4)})  # a checkpoint from before issue 32 loads
+    resumed.before_step(5, 10)
+    step5 = [a(_out(x), x["labels"])["loss"] for _ in range(2)]
+    assert step5 == [resumed(_out(x), x["labels"])["loss"] for _ in range(2)]  # resume draws the same stream
+    a.before_step(6, 10)
+    resumed.before_step(5, 10)
+    assert a(_out(x), x["labels"])["loss"] != resumed(_out(x), x["labels"])["loss"]  # another step, another draw
 
 
 def test_queue_enqueues_every_view_and_is_a_candidate():

@@ -69,8 +69,8 @@ def _loss(model: nn.Module, step: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
 def test_a_scaled_clipped_step_is_bitwise_the_unscaled_one(optimizer):
-    """What the loop does under fp16 (backward of S·loss, norm ÷ S, clip with it, the fused kernel
-    dividing by S) gives the bits of an fp32 step clipped with clip_grad_norm_, step after step."""
+    """What the loop does under fp16 (backward of S·loss, StepGate.grad_norm: norm ÷ S and the clip with
+    it, the fused kernel dividing by S) gives the bits of an fp32 step clipped with clip_grad_norm_."""
     plain, scaled = _model(), _model()
     opt_plain, opt_scaled = _optimizer(plain, optimizer), _optimizer(scaled, optimizer)
     gate = StepGate(opt_scaled, CPU, {}, torch.float16)
@@ -82,10 +82,8 @@ def test_a_scaled_clipped_step_is_bitwise_the_unscaled_one(optimizer):
         opt_plain.zero_grad()
 
         gate.scaled(_loss(scaled, step)).backward()
-        params = list(scaled.parameters())
-        assert torch.equal(params[0].grad, raw * INIT_SCALE)  # the backward of S·loss: S·g exactly
-        got = gate.unscaled(torch.nn.utils.get_total_norm([p.grad for p in params]))
-        torch.nn.utils.clip_grads_with_norm_(params, 0.5, got)
+        assert torch.equal(scaled[0].weight.grad, raw * INIT_SCALE)  # the backward of S·loss: S·g exactly
+        got = gate.grad_norm(0.5)
         gate.step(gate.decide(torch.zeros(()), got))
         opt_scaled.zero_grad()
 
@@ -105,8 +103,7 @@ def test_an_overflow_is_skipped_bitwise_and_the_scale_backs_off_then_grows(monke
         gate.scaled(_loss(model, 0)).backward()
         if overflow:  # as a float16 backward that overflowed leaves them
             next(model.parameters()).grad[0, 0] = float("inf")
-        norm = gate.unscaled(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]))
-        gate.step(gate.decide(torch.zeros(()), norm))
+        gate.step(gate.decide(torch.zeros(()), gate.grad_norm(None)))
         opt.zero_grad()
 
     step(False)

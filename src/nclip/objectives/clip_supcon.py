@@ -9,7 +9,7 @@
   :func:`nclip.objectives.nclip.nclip_head_terms`);
 - the auxiliary loss (``aux``) of the OmniBenchmark paper: SupCon (Eq. 2), PaCo (Eq. 3, its own
   learnable class centres per side) or ReCo (Eq. 7 on SupCon or PaCo, ``reco_base``; Eq. 5's
-  Bernoulli mask drawn over the global batch from the seeded (seed, draws) stream, checkpointed);
+  Bernoulli mask drawn over the global batch from the seeded (seed, step, forward) stream);
   the modules of :mod:`nclip.objectives.supcon` compute it (:meth:`SupconObjective.contrast`);
 - the side (``side``): ``image``, the "supcon" head's projection MLP on the image tower (Khosla
   et al.'s projection; ``model.supcon_dim``); ``text``, the CLIP head's projected text embeddings
@@ -177,6 +177,10 @@ class ClipSupconObjective(Objective):
             return cls(cfg, label_space=label_space)
         m = run_cfg.model
         return cls(cfg, dim=m.supcon_dim, text_dim=m.embed_dim, seed=run_cfg.seed, label_space=label_space)
+
+    def before_step(self, step: int, total_steps: int) -> None:
+        for side in SIDES[self.cfg.side]:  # ReCo's draws are keyed by the step
+            getattr(self, f"{side}_aux").before_step(step, total_steps)
 
     @classmethod
     def heads_for(cls, cfg: ClipSupconConfig) -> frozenset[str]:

@@ -193,8 +193,10 @@ class CmsfObjective(Objective):
         if self.frozen is None or index is None:
             raise ValueError("constraint cross_modal needs the frozen embedding (attach_frozen_embedding) and the "
                              "batch's dataset indices")
-        cand = functional.cmsf_candidates(index, self.index_bank.view().labels, global_batch=g)  # [C]
-        return functional.topk_constraint(self.frozen[index], self.frozen[cand], self.cfg.k_prime)
+        bank = self.index_bank.rows()  # unwritten rows: index NO_LABEL, not valid (no neighbour)
+        cand = functional.cmsf_candidates(index, bank.labels.clamp(min=0), global_batch=g)  # [C]
+        valid = torch.cat([bank.valid.new_ones(cand.shape[0] - bank.valid.shape[0]), bank.valid])  # [C]
+        return functional.topk_constraint(self.frozen[index], self.frozen[cand], self.cfg.k_prime, valid)
 
     def cmsf_terms(self, out: EncoderOutput, labels: torch.Tensor | None, true_labels: torch.Tensor | None,
                    index: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
@@ -207,19 +209,20 @@ class CmsfObjective(Objective):
         if cfg.constraint in LABELLED and labels is None:
             raise ValueError(f"constraint {cfg.constraint} needs the batch's labels")
         g = cfg.global_batch
-        view = self.bank.view()
-        bank, kw = view.embeddings, {}
+        view = self.bank.rows()  # fixed shapes: the rows not written yet are masked out (bank_valid)
+        bank, kw = view.embeddings, {"bank_valid": view.valid}
         if cfg.constraint in ("labels", "noisy_labels"):
-            kw = {"query_labels": labels, "bank_labels": view.labels}
+            kw.update(query_labels=labels, bank_labels=view.labels)
         elif cfg.constraint == "semi":
-            lab = self.labelled_bank.view()
+            lab = self.labelled_bank.rows()
             bank = torch.cat([lab.embeddings, view.embeddings])
-            kw = {"constraint_mask": functional.semi_supervised_constraint(labels, lab.labels, view.embeddings.shape[0],
+            kw = {"bank_valid": torch.cat([lab.valid, view.valid]),
+                  "constraint_mask": functional.semi_supervised_constraint(labels, lab.labels, view.embeddings.shape[0],
                                                                            global_batch=g)}
         elif cfg.constraint == "cross_modal":
-            kw = {"constraint_mask": self._cross_modal_mask(index, g)}
+            kw["constraint_mask"] = self._cross_modal_mask(index, g)
         if true_labels is not None and cfg.constraint != "semi" and self.labelled_source:
-            kw.update(true_query_labels=true_labels, true_bank_labels=self.true_bank.view().labels)
+            kw.update(true_query_labels=true_labels, true_bank_labels=self.true_bank.rows().labels)
         t = functional.cmsf_terms(v, u, bank, k=cfg.k, include_target=cfg.include_target, global_batch=g, **kw)
         if self.training:  # the trainer's forward; evaluation leaves M alone
             self.bank.enqueue(u, labels, global_batch=g)

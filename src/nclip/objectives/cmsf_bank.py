@@ -7,19 +7,26 @@ The bank is state, so it lives in registered buffers (``bank``, ``labels``, ``pt
 rank through :mod:`nclip.distributed` (no gradient) before writing, so every rank holds the same bank
 after every step: the same candidates as one process with the whole batch.
 
-Order of a training step, as the loss expects it: compute the loss against ``bank.view()`` (M before
+Order of a training step, as the loss expects it: compute the loss against ``bank.rows()`` (M before
 this batch; :func:`nclip.objectives.functional.cmsf_terms` adds the batch's own targets to the
 candidates, as the paper enqueues before searching), then ``bank.enqueue(u, labels)``.
+
+No host sync on a training step: :meth:`MemoryBank.rows` has the bank's fixed shape [N, ...] with a
+``valid`` mask of the rows written so far (the losses take it as ``bank_valid`` and leave the other
+rows out, so they compute over the filled rows alone), and :meth:`MemoryBank.enqueue` writes a fixed
+number of slots, whatever the ``keep`` mask holds. :meth:`MemoryBank.view` (the filled rows alone)
+reads the fill count on the host: for inspection and tests.
 
 Semi-supervised setting (Sec. 2.1.5, App. A.2: "two equal-size, separate memory banks for labeled
 and unlabeled data so that one cannot dominate the whole memory bank"): two instances of the same
 size. Every sample goes to the unlabelled one, only labelled samples (label ≠ ``UNLABELLED``) to the
-labelled one; the loss searches ``cat([labelled.view().embeddings, unlabelled.view().embeddings])``
+labelled one; the loss searches ``cat([labelled.rows().embeddings, unlabelled.rows().embeddings])``
 under :func:`~nclip.objectives.functional.semi_supervised_constraint`::
 
-    lab, unl = labelled.view(), unlabelled.view()
+    lab, unl = labelled.rows(), unlabelled.rows()
     mask = functional.semi_supervised_constraint(labels, lab.labels, unl.embeddings.shape[0])
-    loss = functional.cmsf_loss(v, u, torch.cat([lab.embeddings, unl.embeddings]), constraint_mask=mask)
+    loss = functional.cmsf_loss(v, u, torch.cat([lab.embeddings, unl.embeddings]), constraint_mask=mask,
+                                bank_valid=torch.cat([lab.valid, unl.valid]))
     unlabelled.enqueue(u, labels)
     labelled.enqueue(u, labels, keep=labels != functional.UNLABELLED)
 """
@@ -38,11 +45,14 @@ NO_LABEL = -1  # label stored for rows enqueued without one (= functional.UNLABE
 
 
 class BankView(NamedTuple):
-    """The filled rows of a :class:`MemoryBank`, oldest first."""
+    """The rows of a :class:`MemoryBank`, oldest first: its N rows (:meth:`MemoryBank.rows`; rows not
+    written yet come last, zero, labelled ``NO_LABEL`` and not ``valid``) or its F filled rows
+    (:meth:`MemoryBank.view`)."""
 
-    embeddings: torch.Tensor  # [F, D]
-    labels: torch.Tensor  # [F]
-    aux: torch.Tensor | None  # [F, Da], or None without an aux embedding
+    embeddings: torch.Tensor  # [N or F, D]
+    labels: torch.Tensor  # [N or F]
+    aux: torch.Tensor | None  # [N or F, Da], or None without an aux embedding
+    valid: torch.Tensor  # [N or F] bool: the row holds an enqueued sample
 
 
 class MemoryBank(nn.Module):
@@ -113,26 +123,53 @@ class MemoryBank(nn.Module):
             x = x.detach().to(self.bank.device)
             return collectives.all_gather_no_grad(x) if global_batch else x
 
-        rows = gather(F.normalize(targets.detach().to(self.bank.dtype), dim=-1))  # [W·B, D]
-        lab = gather(labels.long() if labels is not None else torch.full((b,), NO_LABEL, dtype=torch.long))  # [W·B]
+        rows = gather(F.normalize(targets.detach().to(self.bank.dtype), dim=-1))  # [G, D], G = W·B
+        lab = gather(labels.long() if labels is not None
+                     else torch.full((b,), NO_LABEL, dtype=torch.long, device=targets.device))  # [G]
         extra = gather(F.normalize(aux.detach().to(self.bank.dtype), dim=-1)) if aux is not None else None
-        if keep is not None:
-            kept = gather(keep.to(torch.uint8)).bool()  # bytes: every backend gathers them
-            rows, lab = rows[kept], lab[kept]
-            extra = extra[kept] if extra is not None else None
-        g = rows.shape[0]
-        if g == 0:
-            return
-        skip = max(g - self.size, 0)  # rows that would be overwritten within this very batch
-        pos = (self.ptr + skip + torch.arange(g - skip, device=self.bank.device)) % self.size  # wraps around
-        self.bank[pos] = rows[skip:]
-        self.labels[pos] = lab[skip:]
-        if extra is not None:
-            self.aux[pos] = extra[skip:]
-        self.ptr.copy_((self.ptr + g) % self.size)
-        self.filled.copy_(torch.clamp(self.filled + g, max=self.size))
+        kept = None if keep is None else gather(keep.to(torch.uint8)).bool()  # bytes: every backend gathers them
+        self._write(rows, lab, extra, kept)
+
+    def _write(self, rows: torch.Tensor, lab: torch.Tensor, extra: torch.Tensor | None,
+               kept: torch.Tensor | None) -> None:
+        """FIFO-write the g kept rows of [G, ...] (all G without ``kept``), the last N of them when g > N.
+
+        Fixed shapes whatever ``kept`` holds (g stays on the device): the w = min(G, N) slots before the
+        new write pointer ptr + g are written, slot t with the kept row of rank g − w + t, or with its
+        own content when that rank is negative (fewer than w rows kept). The slots are distinct (w ≤ N),
+        and the bank ends as if the g kept rows had been appended one by one."""
+        device, size, total = self.bank.device, self.size, rows.shape[0]
+        w = min(total, size)
+        if kept is None:
+            g, rank = total, torch.arange(total - w, total, device=device)  # [w]
+            source, write = rank, None
+        else:
+            g = kept.sum()
+            rank = g - w + torch.arange(w, device=device)  # [w], may be < 0
+            first = torch.argsort((~kept).to(torch.uint8), stable=True)  # the kept rows first, in their order
+            source, write = first[rank.clamp(min=0)], rank >= 0
+        slots = (self.ptr + rank) % size  # [w]: rank r goes to ptr + r (wraps around)
+        for buf, new in ((self.bank, rows), (self.labels, lab), (self.aux, extra)):
+            if new is not None:
+                values = new[source]
+                if write is not None:
+                    values = torch.where(write.view(-1, *[1] * (values.ndim - 1)), values, buf[slots])
+                buf.index_copy_(0, slots, values)
+        self.ptr.copy_((self.ptr + g) % size)
+        self.filled.copy_(torch.clamp(self.filled + g, max=size))
+
+    def rows(self) -> BankView:
+        """All N rows, oldest first, with ``valid`` True for the filled ones (the first F): fixed shapes,
+        nothing read on the host, the same on every rank. Rows not written yet are zero, ``NO_LABEL``."""
+        arange = torch.arange(self.size, device=self.bank.device)
+        order = (self.ptr - self.filled + arange) % self.size  # [N]: before the bank is full, ptr = filled
+        return BankView(self.bank[order], self.labels[order], self.aux[order] if self.aux is not None else None,
+                        arange < self.filled)
 
     def view(self) -> BankView:
-        """The filled rows, oldest first: a fixed order that is the same on every rank."""
-        order = (self.ptr - self.filled + torch.arange(int(self.filled), device=self.bank.device)) % self.size  # [F]
-        return BankView(self.bank[order], self.labels[order], self.aux[order] if self.aux is not None else None)
+        """The F filled rows alone, oldest first: reads F on the host (a device sync), so for inspection
+        and tests; a training step uses :meth:`rows`."""
+        f = int(self.filled)
+        full = self.rows()
+        return BankView(full.embeddings[:f], full.labels[:f], full.aux[:f] if full.aux is not None else None,
+                        full.valid[:f])

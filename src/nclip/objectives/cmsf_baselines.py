@@ -105,9 +105,9 @@ class ProtoNwObjective(CmsfObjective):
             raise ValueError("ProtoNW needs the online prediction v, the target u (a 'cmsf' head and pixels of two "
                              "views [B, 2, 3, S, S]) and the batch's labels")
         g = cfg.global_batch
-        view = self.bank.view()
+        view = self.bank.rows()  # fixed shapes: the rows not written yet are masked out (bank_valid)
         t = functional.protonw_terms(v, u, view.embeddings, labels, view.labels, num_classes=self.num_classes,
-                                     temperature=cfg.temperature, global_batch=g,
+                                     temperature=cfg.temperature, global_batch=g, bank_valid=view.valid,
                                      true_query_labels=true_labels if self.labelled_source else None)
         if self.training:  # the trainer's forward; evaluation leaves M alone
             self.bank.enqueue(u, labels, global_batch=g)

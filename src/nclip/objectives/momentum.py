@@ -20,17 +20,22 @@ def momentum_update(target_module: nn.Module, online_module: nn.Module, m: float
                     taken: torch.Tensor | None = None) -> None:
     """θf ← m·θf + (1 − m)·θg for every parameter, in place; buffers (BatchNorm statistics) are copied.
 
-    ``taken``: a 0-d tensor on the device, 0 after a skipped optimizer step: then nothing changes
-    (decided on the device, without a host read: :mod:`nclip.train.gate`). None: always update.
+    ``taken``: a 0-d tensor on the device, 0 after a skipped optimizer step: then nothing changes,
+    bitwise (decided on the device, without a host read: :mod:`nclip.train.gate`). None: always update.
 
     The two modules must have the same parameter and buffer names and shapes (f is a copy of g).
     m = 1 leaves the parameters unchanged, m = 0 copies them.
+
+    A few kernels per dtype, not a few per tensor (a ResNet-50 has ~320 tensors): the tensors of a
+    dtype are concatenated, updated with the same elementwise ops as one tensor at a time (so the
+    values are identical), gated with one ``torch.where`` and copied back with one ``_foreach_copy_``.
     """
     if not 0.0 <= m <= 1.0:
         raise ValueError(f"momentum m must be in [0, 1], got {m}")
-    pairs = (("parameters", dict(target_module.named_parameters()), dict(online_module.named_parameters())),
-             ("buffers", dict(target_module.named_buffers()), dict(online_module.named_buffers())))
-    for kind, target, online in pairs:
+    pairs: list[tuple[torch.Tensor, torch.Tensor, bool]] = []  # (target, online, is a parameter)
+    for kind, target, online in (
+            ("parameters", dict(target_module.named_parameters()), dict(online_module.named_parameters())),
+            ("buffers", dict(target_module.named_buffers()), dict(online_module.named_buffers()))):
         if target.keys() != online.keys():
             diff = sorted(target.keys() ^ online.keys())
             raise ValueError(f"target and online modules have different {kind}: {diff[:3]}")
@@ -38,11 +43,24 @@ def momentum_update(target_module: nn.Module, online_module: nn.Module, m: float
             o = online[name]
             if t.shape != o.shape:
                 raise ValueError(f"{name}: target shape {tuple(t.shape)} != online shape {tuple(o.shape)}")
-            new = (t * m).add_(o.detach().to(t.dtype), alpha=1.0 - m) if kind == "parameters" else o
-            if taken is None:
-                t.copy_(new)
-            else:
-                t.copy_(torch.where(taken.bool(), new.to(t.dtype), t))
+            pairs.append((t, o, kind == "parameters"))
+    groups: dict[tuple[torch.dtype, bool], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    for t, o, is_param in pairs:
+        groups.setdefault((t.dtype, is_param), []).append((t, o))
+    for (_, is_param), group in groups.items():
+        _update_group(group, m if is_param else None, taken)
+
+
+def _update_group(group: list[tuple[torch.Tensor, torch.Tensor]], m: float | None, taken: torch.Tensor | None) -> None:
+    """t ← where(taken, m·t + (1 − m)·o, t) for the (target, online) pairs of one dtype (m None: a copy
+    of o, the buffers' update), as one flat tensor."""
+    targets = [t for t, _ in group]
+    old = torch.cat([t.reshape(-1) for t in targets])
+    online = torch.cat([o.detach().reshape(-1).to(old.dtype) for _, o in group])
+    new = online if m is None else (old * m).add_(online, alpha=1.0 - m)  # as (t * m).add_(o, alpha=1 - m)
+    if taken is not None:
+        new = torch.where(taken.bool(), new, old)
+    torch._foreach_copy_(targets, [x.view(t.shape) for x, t in zip(new.split([t.numel() for t in targets]), targets)])
 
 
 def momentum_at(step: int, total: int, base: float = 0.99, schedule: str = "constant") -> float:

@@ -101,5 +101,6 @@ class XclipObjective(Objective):
         logged = {f"clip/{k}": v for k, v in clip.items()}
         logged.update({f"nclip/{k}": v for k, v in nclip.items()})
         if cfg.nclip_warmup_start or cfg.nclip_warmup_steps:
-            logged["nclip/lambda"] = torch.tensor(w_nclip)
+            # on the loss's device, as every logged term: a fill, not torch.tensor's host-to-device copy
+            logged["nclip/lambda"] = loss.detach().new_full((), w_nclip)
         return {"loss": loss, **logged}

@@ -136,6 +136,9 @@ class ProtoclipObjective(Objective):
         # s = ln(1/τ_Proto), clamped at ln 100 like CLIP's logit scale (App. A.1)
         self.logit_scale_proto = nn.Parameter(torch.tensor(math.log(1.0 / cfg.t_proto_init)))
         self.register_buffer("episode", torch.tensor(-1, dtype=torch.long))  # the episode of the state
+        # its host copy, read by every forward (proto_active) without reading the device: kept equal
+        # to the buffer by set_episode and by loading a state dict, the only writers of the buffer
+        self._episode = -1
         for name, dtype in _EPISODE_BUFFERS:
             self.register_buffer(name, torch.zeros(0, dtype=dtype))
 
@@ -143,7 +146,7 @@ class ProtoclipObjective(Objective):
 
     def proto_active(self, episode: int | None = None) -> bool:
         """Whether the prototype terms are on in ``episode`` (default: the loaded one)."""
-        e = int(self.episode) if episode is None else episode
+        e = self._episode if episode is None else episode
         if e < self.cfg.warmup_episodes:
             return False
         if self.cfg.lit_episode is not None and e >= self.cfg.lit_episode:
@@ -161,6 +164,7 @@ class ProtoclipObjective(Objective):
             emptied. The buffers are resized in place, so references to them stay valid.
         """
         self.episode.fill_(episode)
+        self._episode = int(episode)
         values = {"episode_labels": labels, **state}
         for name, dtype in _EPISODE_BUFFERS:
             buf = getattr(self, name)
@@ -175,6 +179,8 @@ class ProtoclipObjective(Objective):
             if prefix + name in state_dict:
                 getattr(self, name).resize_(state_dict[prefix + name].shape)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        if prefix + "episode" in state_dict:  # loading (resume) reads it once, not a training step
+            self._episode = int(state_dict[prefix + "episode"])
 
     # ---- loss -------------------------------------------------------------------------------
 

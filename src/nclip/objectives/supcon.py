@@ -20,12 +20,15 @@ State: PaCo's class centres C (a parameter [K, D], optimised with the model: the
 takes the objective's parameters, and DDP averages them); the optional queue of past embeddings
 (``queue_size`` > 0; a :class:`~nclip.objectives.cmsf_bank.MemoryBank` of every view's detached
 projection and label, extra candidates as in PaCo's MoCo queue; buffers, so checkpointed and restored
-when a step is skipped); ReCo's draw counter ``draws``.
+when a step is skipped).
 
 ReCo's randomness: the Bernoulli mask of Eq. (5) is drawn over the *global* multi-view batch from a
-generator seeded by (``seed`` of the run, ``draws``), the same on every rank, so 2 ranks draw what 1
-process draws; ``draws`` counts the training forwards (a buffer: a skipped step's draw is reused by
-the next step, and a resumed run continues the stream exactly).
+generator seeded by (``seed`` of the run, optimizer step, training forward within the step), the same
+on every rank, so 2 ranks draw what 1 process draws. The step is the one the trainer announces
+(:meth:`RecoObjective.before_step`), so the key is host data: no device read on the step (a draw
+counter kept on the device would be one), a resumed run draws what the uninterrupted one drew, and
+a skipped step has nothing to restore. Evaluation forwards draw from the current key without
+advancing it.
 
 Inputs arrive in float32 (cast by the trainer), and every loss is computed in float32.
 """
@@ -43,7 +46,7 @@ from nclip.objectives import functional
 from nclip.objectives.base import EncoderOutput, LabelRequest, LabelSpace, Objective, ObjectiveConfig, class_count
 from nclip.objectives.cmsf_bank import MemoryBank
 
-_DRAW_MIX = 0x9E3779B97F4A7C15  # golden-ratio multiplier: (seed, draw) → one 63-bit generator seed
+_DRAW_MIX = 0x9E3779B97F4A7C15  # golden-ratio multiplier: (seed, step, forward) → one 63-bit generator seed
 
 
 class SupconFields(ObjectiveConfig):
@@ -158,8 +161,8 @@ class SupconObjective(Objective):
     def _queue(self) -> dict:
         if not self.cfg.queue_size:
             return {}
-        view = self.queue.view()
-        return {"queue": view.embeddings, "queue_labels": view.labels}
+        view = self.queue.rows()  # fixed shapes: the rows not written yet are masked out (queue_valid)
+        return {"queue": view.embeddings, "queue_labels": view.labels, "queue_valid": view.valid}
 
     def _enqueue(self, z: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
         if not self.cfg.queue_size:
@@ -209,7 +212,7 @@ class PacoObjective(SupconObjective):
     def contrast(self, z: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
         cfg = self.cfg
         t = functional.paco_terms(z, labels, self.centers, alpha=cfg.alpha, beta=cfg.beta, temperature=cfg.temperature,
-                                  global_batch=cfg.global_batch, **self._queue())
+                                  global_batch=cfg.global_batch, check_labels=False, **self._queue())  # K ≥ classes
         terms = {f"{self.prefix}/{k}": v for k, v in t.items()}
         return {**terms, **self._enqueue(z, labels)}
 
@@ -231,7 +234,9 @@ class RecoObjective(SupconObjective):
             raise ValueError(f"the class similarity must be [C, C] with values in [0, 1], got shape {tuple(s.shape)}")
         # derived from the config and the hierarchy at construction, so not checkpointed
         self.register_buffer("similarity", s, persistent=False)
-        self.register_buffer("draws", torch.zeros((), dtype=torch.long))
+        # the draw key's host parts: the announced optimizer step (-1: none yet, e.g. outside the
+        # trainer) and the training forwards since (several under independent accumulation)
+        self._step, self._forwards = -1, 0
         if cfg.base == "paco":
             self.centers = _centres(num_classes or s.shape[0], dim)
 
@@ -251,24 +256,36 @@ class RecoObjective(SupconObjective):
     def hierarchy_request(cls, cfg: RecoConfig) -> str | None:
         return cfg.hierarchy or "builtin"
 
+    def before_step(self, step: int, total_steps: int) -> None:
+        self._step, self._forwards = step, 0
+
     def generator(self, device: torch.device) -> torch.Generator:
-        """The source of this forward's Bernoulli draws: seeded by (run seed, draws), the same on every rank."""
-        seed = (self.seed * _DRAW_MIX + int(self.draws)) % (2**63 - 1)
-        return torch.Generator(device=device).manual_seed(seed)
+        """The source of this forward's Bernoulli draws: seeded by (run seed, step, forward within the
+        step), the same on every rank; made on the host, nothing read from the device."""
+        key = ((self.seed * _DRAW_MIX + self._step + 1) * _DRAW_MIX + self._forwards) % (2**63 - 1)
+        return torch.Generator(device=device).manual_seed(key)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        if prefix + "draws" in unexpected_keys:  # the device draw counter of checkpoints before issue 32
+            unexpected_keys.remove(prefix + "draws")
 
     def contrast(self, z: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
         cfg = self.cfg
         queue = self._queue()
         rows = functional.multiview_labels(labels, z.shape[1], global_batch=cfg.global_batch)  # [N_g]
         cols = torch.cat([rows, queue["queue_labels"].to(rows)]) if queue else rows  # [N_g + Q]
-        keep = functional.reco_keep_mask(rows, self.similarity, self.generator(rows.device), candidate_labels=cols)
+        keep = functional.reco_keep_mask(rows, self.similarity, self.generator(rows.device), candidate_labels=cols,
+                                         check_labels=False)  # the run's labels index s (label space)
         if self.training:
-            self.draws += 1
+            self._forwards += 1
         paco = {}
         if cfg.base == "paco":
             paco = {"centers": self.centers, "paco_alpha": cfg.paco_alpha, "paco_beta": cfg.paco_beta,
                     "paco_temperature": cfg.paco_temperature}
         t = functional.reco_terms(z, labels, keep, alpha=cfg.reco_alpha, temperature=cfg.temperature,
-                                  global_batch=cfg.global_batch, **paco, **queue)
+                                  global_batch=cfg.global_batch, check_labels=False, **paco, **queue)
         terms = {f"{self.prefix}/{k}": v for k, v in t.items()}
         return {**terms, **self._enqueue(z, labels)}

@@ -69,6 +69,17 @@ class StepGate:
         """The norm of the gradients, given that of the gradients as the backward left them."""
         return norm if self.loss_scale is None else self.loss_scale.unscaled(norm)
 
+    def grad_norm(self, clip: float | None) -> torch.Tensor:
+        """The norm of the step's gradients (of every parameter the optimizer updates), which are
+        then clipped to ``clip`` (``train.grad_clip``; None: the norm alone, no gradient rescaled by 1).
+        Under fp16 the backward left S·g: ‖S·g‖ / S is ‖g‖ exactly (S a power of two), and S·g
+        clipped with it is, after the update's division by S, the bits of g clipped."""
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        norm = self.unscaled(torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
+        if clip:
+            torch.nn.utils.clip_grads_with_norm_(params, clip, norm)
+        return norm
+
     def logged(self, keys: list[str], terms: torch.Tensor) -> tuple[list[str], torch.Tensor]:
         """The step's term names and values, with ``loss_scale`` under fp16: the S this step's backward
         used (a copy, taken before :meth:`step` updates it)."""

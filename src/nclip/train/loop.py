@@ -303,9 +303,14 @@ def _read(run: _Run, result: _StepResult) -> _LoggedStep:
     return _LoggedStep(result.lr, terms, values[-2], int(values[-3]), values[-1] == 0)
 
 
-def _term_vector(terms: dict, keys: list[str], device: torch.device) -> torch.Tensor:
-    return torch.stack([terms[k].detach().float() if torch.is_tensor(terms[k])
-                        else torch.tensor(float(terms[k]), device=device) for k in keys])
+def _term_vector(terms: dict, keys: list[str]) -> torch.Tensor:
+    """The step's terms as one vector on the device. Objectives make every term a tensor on the
+    model's device (a constant with ``loss.new_full``): a host number here would be a blocking
+    host-to-device copy on every step, so it is refused."""
+    for k in keys:
+        if not torch.is_tensor(terms[k]):
+            raise TypeError(f"the objective's term {k!r} is a {type(terms[k]).__name__}, not a tensor on the device")
+    return torch.stack([terms[k].detach().float() for k in keys])
 
 
 def _step(run: _Run, step: int, batch: tuple) -> _StepResult:
@@ -324,17 +329,13 @@ def _step(run: _Run, step: int, batch: tuple) -> _StepResult:
     if run.passes is not None:  # exact accumulation: the whole batch's objective in k tower passes
         terms = cached_step(*run.passes, batch, t.accumulation, run.tower_buffers, device, run.gate.scaled)
         keys = list(terms)
-        vector = _term_vector(terms, keys, device)
+        vector = _term_vector(terms, keys)
         nonfinite_loss = (~torch.isfinite(terms["loss"].detach())).float()
     else:
         keys, vector, nonfinite_loss = _independent_micro_batches(run, batch)
     keys, vector = run.gate.logged(keys, vector)  # fp16: and the loss scale
     sync_replicated_grads(module)  # FSDP2's unsharded scalars (logit scale): averaged like DDP
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    # fp16: ‖S·g‖ / S = ‖g‖ exactly; clipped with it, the kernel's ÷S leaves an unscaled clip's bits (loss_scale.py)
-    grad_norm = run.gate.unscaled(torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
-    if t.grad_clip:  # no clip: the norm, no ×1
-        torch.nn.utils.clip_grads_with_norm_(params, t.grad_clip, grad_norm)
+    grad_norm = run.gate.grad_norm(t.grad_clip)  # clipped to train.grad_clip (null: no ×1); fp16: of the unscaled grads
     if hasattr(grad_norm, "full_tensor"):  # FSDP2: a replicated DTensor
         grad_norm = grad_norm.full_tensor()
     skip = run.gate.decide(nonfinite_loss, grad_norm)  # every rank takes the same decision
@@ -364,7 +365,7 @@ def _independent_micro_batches(run: _Run, batch: tuple) -> tuple[list[str], torc
             run.gate.scaled(loss / k).backward()  # fp16: times the loss scale
         nonfinite_loss += (~torch.isfinite(loss.detach())).float()
         keys = keys or list(terms)
-        vector = _term_vector(terms, keys, device)
+        vector = _term_vector(terms, keys)
         vector = vector / k if k > 1 else vector
         sums = vector if sums is None else sums + vector
     return keys, sums, nonfinite_loss

@@ -56,7 +56,8 @@ def cmsf_candidates(batch_rows: torch.Tensor, bank_rows: torch.Tensor, *, global
     return torch.cat([rows, bank_rows.detach().to(device=rows.device, dtype=rows.dtype)])
 
 
-def topk_constraint(query_aux: torch.Tensor, candidate_aux: torch.Tensor, k_prime: int) -> torch.Tensor:
+def topk_constraint(query_aux: torch.Tensor, candidate_aux: torch.Tensor, k_prime: int,
+                    candidate_valid: torch.Tensor | None = None) -> torch.Tensor:
     """Cross-modal constraint (Sec. 2.3): [B, C] bool, True for the min(k', C) candidates most
     cosine-similar to each query in a frozen second embedding c(.) (the paper's n nearest
     neighbours of u_c in M_c, whose indices select M̂ from M).
@@ -66,7 +67,9 @@ def topk_constraint(query_aux: torch.Tensor, candidate_aux: torch.Tensor, k_prim
     e.g. ``topk_constraint(a, cmsf_candidates(a, bank.view().aux), n)``, or, as the trainer does,
     rows of a table of the frozen embedding indexed by the candidates' dataset indices. The query's own row
     has cosine 1 and is among its neighbours, as in the paper, where u_c is in M_c. Ties are broken by
-    :func:`torch.topk`.
+    :func:`torch.topk`. candidate_valid: optional [C] bool, False for a candidate that is no neighbour
+    (a bank row not written yet, :meth:`~nclip.objectives.cmsf_bank.MemoryBank.rows`): the neighbours
+    are the min(k', |valid|) nearest valid candidates.
     """
     _check_positive_k(k_prime, "k_prime", allow_none=False)
     if query_aux.ndim != 2 or candidate_aux.ndim != 2 or query_aux.shape[1] != candidate_aux.shape[1]:
@@ -76,8 +79,11 @@ def topk_constraint(query_aux: torch.Tensor, candidate_aux: torch.Tensor, k_prim
         q = F.normalize(query_aux.detach(), dim=-1)  # [B, Da]
         c = F.normalize(candidate_aux.detach().to(q.dtype), dim=-1)  # [C, Da]
         sim = q @ c.T  # [B, C]
-        idx = sim.topk(min(k_prime, c.shape[0]), dim=1).indices  # [B, k']
-        return torch.zeros_like(sim, dtype=torch.bool).scatter_(1, idx, True)
+        if candidate_valid is None:
+            idx = sim.topk(min(k_prime, c.shape[0]), dim=1).indices  # [B, k']
+            return torch.zeros_like(sim, dtype=torch.bool).scatter_(1, idx, True)
+        ok = candidate_valid.to(sim.device)[None].expand_as(sim)  # [B, C]
+        return _top_members(sim, ok, k_prime)
 
 
 def semi_supervised_constraint(
@@ -93,7 +99,10 @@ def semi_supervised_constraint(
     A labelled query (label ≥ 0) searches the labelled bank and the labelled rows of the batch with
     its label (constrained, the supervised loss); an unlabelled query (:data:`UNLABELLED`) searches
     the unlabelled bank, which holds every sample, and every row of the batch (unconstrained, MSF).
-    query_labels: [B]; labelled_bank_labels: [N_l] labels of the labelled bank's filled rows.
+    query_labels: [B]; labelled_bank_labels: [N_l] labels of the labelled bank's rows (its filled
+    rows, or all N_l rows of :meth:`~nclip.objectives.cmsf_bank.MemoryBank.rows`, whose unwritten rows
+    are labelled ``UNLABELLED`` and so match no query; pass the banks' ``valid`` to :func:`cmsf_terms`
+    as ``bank_valid`` for the unlabelled bank's).
     """
     if query_labels.ndim != 1 or labelled_bank_labels.ndim != 1:
         raise ValueError(f"query_labels [B] and labelled_bank_labels [N_l] must be 1-D, got "
@@ -125,18 +134,22 @@ def _check_labels(query, bank, b: int, n: int, names: tuple[str, str]) -> None:
                          f"{tuple(bank.shape)}")
 
 
+def _top_members(sim: torch.Tensor, allowed: torch.Tensor, k: int) -> torch.Tensor:
+    """[B, C] bool: per row, the min(k, |allowed|) allowed columns of highest ``sim`` (fixed shapes:
+    the top min(k, C) of the masked scores, of which the disallowed ones are dropped)."""
+    idx = sim.masked_fill(~allowed, float("-inf")).topk(min(k, sim.shape[1]), dim=1).indices  # [B, min(k, C)]
+    return torch.zeros_like(allowed).scatter_(1, idx, allowed.gather(1, idx))
+
+
 @torch.no_grad()
-def _nearest(u: torch.Tensor, cand: torch.Tensor, allowed: torch.Tensor, self_col: torch.Tensor,
-             k: int | None) -> torch.Tensor:
+def _nearest(u: torch.Tensor, cand: torch.Tensor, allowed: torch.Tensor, offset: int, k: int | None) -> torch.Tensor:
     """S_b as a [B, C] bool mask: the min(k, |M̂_b|) members of M̂_b (``allowed``) most cosine-similar to
-    u_b, u_b itself first when allowed; every member for k = None (top-all)."""
+    u_b (column offset + b), u_b itself first when allowed; every member for k = None (top-all)."""
     if k is None:
         return allowed
-    rows = torch.arange(u.shape[0], device=u.device)
     sim = u @ cand.T  # [B, C]: cos(u_b, candidate), the search is on the target u (Sec. 2)
-    sim[rows, self_col] = 2.0  # above every cosine: u_b is S_b's first member even against a duplicate row
-    idx = sim.masked_fill(~allowed, float("-inf")).topk(min(k, cand.shape[0]), dim=1).indices  # [B, min(k, C)]
-    return torch.zeros_like(allowed).scatter_(1, idx, allowed.gather(1, idx))
+    sim.diagonal(offset).fill_(2.0)  # above every cosine: u_b is S_b's first member even against a duplicate row
+    return _top_members(sim, allowed, k)
 
 
 # Over 80 lines only through its docstring, which documents every constraint in one place.
@@ -152,6 +165,7 @@ def cmsf_terms(
     constraint_mask: torch.Tensor | None = None,
     true_query_labels: torch.Tensor | None = None,
     true_bank_labels: torch.Tensor | None = None,
+    bank_valid: torch.Tensor | None = None,
     global_batch: bool = True,
 ) -> dict[str, torch.Tensor]:
     """Constrained mean shift, Eq. (1), with detached diagnostics.
@@ -177,6 +191,9 @@ def cmsf_terms(
             Its entry for u_b itself is overridden by ``include_target``.
         true_query_labels, true_bank_labels: [B] and [N] clean labels, given together, for the NN
             purity diagnostic only (never used by the loss).
+        bank_valid: optional [N] bool, False for a bank row that is no candidate (not written yet:
+            :meth:`~nclip.objectives.cmsf_bank.MemoryBank.rows` gives the bank's fixed shape with this
+            mask, so the step reads nothing on the host); the result is the one of ``bank[bank_valid]``.
         global_batch: search the targets of all ranks' rows when running distributed.
 
     Returns a dict with ``loss`` = 1/B Σ_b 1/|S_b| Σ_{z ∈ S_b} ||v_b − z||² (Eq. 1 in MSF's form) and
@@ -202,18 +219,20 @@ def cmsf_terms(
     if constraint_mask is not None and (tuple(constraint_mask.shape) != (b, c) or constraint_mask.dtype != torch.bool):
         raise ValueError(f"constraint_mask must be bool [B={b}, C={c}] (batch rows of all ranks, then the bank), got "
                          f"{constraint_mask.dtype} {tuple(constraint_mask.shape)}")
-    rows = torch.arange(b, device=u.device)
-    self_col = offset + rows  # [B]: u_b's column among the candidates
+    if bank_valid is not None and (tuple(bank_valid.shape) != (n,) or bank_valid.dtype != torch.bool):
+        raise ValueError(f"bank_valid must be bool [N={n}], got {bank_valid.dtype} {tuple(bank_valid.shape)}")
 
-    with torch.no_grad():
+    with torch.no_grad():  # u_b's column among the candidates is offset + b: the diagonal at ``offset``
         allowed = torch.ones(b, c, dtype=torch.bool, device=u.device)  # [B, C]: M̂_b
         if query_labels is not None:
             cand_labels = cmsf_candidates(query_labels, bank_labels, global_batch=global_batch)  # [C]
             allowed &= query_labels[:, None] == cand_labels[None]
         if constraint_mask is not None:
             allowed &= constraint_mask.to(u.device)
-        allowed[rows, self_col] = include_target
-        chosen = _nearest(u, cand, allowed, self_col, k)  # [B, C]: S_b
+        if bank_valid is not None:
+            allowed[:, c - n:].logical_and_(bank_valid.to(u.device)[None])
+        allowed.diagonal(offset).fill_(include_target)
+        chosen = _nearest(u, cand, allowed, offset, k)  # [B, C]: S_b
         used = chosen.sum(1)  # [B]: |S_b|
         mean_z = (chosen.to(cand.dtype) / used.clamp(min=1)[:, None]) @ cand  # [B, D]: 1/|S_b| Σ_{z∈S_b} z
 
@@ -267,6 +286,7 @@ def protonw_terms(
     num_classes: int | None = None,
     temperature: float = PROTONW_TEMPERATURE,
     true_query_labels: torch.Tensor | None = None,
+    bank_valid: torch.Tensor | None = None,
     global_batch: bool = True,
 ) -> dict[str, torch.Tensor]:
     """Prototypical Networks (ProtoNW), Sec. 2.1.1: "the contrastive version of our top-all variation".
@@ -297,6 +317,7 @@ def protonw_terms(
             the trainer passes the run's label space).
         temperature: τ (App. A.1: 0.1).
         true_query_labels: [B] clean labels, for the ``clean_acc`` diagnostic only.
+        bank_valid: optional [N] bool, False for a bank row not written yet (as :func:`cmsf_terms`).
 
     Returns ``loss`` and detached diagnostics: ``acc`` (the nearest prototype's class is the
     training label), ``clean_acc`` (… is the clean label, with ``true_query_labels``) and ``classes``
@@ -316,6 +337,8 @@ def protonw_terms(
         cand_labels = cmsf_candidates(query_labels, bank_labels, global_batch=global_batch)  # [C']
         c = int(cand_labels.max()) + 1 if num_classes is None else int(num_classes)
         valid = (cand_labels >= 0) & (cand_labels < c)  # no boolean indexing: no host sync on the step
+        if bank_valid is not None:
+            valid[valid.shape[0] - bank.shape[0]:].logical_and_(bank_valid.to(valid.device))
         slot = cand_labels.clamp(0, c - 1)
         sums = cand.new_zeros(c, d).index_add_(0, slot, cand * valid[:, None])  # [C, D]
         counts = cand.new_zeros(c).index_add_(0, slot, valid.to(cand.dtype))  # [C]: |M_c|

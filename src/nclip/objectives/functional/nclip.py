@@ -199,7 +199,9 @@ def distribution_diagnostics(
     acc = mean((arg_i == arg_t).float().mean())
     p_std = _row_col_std(p, mean, prefix="")  # global batch: col mean, then population variance
     row_std, col_std = p_std["row_std"], p_std["col_std"]
-    counts = torch.bincount(arg_i, minlength=p.shape[1]).float()  # [K]
+    # per-prototype argmax counts, [K]: a fixed-size scatter, not torch.bincount (which on CUDA
+    # reads the labels' min and max on the host to size its output)
+    counts = p.new_zeros(p.shape[1]).index_add_(0, arg_i, p.new_ones(arg_i.shape[0]))  # [K]
     if dist_on:
         counts = collectives.all_reduce_sum_no_grad(counts)
     usage = (counts > 0).float().mean()

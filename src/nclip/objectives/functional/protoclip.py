@@ -66,15 +66,6 @@ def pbt(
     return centroids
 
 
-def _drop_empty(
-    valid: torch.Tensor, labels: torch.Tensor, *centroids: torch.Tensor | None
-) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
-    """Remove the clusters where ``valid`` is False and renumber ``labels`` accordingly."""
-    keep = valid.nonzero().squeeze(1)  # [K']
-    new_index = torch.cumsum(valid.long(), 0) - 1  # old cluster id -> new id (for valid ones)
-    return new_index[labels], [None if c is None else c[keep] for c in centroids]
-
-
 def proto_terms(
     features: torch.Tensor,
     target_centroids: torch.Tensor,
@@ -97,7 +88,9 @@ def proto_terms(
         t_target: τ_y of Eq. 5. ``> 0``: soft targets
             y = softmax(C[labels] · Cᵀ / τ_y); ``<= 0``: one-hot targets (hard ``labels``).
         valid: optional bool [K], False for empty clusters (see :func:`pbt`); they are removed
-            from the classifier and the targets. None: every cluster takes part.
+            from the classifier and the targets (their scores are masked to −∞, so the shapes stay
+            [B, K] and nothing is read on the host; the values are those of the K' valid clusters
+            alone). None: every cluster takes part.
         teacher_centroids: the C of the soft targets. None (default): ``target_centroids``, as in
             Algorithm 1 (``target_centroids[label] @ target_centroids.T``). Eq. 5 and the authors'
             code instead use the teacher's own prototypes C^T: pass them here for that reading.
@@ -114,16 +107,20 @@ def proto_terms(
     if labels.shape != features.shape[:1]:
         raise ValueError(f"labels must have shape [{features.shape[0]}], got {tuple(labels.shape)}")
     labels = labels.long()
-    if valid is not None:
-        if valid.shape != target_centroids.shape[:1]:
-            raise ValueError(f"valid must have shape [{target_centroids.shape[0]}], got {tuple(valid.shape)}")
-        labels, (target_centroids, teacher_centroids) = _drop_empty(valid, labels, target_centroids, teacher_centroids)
+    if valid is not None and valid.shape != target_centroids.shape[:1]:
+        raise ValueError(f"valid must have shape [{target_centroids.shape[0]}], got {tuple(valid.shape)}")
+    empty = None if valid is None else ~valid.to(torch.bool)  # [K]: clusters out of the softmax
     scores = features @ target_centroids.T / t_proto  # [B, K]: S_i / τ_Proto, Eq. 3
+    if empty is not None:
+        scores = scores.masked_fill(empty, float("-inf"))
     log_p = F.log_softmax(scores, dim=1)  # [B, K]
     if t_target > 0:
         c = target_centroids if teacher_centroids is None else teacher_centroids
         with torch.no_grad():  # the targets are constants (built from detached prototypes)
-            y = F.softmax(c[labels].detach() @ c.detach().T / t_target, dim=1)  # [B, K], Eq. 5
+            logits = c[labels].detach() @ c.detach().T / t_target  # [B, K], Eq. 5
+            y = F.softmax(logits if empty is None else logits.masked_fill(empty, float("-inf")), dim=1)
+        if empty is not None:  # y = 0 there; 0·(−∞) would be NaN
+            log_p = log_p.masked_fill(empty, 0.0)
         loss = -(y * log_p).sum(1).mean()
         ent = -(y * y.clamp_min(1e-30).log()).sum(1).mean()
     else:

@@ -46,7 +46,7 @@ def siglip_terms(
     logits = logit_scale * x @ all_y.T + logit_bias  # [B, W·B]
     targets = torch.arange(offset, offset + batch, device=x.device)
     signs = -torch.ones_like(logits)
-    signs[torch.arange(batch, device=x.device), targets] = 1.0  # z_ij
+    signs.diagonal(offset).fill_(1.0)  # z_ij = +1 at (i, offset + i): a fill, no index tensor made from host data
     loss = -F.logsigmoid(signs * logits).sum() / batch
     return {"loss": loss, **pair_logit_stats(logits, targets)}
 

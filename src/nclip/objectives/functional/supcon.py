@@ -78,8 +78,36 @@ def multiview_labels(labels: torch.Tensor, views: int, *, global_batch: bool = T
     return lab.repeat_interleave(views)
 
 
-def _contrast(features, labels, *, temperature, keep, queue, queue_labels, centers, alpha, beta,
-              global_batch) -> dict[str, torch.Tensor]:
+@torch.no_grad()
+def _pair_masks(lab, lab_c, sample, sample_c, keep, queue_valid) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positives P(i) and denominator D(i) (without the centres) of every global anchor i, bool [N_g, C_g]
+    over the candidates (the global multi-view batch, then the queue): labels [N_g] and [C_g], image
+    indices [N_g] and [C_g] (-1 for queue rows)."""
+    n_g, c_g = lab.shape[0], lab_c.shape[0]
+    labelled = lab != UNLABELLED  # [N_g]
+    pos = ((lab[:, None] == lab_c[None]) & labelled[:, None]) | (sample[:, None] == sample_c[None])
+    pos.diagonal().fill_(False)  # P(i) ⊆ A(i) = I \ {i}; a fill: no index tensor made from host data
+    den = torch.ones(n_g, c_g, dtype=torch.bool, device=lab.device)  # A(i)
+    den.diagonal().fill_(False)
+    if queue_valid is not None:  # a queue row not written yet is no candidate (nor, labelled -1, a positive)
+        if queue_valid.dtype != torch.bool or tuple(queue_valid.shape) != (c_g - n_g,):
+            raise ValueError(f"queue_valid must be bool [Q={c_g - n_g}], got {queue_valid.dtype} "
+                             f"{tuple(queue_valid.shape)}")
+        den[:, n_g:].logical_and_(queue_valid.to(lab.device)[None])
+        pos[:, n_g:].logical_and_(queue_valid.to(lab.device)[None])
+    if keep is not None:
+        if keep.dtype != torch.bool or keep.ndim != 2 or keep.shape[0] != n_g or keep.shape[1] not in (n_g, c_g):
+            raise ValueError(f"keep must be bool [N={n_g}, {n_g} or {c_g}] over the global multi-view batch "
+                             f"(and queue), got {keep.dtype} {tuple(keep.shape)}")
+        kept = keep.to(lab.device)
+        if kept.shape[1] < c_g:
+            kept = torch.cat([kept, kept.new_ones(n_g, c_g - kept.shape[1])], 1)
+        den &= kept | pos  # keep selects negatives; positives stay in the denominator
+    return pos, den
+
+
+def _contrast(features, labels, *, temperature, keep, queue, queue_labels, centers, alpha, beta, global_batch,
+              queue_valid=None, check_labels=True) -> dict[str, torch.Tensor]:
     """The weighted supervised contrastive loss that Eq. (2), (3) and (6) are instances of.
 
     Per anchor i with log-probabilities log p_ik = z_i·x_k/τ − log Σ_{k' ∈ D(i)} exp(z_i·x_k'/τ) over
@@ -108,22 +136,9 @@ def _contrast(features, labels, *, temperature, keep, queue, queue_labels, cente
         sample_c = torch.cat([sample, torch.full((q,), -1, dtype=sample.dtype, device=sample.device)])
     else:
         lab_c, sample_c = lab, sample
-    c_g = n_g + q
     with torch.no_grad():
-        self_col = torch.arange(n_g, device=z.device)
         labelled = lab != UNLABELLED  # [N_g]
-        pos = ((lab[:, None] == lab_c[None]) & labelled[:, None]) | (sample[:, None] == sample_c[None])  # [N_g, C_g]
-        pos[self_col, self_col] = False  # P(i) ⊆ A(i) = I \ {i}
-        den = torch.ones(n_g, c_g, dtype=torch.bool, device=z.device)  # A(i)
-        den[self_col, self_col] = False
-        if keep is not None:
-            if keep.dtype != torch.bool or keep.ndim != 2 or keep.shape[0] != n_g or keep.shape[1] not in (n_g, c_g):
-                raise ValueError(f"keep must be bool [N={n_g}, {n_g} or {c_g}] over the global multi-view batch "
-                                 f"(and queue), got {keep.dtype} {tuple(keep.shape)}")
-            kept = keep.to(z.device)
-            if kept.shape[1] < c_g:
-                kept = torch.cat([kept, kept.new_ones(n_g, c_g - kept.shape[1])], 1)
-            den &= kept | pos  # keep selects negatives; positives stay in the denominator
+        pos, den = _pair_masks(lab, lab_c, sample, sample_c, keep, queue_valid)  # [N_g, C_g]: P(i), D(i) ∩ batch
         centre_pos = labelled if centers is not None and beta > 0 else torch.zeros_like(labelled)
         weight_sum = alpha * pos.sum(1).to(z.dtype) + beta * centre_pos.to(z.dtype)  # [N_g]
         has_pos = weight_sum > 0
@@ -136,7 +151,7 @@ def _contrast(features, labels, *, temperature, keep, queue, queue_labels, cente
     if centers is not None:
         if centers.ndim != 2 or centers.shape[1] != d:
             raise ValueError(f"centers must be [K, D={d}], got {tuple(centers.shape)}")
-        if bool((lab >= centers.shape[0]).any()):
+        if check_labels and bool((lab >= centers.shape[0]).any()):  # reads the labels on the host
             raise ValueError(f"labels must be < K={centers.shape[0]} (the number of centres)")
         c_logits = anchors @ F.normalize(centers.to(z.dtype), dim=-1).T / temperature  # [B·V, K]
         parts.append(c_logits)
@@ -168,6 +183,7 @@ def supcon_terms(
     keep: torch.Tensor | None = None,
     queue: torch.Tensor | None = None,
     queue_labels: torch.Tensor | None = None,
+    queue_valid: torch.Tensor | None = None,
     global_batch: bool = True,
 ) -> dict[str, torch.Tensor]:
     """SupCon, Eq. (2) (Khosla et al.'s L^sup_out), with detached diagnostics.
@@ -182,6 +198,9 @@ def supcon_terms(
         queue, queue_labels: optional [Q, D] past embeddings (detached, ℓ2-normalised here) and their
             labels [Q]: extra candidates, positives when they share the anchor's label (MoCo-style, as
             PaCo's code uses). Never anchors.
+        queue_valid: optional bool [Q], False for a queue row not written yet (no candidate): the
+            queue's fixed shape, :meth:`~nclip.objectives.cmsf_bank.MemoryBank.rows`; the result is the
+            one of the valid rows alone.
         global_batch: contrast against the rows of every rank when running distributed.
 
     Returns ``loss`` (mean of L_i over the anchors with a positive; 0 when none has one) and
@@ -189,7 +208,7 @@ def supcon_terms(
     negatives kept), over the global batch.
     """
     return _contrast(features, labels, temperature=temperature, keep=keep, queue=queue, queue_labels=queue_labels,
-                     centers=None, alpha=1.0, beta=0.0, global_batch=global_batch)
+                     centers=None, alpha=1.0, beta=0.0, global_batch=global_batch, queue_valid=queue_valid)
 
 
 def supcon_loss(features: torch.Tensor, labels: torch.Tensor, *, temperature: float = SUPCON_TEMPERATURE,
@@ -211,7 +230,9 @@ def paco_terms(
     keep: torch.Tensor | None = None,
     queue: torch.Tensor | None = None,
     queue_labels: torch.Tensor | None = None,
+    queue_valid: torch.Tensor | None = None,
     global_batch: bool = True,
+    check_labels: bool = True,
 ) -> dict[str, torch.Tensor]:
     """PaCo, Eq. (3): the class centres C = {c_1..c_K} are extra candidates of every anchor and c_ỹi an
     extra positive of anchor i, weighted as in Cui et al. (their Eq. 9 and code):
@@ -227,13 +248,16 @@ def paco_terms(
     z_i·z_k, which we follow: the centres are ℓ2-normalised and share τ.
 
     centers: [K, D] learnable (normalised here, receives a gradient); labels must be < K (-1:
-    unlabelled, no centre term). Other arguments as :func:`supcon_terms`; every labelled anchor has a
+    unlabelled, no centre term), a ValueError otherwise when ``check_labels`` (which reads the labels on
+    the host, a device sync: the objectives, whose labels come from a label space of at most K
+    classes, turn it off). Other arguments as :func:`supcon_terms`; every labelled anchor has a
     positive (its centre) when β > 0.
     """
     if alpha < 0 or beta < 0:
         raise ValueError(f"alpha and beta must be >= 0, got {alpha} and {beta}")
     return _contrast(features, labels, temperature=temperature, keep=keep, queue=queue, queue_labels=queue_labels,
-                     centers=centers, alpha=alpha, beta=beta, global_batch=global_batch)
+                     centers=centers, alpha=alpha, beta=beta, global_batch=global_batch, queue_valid=queue_valid,
+                     check_labels=check_labels)
 
 
 def paco_loss(features: torch.Tensor, labels: torch.Tensor, centers: torch.Tensor, *, alpha: float = PACO_ALPHA,
@@ -252,6 +276,7 @@ def reco_keep_mask(
     generator: torch.Generator,
     *,
     candidate_labels: torch.Tensor | None = None,
+    check_labels: bool = True,
 ) -> torch.Tensor:
     """ReCo's negative selection, Eq. (5): keep[i, k] ~ Bernoulli(1 − s(ỹ_i, ỹ_k)), [N, M] bool.
 
@@ -264,6 +289,8 @@ def reco_keep_mask(
     Same-label pairs are kept (they are positives, not negatives; Eq. 6's numerators stay in its
     denominator), and so is every pair with an unlabelled (-1) side. One uniform draw per pair, in
     row-major order over [N, M], whatever the labels: the mask is a function of the generator's state.
+    Labels must be < C: ``check_labels`` raises a ValueError otherwise, reading them on the host (a
+    device sync; the objective, whose labels and s come from one label space, turns it off).
     """
     cand = labels if candidate_labels is None else candidate_labels
     if labels.ndim != 1 or cand.ndim != 1:
@@ -272,7 +299,7 @@ def reco_keep_mask(
     c = similarity.shape[0]
     if similarity.ndim != 2 or similarity.shape[1] != c:
         raise ValueError(f"similarity must be [C, C], got {tuple(similarity.shape)}")
-    if bool((labels >= c).any()) or bool((cand >= c).any()):
+    if check_labels and (bool((labels >= c).any()) or bool((cand >= c).any())):
         raise ValueError(f"labels must be < C={c} (the similarity's classes)")
     u = torch.rand(labels.shape[0], cand.shape[0], generator=generator, device=labels.device)  # [N, M]
     known = (labels[:, None] != UNLABELLED) & (cand[None] != UNLABELLED)
@@ -294,7 +321,9 @@ def reco_terms(
     paco_temperature: float = PACO_TEMPERATURE,
     queue: torch.Tensor | None = None,
     queue_labels: torch.Tensor | None = None,
+    queue_valid: torch.Tensor | None = None,
     global_batch: bool = True,
+    check_labels: bool = True,
 ) -> dict[str, torch.Tensor]:
     """ReCo, Eq. (7): L = L_base + α·L_ReCo, L_base = SupCon (Eq. 2; ``centers`` None) or PaCo (Eq. 3,
     with ``centers`` and the ``paco_*`` weights), L_ReCo = Eq. (6): SupCon's form over the sampled
@@ -305,14 +334,13 @@ def reco_terms(
     the SupCon base. Returns ``loss``, ``base``, ``reco`` (both detached) and ``kept`` (the share of
     the negative candidates kept, over the global batch).
     """
+    q = {"queue": queue, "queue_labels": queue_labels, "queue_valid": queue_valid}
     if centers is None:
-        base = supcon_terms(features, labels, temperature=temperature, queue=queue, queue_labels=queue_labels,
-                            global_batch=global_batch)
+        base = supcon_terms(features, labels, temperature=temperature, global_batch=global_batch, **q)
     else:
         base = paco_terms(features, labels, centers, alpha=paco_alpha, beta=paco_beta, temperature=paco_temperature,
-                          queue=queue, queue_labels=queue_labels, global_batch=global_batch)
-    reco = supcon_terms(features, labels, temperature=temperature, keep=keep, queue=queue, queue_labels=queue_labels,
-                        global_batch=global_batch)
+                          global_batch=global_batch, check_labels=check_labels, **q)
+    reco = supcon_terms(features, labels, temperature=temperature, keep=keep, global_batch=global_batch, **q)
     kept = reco["negatives"] / base["negatives"].clamp(min=1)  # both over the same global batch
     return {"loss": base["loss"] + alpha * reco["loss"], "base": base["loss"].detach(),
             "reco": reco["loss"].detach(), "kept": kept}
