@@ -25,14 +25,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 OVERRIDES = micro_sizes() + ["train.steps=2", "train.batch_size=8", "train.warmup_steps=1", "train.log_every=1",
                              "train.threads=1", "data.train_length=64"]
-# cases that break the step's graph or recompile it on this branch (strict: a fixed case must leave)
-XCLIP_BREAK = pytest.mark.xfail(strict=True, reason="graph break at objectives/functional/nclip.py:202 "
-                                "(torch.bincount), removed on branch i32-objectives")
-XCLIP_RECOMPILES = pytest.mark.xfail(strict=True, reason="graph break at objectives/functional/nclip.py:202 "
-                                     "(torch.bincount), removed on branch i32-objectives; and one recompilation "
-                                     "at step 2: objectives/nclip.py:99 reads self.step, a Python int set by "
-                                     "before_step (a 0-d buffer for lambda_nCLIP would need none)")
-
 
 def _step(name: str) -> tuple[TrainStep, tuple]:
     """The training step of ``name`` at micro sizes as the trainer builds it, and a batch of 8 for it."""
@@ -118,7 +110,7 @@ def test_a_run_with_a_failing_compiler_trains_as_eager(tmp_path, monkeypatch):
     assert losses[0] == losses[1]
 
 
-@pytest.mark.parametrize("name", ["clip", "siglip", pytest.param("xclip", marks=XCLIP_RECOMPILES)])
+@pytest.mark.parametrize("name", ["clip", "siglip", "xclip"])
 def test_a_compiled_run_compiles_one_graph_at_its_batch(name, tmp_path, monkeypatch):
     """The memory check probes batches 2 and 4: before the step is compiled, so that they make no
     graph; and the steps that follow reuse the first step's graph (no recompilation)."""
@@ -138,7 +130,7 @@ def test_a_compiled_run_compiles_one_graph_at_its_batch(name, tmp_path, monkeypa
     assert pixels == [[(8, 3, 16, 16)]], f"graphs' pixel inputs {pixels}"
 
 
-@pytest.mark.parametrize("name", ["clip", "siglip", pytest.param("xclip", marks=XCLIP_BREAK)])
+@pytest.mark.parametrize("name", ["clip", "siglip", "xclip"])
 def test_no_graph_break_in_the_compiled_step(name):
     step, batch = _step(name)
     graphs, breaks = compile_mod.graph_breaks(step, *batch)

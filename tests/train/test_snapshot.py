@@ -8,7 +8,8 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-from nclip.train.snapshot import BufferSnapshot, RestoresItself, RowLog
+from nclip.rowlog import RestoresItself, RowLog
+from nclip.train.snapshot import BufferSnapshot
 
 from host_syncs import SYNC_OPS
 
@@ -106,3 +107,26 @@ def test_a_module_without_the_attribute_is_copied_whole():
     model["ring"].write(torch.randn(2, D))
     snap.restore_where(torch.tensor(1))
     assert _equal(_state(model), before)
+
+
+def test_cmsf_bank_restores_its_own_rows():
+    """CMSF's memory bank restores itself: the snapshot copies none of its buffers, and a skipped
+    step (two enqueues, wrapping around) leaves bank, labels, pointer and fill bitwise as they were;
+    a taken step keeps what it wrote."""
+    from nclip.objectives.cmsf_bank import MemoryBank
+
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"bank": MemoryBank(4, size=10)})
+    bank = model["bank"]
+    bank.enqueue(torch.randn(7, 4), torch.arange(7), global_batch=False)
+    snap = BufferSnapshot(model)
+    for skip, kept in ((1.0, False), (0.0, True)):
+        before = {k: v.clone() for k, v in bank.state_dict().items()}
+        snap.take()
+        assert not any(name.startswith("bank.") for name in snap.names)  # nothing of the bank copied
+        bank.enqueue(torch.randn(3, 4), torch.arange(3), global_batch=False)
+        bank.enqueue(torch.randn(4, 4), torch.arange(4), keep=torch.tensor([True, False, True, True]),
+                     global_batch=False)
+        snap.restore_where(torch.tensor(skip))
+        same = all(torch.equal(v, before[k]) for k, v in bank.state_dict().items())
+        assert same != kept, (skip, bank.ptr, bank.filled)

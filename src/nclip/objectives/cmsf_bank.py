@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nclip import distributed as collectives
+from nclip.rowlog import RowLog
 
 NO_LABEL = -1  # label stored for rows enqueued without one (= functional.UNLABELLED)
 
@@ -69,7 +70,12 @@ class MemoryBank(nn.Module):
     Buffers: ``bank`` [N, D], ``labels`` [N] (``NO_LABEL`` where none was given), ``ptr`` (the next row
     to write, which is also the oldest row once the bank is full), ``filled`` (rows written so far,
     at most N), and ``aux`` [N, Da] when ``aux_dim`` is set.
+
+    A skipped training step puts back only the rows it wrote (:class:`nclip.rowlog.RestoresItself`):
+    the trainer need not copy the whole bank (~131 MB at 128k × 256 float32) before every step.
     """
+
+    self_restored_buffers = ("bank", "labels", "aux", "ptr", "filled")
 
     def __init__(self, dim: int, size: int = 128_000, *, aux_dim: int | None = None,
                  dtype: torch.dtype = torch.float32):
@@ -86,6 +92,13 @@ class MemoryBank(nn.Module):
         self.register_buffer("ptr", torch.zeros((), dtype=torch.long))
         self.register_buffer("filled", torch.zeros((), dtype=torch.long))
         self.register_buffer("aux", torch.zeros(size, aux_dim, dtype=dtype) if aux_dim is not None else None)
+        self._undo = RowLog()  # what this step wrote, to put back if it is skipped
+
+    def begin_step(self) -> None:
+        self._undo.clear()
+
+    def undo_step(self, skip: torch.Tensor | None = None) -> None:
+        self._undo.undo(skip)
 
     def extra_repr(self) -> str:
         return f"size={self.size}, dim={self.dim}, aux_dim={self.aux_dim}"
@@ -154,7 +167,10 @@ class MemoryBank(nn.Module):
                 values = new[source]
                 if write is not None:
                     values = torch.where(write.view(-1, *[1] * (values.ndim - 1)), values, buf[slots])
+                self._undo.record(buf, slots)
                 buf.index_copy_(0, slots, values)
+        self._undo.record(self.ptr)
+        self._undo.record(self.filled)
         self.ptr.copy_((self.ptr + g) % size)
         self.filled.copy_(torch.clamp(self.filled + g, max=size))
 

@@ -86,21 +86,26 @@ class XclipObjective(Objective):
     def __init__(self, cfg: XclipConfig):
         super().__init__()
         self.cfg = cfg
-        self.step: int | None = None
+        # λ_nCLIP of the step the trainer announced, on the objective's device: set by a fill in
+        # before_step (no host-to-device copy), read by the step as a tensor, so that a compiled step
+        # neither specialises on the step nor recompiles as the weight ramps (not in checkpoints: a
+        # pure function of the step)
+        self.register_buffer("w_nclip_now", torch.tensor(float(cfg.w_nclip)), persistent=False)
 
     def before_step(self, step: int, total_steps: int) -> None:
-        self.step = step
+        with torch.no_grad():
+            self.w_nclip_now.fill_(nclip_weight_at(step, self.cfg.w_nclip, self.cfg.nclip_warmup_start,
+                                                   self.cfg.nclip_warmup_steps))
 
     def forward(self, out: EncoderOutput):
         cfg = self.cfg
         clip = clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch,
                           reduction=cfg.clip_reduction)
         nclip = nclip_head_terms(out, cfg)
-        w_nclip = nclip_weight_at(self.step, cfg.w_nclip, cfg.nclip_warmup_start, cfg.nclip_warmup_steps)
-        loss = cfg.w_clip * clip["loss"] + w_nclip * nclip["loss"]
+        # float32(λ)·L, bitwise what a Python float λ gives (the scalar is cast to the loss's dtype)
+        loss = cfg.w_clip * clip["loss"] + self.w_nclip_now * nclip["loss"]
         logged = {f"clip/{k}": v for k, v in clip.items()}
         logged.update({f"nclip/{k}": v for k, v in nclip.items()})
         if cfg.nclip_warmup_start or cfg.nclip_warmup_steps:
-            # on the loss's device, as every logged term: a fill, not torch.tensor's host-to-device copy
-            logged["nclip/lambda"] = loss.detach().new_full((), w_nclip)
+            logged["nclip/lambda"] = self.w_nclip_now.detach().clone()
         return {"loss": loss, **logged}
