@@ -52,6 +52,7 @@ OPTIONS = {
     "text-unlocked-layers": ["model.text.unlocked_layers=1"],
     "pretrained-text": ["model.text.kind=pretrained"],
     "adamw8bit": ["train.optimizer=adamw8bit"],
+    "fp16": ["train.precision=fp16"],
     "sgd-convnet": ["objective.name=clip", "train.optimizer=sgd", *CONVNET],
     "cmsf-semi": ["objective.name=cmsf", "objective.constraint=semi"],
 }

@@ -262,7 +262,9 @@ class TrainConfig(_Section):
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = Field(1e-6, gt=0)
     grad_clip: float | None = Field(1.0, gt=0)
-    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA
+    # towers' autocast; objectives stay float32 (docs/precision.md). auto: bf16 on CUDA (fp16 on a GPU
+    # without bf16), fp32 elsewhere. fp16: with a dynamic loss scale (nclip.train.loss_scale)
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     log_every: int = Field(10, ge=1)
     checkpoint_every: int = Field(500, ge=1)

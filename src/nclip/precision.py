@@ -1,7 +1,9 @@
 """Which computation runs in which precision (see docs/precision.md).
 
-The towers and heads may run under bf16 autocast (``train.precision``); everything that turns their
-outputs into a number we optimise or report runs in float32. bf16 keeps 8 bits of mantissa: a loss
+The towers and heads may run under bf16 or fp16 autocast (``train.precision``); everything that turns
+their outputs into a number we optimise or report runs in float32. fp16 (for GPUs without bf16) keeps
+10 bits of mantissa but only 5 of exponent: its gradients underflow unless the loss is scaled
+(:mod:`nclip.train.loss_scale`). bf16 keeps 8 bits of mantissa: a loss
 near 0.64 can only take steps of 1/256, and an entropy near ln 32768 = 10.4 steps of 1/16, so
 softmaxes over thousands of prototypes, the batch mean p̄ and the entropies of nCLIP come out
 plausible and quietly wrong. :func:`to_float32` is the one place where model outputs are cast, used
@@ -20,9 +22,15 @@ HALF = (torch.float16, torch.bfloat16)
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype of the towers for ``train.precision`` on ``device`` (None: float32)."""
-    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+    """The autocast dtype of the towers for ``train.precision`` on ``device`` (None: float32).
+    ``auto``: bf16 on a CUDA device that has it (Ampere and later), fp16 on one without (T4, V100:
+    bf16 would be emulated), float32 elsewhere."""
+    if precision == "bf16":
         return torch.bfloat16
+    if precision == "fp16":
+        return torch.float16
+    if precision == "auto" and device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
     return None
 
 

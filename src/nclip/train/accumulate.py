@@ -52,11 +52,12 @@ def _set_rng_state(state: tuple, device: torch.device) -> None:
 
 
 def cached_step(towers: nn.Module, heads: nn.Module, batch: tuple, k: int, tower_buffers: BufferSnapshot,
-                device: torch.device) -> dict[str, torch.Tensor]:
+                device: torch.device, scaled=lambda loss: loss) -> dict[str, torch.Tensor]:
     """One step's forward and backward on this rank's ``batch`` (pixels, ids, mask, *rows) in ``k``
     micro-batches; returns the objective's terms on the whole batch. ``towers``/``heads``: the
     :class:`nclip.train.launch.TowerPass`/``HeadPass`` (in DDP under torchrun); ``tower_buffers``:
-    a snapshot of :func:`online_towers`."""
+    a snapshot of :func:`online_towers`; ``scaled``: the loss as back-propagated (fp16: times the loss
+    scale, :mod:`nclip.train.loss_scale`; pass 2 then carries the scaled feature gradients)."""
     pixels, ids, mask, *rows = batch
     chunks = list(zip(pixels.chunk(k), ids.chunk(k), mask.chunk(k)))
     tower_buffers.take()
@@ -69,7 +70,7 @@ def cached_step(towers: nn.Module, heads: nn.Module, batch: tuple, k: int, tower
     feats = {key: torch.cat([c[key] for c in cached]) for key in cached[0]}
     leaves = {key: f.requires_grad_() for key, f in feats.items() if key != "image_target"}
     terms = heads(feats, *rows)  # the whole batch: DDP averages the heads' gradients after this backward
-    terms["loss"].backward()
+    scaled(terms["loss"]).backward()
     after_heads = _rng_state(device)
     sizes = [len(p) for p, _, _ in chunks]
     grads = {key: leaf.grad.split(sizes) for key, leaf in leaves.items() if leaf.grad is not None}

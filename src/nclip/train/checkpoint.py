@@ -7,8 +7,8 @@ Layout: ``RUN/checkpoints/step_XXXXXXXX/`` holding
   position of the learning-rate schedule and of the step-indexed data), the optimizer state, the
   objective's state (queues, centers, prototypes, learnable biases), every rank's RNG states
   (torch, CUDA, NumPy, Python), every rank's data position (for streamed shards: records consumed
-  and bad samples skipped per loader worker), and the loop's counters. There is no gradient
-  scaler: mixed precision is bf16, which needs none.
+  and bad samples skipped per loader worker), the loop's counters and, under ``train.precision:
+  fp16``, the loss scale and its growth count (:mod:`nclip.train.loss_scale`; bf16 needs none).
 
 ``state.pt`` holds tensors and plain containers only and is read with
 ``torch.load(weights_only=True)``, so a file that would execute code on unpickling is refused with

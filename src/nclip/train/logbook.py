@@ -69,10 +69,13 @@ def startup_block(run, preset: str | None) -> str:
     t, m = cfg.train, cfg.model
     text = model.text if getattr(model, "uses_text", True) else None
     heads = sum(p.numel() for name, p in model.named_parameters() if not name.startswith(("vision.", "text.")))
+    import torch
+
     from nclip.precision import autocast_dtype
 
     dtype = autocast_dtype(t.precision, ctx.device)
-    precision = f"{t.precision} ({'bf16 autocast' if dtype is not None else 'fp32'}; objectives in fp32)"
+    autocast = {torch.bfloat16: "bf16 autocast", torch.float16: "fp16 autocast, loss scaling"}.get(dtype, "fp32")
+    precision = f"{t.precision} ({autocast}; objectives in fp32)"
     steps = f"{t.steps}" + (f" (from step {run.start})" if run.start else "")
     rows = [
         ("preset", preset or "(a config object)"),

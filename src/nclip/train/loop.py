@@ -187,9 +187,9 @@ class _Run:
     def __post_init__(self):
         self.snapshot = BufferSnapshot(self.step_module)
 
-    def start_gate(self) -> None:
-        """The skip gate, from the counters as restored (call after the optimizer state is loaded)."""
-        self.gate = StepGate(self.optimizer, self.ctx.device, self.counters)
+    def start_gate(self, state: dict | None = None) -> None:
+        """The skip gate and fp16's loss scale, as restored (call after the optimizer state is loaded)."""
+        self.gate = StepGate(self.optimizer, self.ctx.device, self.counters, self.step_module.amp, state)
 
 
 def _restore(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool) -> tuple[_Run, dict | None]:
@@ -231,7 +231,7 @@ def _restore(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool) -> t
     run.counters["nonfinite_total"] = int(state.get("nonfinite_total", run.counters["nonfinite_total"]))
     rngs = state.get("rng") or [{"torch": state["rng_torch"]}]
     set_rng_state(rngs[ctx.rank] if len(rngs) == ctx.world_size else rngs[0])
-    run.start_gate()
+    run.start_gate(state)
     return run, _data_state_for_rank(state.get("data") or [], ctx)
 
 
@@ -327,16 +327,15 @@ def _step(run: _Run, step: int, batch: tuple) -> _StepResult:
     run.step_module.objective.before_step(step, t.steps)  # e.g. a loss weight scheduled by the step
     set_patch_dropout(run.model, patch_dropout_at(run.cfg, step))  # FLIP: 0 in train.unmasked_steps' tail
     if run.passes is not None:  # exact accumulation: the whole batch's objective in k tower passes
-        terms = cached_step(*run.passes, batch, t.accumulation, run.tower_buffers, device)
+        terms = cached_step(*run.passes, batch, t.accumulation, run.tower_buffers, device, run.gate.scaled)
         keys = list(terms)
         vector = _term_vector(terms, keys)
         nonfinite_loss = (~torch.isfinite(terms["loss"].detach())).float()
     else:
         keys, vector, nonfinite_loss = _independent_micro_batches(run, batch)
+    keys, vector = run.gate.logged(keys, vector)  # fp16: and the loss scale
     sync_replicated_grads(module)  # FSDP2's unsharded scalars (logit scale): averaged like DDP
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    grad_norm = (torch.nn.utils.clip_grad_norm_(params, t.grad_clip) if t.grad_clip  # no clip: the norm, no ×1
-                 else torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
+    grad_norm = run.gate.grad_norm(t.grad_clip)  # clipped to train.grad_clip (null: no ×1); fp16: of the unscaled grads
     if hasattr(grad_norm, "full_tensor"):  # FSDP2: a replicated DTensor
         grad_norm = grad_norm.full_tensor()
     skip = run.gate.decide(nonfinite_loss, grad_norm)  # every rank takes the same decision
@@ -363,7 +362,7 @@ def _independent_micro_batches(run: _Run, batch: tuple) -> tuple[list[str], torc
         with no_grad_sync(module, skip=i < len(chunks) - 1):
             terms = module(*micro)
             loss = terms["loss"]
-            (loss / k).backward()
+            run.gate.scaled(loss / k).backward()  # fp16: times the loss scale
         nonfinite_loss += (~torch.isfinite(loss.detach())).float()
         keys = keys or list(terms)
         vector = _term_vector(terms, keys)
@@ -488,7 +487,7 @@ def _save(run: _Run, step: int) -> None:
         "data": [e["data"] for e in everyone],
         "world_size": ctx.world_size,
         "counters": dict(run.counters),
-        **ema_state(run.ema),
+        **ema_state(run.ema), **run.gate.checkpoint_state(),  # the EMA; fp16's loss scale
     }
     save_checkpoint(run.run_dir, step, _strip(full, "model."), state, run.cfg.train.keep_checkpoints)
 
