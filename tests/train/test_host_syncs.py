@@ -25,9 +25,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 QUIET = ["train.steps=5", "train.log_every=4", "train.checkpoint_every=100", "train.batch_size=8",
          "data.train_length=64", "train.eval_every=0"]
 
-# cases with host syncs still to remove (issue 32): strict, so that a fixed case must leave the set
-NOT_YET: set[str] = set()
-
 # reads that cannot be avoided: (op, a part of where it is made) -> why
 UNAVOIDABLE: dict[tuple[str, str], str] = {}
 
@@ -35,11 +32,6 @@ UNAVOIDABLE: dict[tuple[str, str], str] = {}
 def _unexplained(rec: SyncRecorder) -> dict:
     return {key: n for key, n in rec.found.items()
             if not any(key[0] == op and where in key[1] for op, where in UNAVOIDABLE)}
-
-
-def _not_yet(request, case: str) -> None:
-    if case in NOT_YET:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="host syncs still to remove (issue 32)"))
 
 
 def _check(overrides: list[str], tmp_path, monkeypatch) -> None:
@@ -50,14 +42,12 @@ def _check(overrides: list[str], tmp_path, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("name", list(REGISTRY))
-def test_no_host_sync_in_a_quiet_step_of_every_objective(name, tmp_path, monkeypatch, request):
-    _not_yet(request, name)
+def test_no_host_sync_in_a_quiet_step_of_every_objective(name, tmp_path, monkeypatch):
     _check([f"objective.name={name}"], tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("option", list(OPTIONS))
-def test_no_host_sync_in_a_quiet_step_with(option, tmp_path, monkeypatch, request):
-    _not_yet(request, option)
+def test_no_host_sync_in_a_quiet_step_with(option, tmp_path, monkeypatch):
     if option == "adamw8bit":
         pytest.importorskip("torchao")
     _check(OPTIONS[option], tmp_path, monkeypatch)
@@ -76,10 +66,9 @@ def _two_ranks(rank: int, world: int, tmp: str) -> dict:
 
 
 @pytest.mark.slow
-def test_no_host_sync_in_a_quiet_step_on_two_ranks_with_global_batchnorm(tmp_path, request):
+def test_no_host_sync_in_a_quiet_step_on_two_ranks_with_global_batchnorm(tmp_path):
     """xCLIP's heads and the convnet tower hold BatchNorm; with two ranks their statistics are the
     global batch's (nclip.models.sync_batchnorm), computed through collectives in every layer."""
-    _not_yet(request, "two-ranks")
     for rank, got in enumerate(run_ranks(_two_ranks, world_size=2, args=(str(tmp_path),), timeout=300)):
         assert got["checked"] == 2, rank
         assert not got["found"], f"rank {rank}: {got['report']}"
