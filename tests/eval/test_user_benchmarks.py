@@ -291,8 +291,8 @@ def test_nclip_eval_on_the_users_benchmarks(tmp_path, capsys, monkeypatch, one_t
 
     spaces = []
     encode = dispatch.prompt_outputs
-    monkeypatch.setattr(dispatch, "prompt_outputs", lambda model, space, device: spaces.append(space) or
-                        encode(model, space, device))
+    monkeypatch.setattr(dispatch, "prompt_outputs", lambda model, space, device, *rest: spaces.append(space) or
+                        encode(model, space, device, *rest))
     assert main([*base, "--templates", "imagenet80", "--topk", "1,2", "--no-report", "--tasks", "zeroshot",
                  "--force"]) == 0
     assert [(s.names, s.templates) for s in spaces] == [(("tabby cat", "puppy"), prompts.IMAGENET80)]  # 160 prompts
