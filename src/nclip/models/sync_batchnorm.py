@@ -82,12 +82,11 @@ class GlobalBatchNorm2d(_GlobalStats, nn.BatchNorm2d):
 _GLOBAL = {nn.BatchNorm1d: GlobalBatchNorm1d, nn.BatchNorm2d: GlobalBatchNorm2d}
 
 
-def convert_sync_batchnorm(module: nn.Module, device: torch.device | None = None) -> nn.Module:
+def convert_sync_batchnorm(module: nn.Module) -> nn.Module:
     """Make every BatchNorm of ``module`` use global-batch statistics; returns the (possibly new)
     root. ``BatchNorm1d``/``2d`` become :class:`GlobalBatchNorm1d`/``2d`` holding the same
-    parameters and buffers (the plain layer's state-dict keys), on every device: ``device`` is
-    accepted for the callers' signature and changes nothing (see the module docstring for why not
-    ``nn.SyncBatchNorm`` on CUDA)."""
+    parameters and buffers (the plain layer's state-dict keys), whatever the device (see the module
+    docstring for why not ``nn.SyncBatchNorm`` on CUDA)."""
     cls = _GLOBAL.get(type(module))
     if cls is not None:
         ref = module.weight if module.affine else module.running_mean

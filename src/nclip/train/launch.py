@@ -224,7 +224,7 @@ def wrap(step: TrainStep, ctx: DistContext, cfg: RunConfig) -> nn.Module:
     if not ctx.distributed:
         return step
     if cfg.model.sync_batchnorm:
-        convert_sync_batchnorm(step, ctx.device)
+        convert_sync_batchnorm(step)
     if cached_accumulation(cfg):
         return step
     if cfg.train.strategy == "ddp":
