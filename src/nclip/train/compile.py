@@ -8,8 +8,8 @@ fuses the towers', and costs one compilation. The objective still computes in fl
 are cast inside the region, and Inductor keeps the dtypes of the ops it fuses. The step's backward
 is compiled with its forward (AOTAutograd); the optimizer, the skip gate and ``after_step`` stay
 eager, and so does evaluation (while training and at the end: batches of other shapes, which would
-each cost a compilation). :func:`compile_towers` compiles the towers alone (the bench's hand loop,
-the comparison in ``benchmarks/compile_step.py``).
+each cost a compilation). :func:`compile_towers` compiles the towers alone (the towers-only column
+of ``benchmarks/compile_step.py``; the bench's hand loop compiles the step as the trainer does).
 
 Modules are compiled in place (``nn.Module.compile``): parameters and state-dict keys stay what they
 were, so checkpoints, resume and the saved model are the same with or without compilation. The
