@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -32,17 +33,25 @@ def _written_bytes() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
 
 
-def scratch_home(tmp_path, monkeypatch) -> dict:
+def scratch_home(tmp_path, monkeypatch, request) -> dict:
     """An empty working directory, HOME and TMPDIR for this process and its subprocesses, and
     ``written()``: the bytes passed to write() by this process and its finished subprocesses so far
-    (Linux's /proc/self/io wchar: files, pipes and terminal output); skipped where that is missing."""
+    (Linux's /proc/self/io wchar: files, pipes and terminal output); skipped where that is missing.
+    TMPDIR is a new folder beside the suite's own, not under ``tmp_path``: a loader worker's socket
+    lives in it, and a path as deep as pytest's tmp paths can pass the kernel's limit for one
+    (nclip.data.workers.check_worker_socket_path)."""
+    import multiprocessing.util
+    import shutil
     import tempfile
 
     if not os.path.exists("/proc/self/io"):
         pytest.skip("counts the bytes written through /proc/self/io (Linux)")
-    dirs = {name: tmp_path / name for name in ("cwd", "home", "tmp")}
+    dirs = {name: tmp_path / name for name in ("cwd", "home")}
     for d in dirs.values():
         d.mkdir()
+    multiprocessing.util.get_temp_dir()  # this process's folder for loader sockets: made once, not in scratch
+    dirs["tmp"] = Path(tempfile.mkdtemp(prefix="nclip-scratch-"))
+    request.addfinalizer(lambda: shutil.rmtree(dirs["tmp"], ignore_errors=True))
     if os.environ.get("PYTHONPATH"):  # a relative one (PYTHONPATH=src) keeps naming the same folders
         paths = os.environ["PYTHONPATH"].split(os.pathsep)
         monkeypatch.setenv("PYTHONPATH", os.pathsep.join(os.path.abspath(p) for p in paths))

@@ -75,14 +75,14 @@ def test_a_tiny_budget_skips_rows_and_says_why(monkeypatch):
 
 @pytest.mark.slow
 def test_quick_bench_writes_positive_finite_ratios_builds_each_model_once_and_writes_no_model(
-        tmp_path, capsys, monkeypatch):
+        tmp_path, capsys, monkeypatch, request):
     """One --quick run (the suite's only one: it takes a minute or two on 2 cores) checks every row's
     value: the ratios the issue asks for, then the largest-batch and patch-dropout rows; and what the
     bench cost besides (issue 32.6): the models it built, the bytes it wrote, each row's wall time."""
     from nclip.models import build_model
 
     weights = sum(p.numel() * p.element_size() for p in build_model(resolve("micro", [])).parameters())
-    scratch = scratch_home(tmp_path, monkeypatch)
+    scratch = scratch_home(tmp_path, monkeypatch, request)
     build_calls = count_builds(monkeypatch)
     out = tmp_path / "bench.json"
     before = scratch["written"]()

@@ -9,12 +9,15 @@ count from the cores this process may use, so that the input pipeline keeps the 
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
 from nclip.config import RunConfig
+from nclip.errors import NclipError
 
 AUTO_WORKERS_CAP = 8  # beyond this a worker per core mostly adds shared memory and start-up time
+SOCKET_PATH_MAX = 103 if sys.platform == "darwin" else 107  # bytes of a Unix socket's path, less the NUL
 
 
 def loader_workers(cfg: RunConfig, device: torch.device | str | None = None) -> int:
@@ -38,8 +41,29 @@ def loader_options(workers: int, device: torch.device | str | None = None, seed:
     iterator draws the workers' base seed from it instead of from torch's global RNG, which a
     resumed run has just restored (a draw there would shift every later dropout draw)."""
     cuda = device is not None and torch.device(device).type == "cuda"
+    if workers > 0:
+        check_worker_socket_path()
     more = dict(persistent_workers=True, prefetch_factor=2, worker_init_fn=init_worker) if workers > 0 else {}
     return dict(num_workers=workers, pin_memory=cuda, generator=torch.Generator().manual_seed(seed), **more)
+
+
+def check_worker_socket_path() -> None:
+    """Refuse, in one line, a temporary folder too deep for the workers' batches to reach this process.
+
+    A worker hands a batch over in shared memory whose file descriptors travel through a Unix socket
+    that multiprocessing makes in its temporary folder (under TMPDIR). The kernel caps a socket's
+    path (107 bytes on Linux); past it the worker's send fails in a background thread that only
+    prints, the batch is dropped, and this process would wait for it forever."""
+    from multiprocessing.connection import arbitrary_address
+
+    if not hasattr(os, "fork"):  # no Unix sockets: Windows hands handles over another way
+        return
+    path = arbitrary_address("AF_UNIX")  # where a worker's socket will be (the folder is made now)
+    if path.startswith("\0") or len(os.fsencode(path)) <= SOCKET_PATH_MAX:  # "\0": Linux's abstract names
+        return
+    raise NclipError(f"the temporary folder is too deep for data loader workers: their socket {path} is "
+                     f"{len(os.fsencode(path))} bytes, the system allows {SOCKET_PATH_MAX}; set TMPDIR to a "
+                     f"shorter folder (for example TMPDIR=/tmp) or data.num_workers=0")
 
 
 def init_worker(worker_id: int) -> None:

@@ -60,7 +60,7 @@ from nclip import distributed as collectives
 from nclip.config import RunConfig
 from nclip.data.loader import build_dataset, tag_captions
 from nclip.data.transforms import augment, to_tensor
-from nclip.data.workers import loader_workers
+from nclip.data.workers import check_worker_socket_path, loader_workers
 from nclip.defaults import MAP_SOURCES, USER_LABEL
 from nclip.errors import NclipError
 from nclip.jsonio import truncate_jsonl, writing
@@ -254,6 +254,8 @@ class EpisodicData:
 
     def _loader(self, keys: list[list[tuple]]) -> DataLoader:
         workers = loader_workers(self.cfg, self.device)  # a loader per phase: workers are not kept
+        if workers > 0:
+            check_worker_socket_path()
         return DataLoader(self.dataset, batch_sampler=keys, collate_fn=self.collate, num_workers=workers,
                           pin_memory=self.device.type == "cuda",
                           generator=torch.Generator().manual_seed(self.cfg.seed))  # no draw from the global RNG
