@@ -120,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parallel", type=int, help="runs at once (default: cores // threads per run)")
     p.add_argument("--threads", type=int, help="train.threads of each run (default 1, or cores // --parallel)")
     p.add_argument("--resume", action="store_true", help="skip finished runs, continue the others")
+    p.add_argument("--force", action="store_true", help="write a sweep into an --out that holds other files "
+                   "(never over another sweep: --resume continues that one)")
     p.add_argument("--probe-train", type=int, default=2000, help="held-out images to fit the linear probe")
     p.add_argument("--probe-test", type=int, default=1000, help="held-out images to test the linear probe")
 
@@ -252,7 +254,7 @@ def _cmd_sweep(args) -> int:
 
     try:
         opts = SweepOptions(preset=args.preset, out=args.out, grid=grid, settings=settings, overrides=args.overrides,
-                            parallel=args.parallel, threads=args.threads, resume=args.resume,
+                            parallel=args.parallel, threads=args.threads, resume=args.resume, force=args.force,
                             probe_train=args.probe_train, probe_test=args.probe_test,
                             source={"grid": args.grid, "grid_file": str(args.grid_file) if args.grid_file else None,
                                     "table": args.table})

@@ -113,6 +113,20 @@ def writing(path: str | Path):
         raise WriteFailed(f"cannot write {path}: {reason[:200]}") from None
 
 
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file beside it, renamed over it: a reader (or
+    a failure half-way) never sees half a file, and the old one stays until the new one is whole.
+    A failed write is one line naming ``path`` (:func:`writing`)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with writing(path):
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
 def _disk_full(path: Path) -> bool:
     while not path.exists() and path.parent != path:
         path = path.parent

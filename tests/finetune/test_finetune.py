@@ -205,6 +205,22 @@ def test_out_holding_a_run_is_refused_without_resume(tmp_path, capsys):
     assert code == 2 and "already holds a fine-tuning run" in capsys.readouterr().err
 
 
+def test_out_holding_an_evaluation_is_refused_without_force(tmp_path, capsys):
+    """Issue 36.1: fine-tuning into an evaluation's folder replaced its results.json and report.html."""
+    from nclip.finetune.command import STATE, _plan
+
+    out = tmp_path / "evaluated"
+    out.mkdir()
+    (out / "results.json").write_text('{"results": {}}')
+    code = main(["finetune", "--checkpoint", str(_model_dir(tmp_path, "clip")), "--out", str(out), *FAST])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"--out {out} already holds other files (results.json)" in err and "--force" in err
+    assert (out / "results.json").read_text() == '{"results": {}}' and not (out / STATE).exists()
+    _plan(out, FinetuneSettings(), "abc", resume=False, force=True)  # --force: the fine-tuning starts there
+    assert (out / STATE).is_file()
+
+
 @pytest.mark.slow
 def test_finetune_end_to_end_on_digits(tmp_path, capsys):
     model = _model_dir(tmp_path)

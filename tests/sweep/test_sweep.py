@@ -90,6 +90,17 @@ def test_other_user_errors(tmp_path, capsys):
         assert needle in err and len(err.splitlines()) == 1, err
 
 
+def test_an_out_holding_other_files_is_refused_without_force(tmp_path, capsys):
+    """Issue 36.1: a sweep wrote its table.md and curves.png into any folder."""
+    out = tmp_path / "evaluated"
+    out.mkdir()
+    (out / "results.json").write_text("{}")
+    assert main(["sweep", "--preset", "micro", "--out", str(out), "--grid", "objective.lambda1=[0.3]"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{out} holds other files (results.json) and no sweep" in err, err
+    assert "--force" in err and sorted(p.name for p in out.iterdir()) == ["results.json"]
+
+
 def test_sweep_options_validate_like_the_run_config(tmp_path):
     from pydantic import ValidationError
 

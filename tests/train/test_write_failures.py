@@ -104,6 +104,54 @@ def test_a_full_disk_at_a_metrics_row_is_one_line(tmp_path, monkeypatch, capsys)
     assert f"the last good checkpoint, {run / 'checkpoints' / 'step_00000003'}, is kept" in line
 
 
+@pytest.mark.slow
+def test_a_failed_tensorboard_write_is_one_line(tmp_path, monkeypatch, capsys):
+    """Issue 36.1: TensorBoard's writer re-raises its thread's failed write at the next scalar."""
+    import importlib.util
+
+    import nclip.train.logbook as logbook
+
+    real = importlib.util.find_spec  # the config asks whether the optional package is installed
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: real("json") if name == "tensorboard" else real(name, *a))
+
+    class FullDisk:
+        def add_scalar(self, *args):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def flush(self):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(logbook, "tensorboard_writer", lambda run_dir: FullDisk())
+    run = tmp_path / "R"
+    assert main(_train(run, "--set", "train.tensorboard=true")) == 2
+    line = _one_line(capsys)
+    assert line.startswith(f"nclip: error: cannot write {run / 'tensorboard'}: No space left on device"), line
+
+
+def test_an_atomic_text_write_that_fails_keeps_the_old_file_and_is_one_line(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from nclip.jsonio import WriteFailed, write_text_atomic
+
+    path = tmp_path / "results.json"
+    write_text_atomic(path, "old")
+
+    def half_then_full(self, text, **kwargs):
+        real_write(self, text[: len(text) // 2], **kwargs)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    real_write = Path.write_text
+    monkeypatch.setattr(Path, "write_text", half_then_full)
+    with pytest.raises(WriteFailed, match=f"^cannot write {path}: No space left on device$"):
+        write_text_atomic(path, "a new document")
+    monkeypatch.undo()
+    assert path.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
+
+
 def test_a_full_disk_in_an_export_is_one_line(tmp_path, monkeypatch, capsys):
     import nclip.models.export as export
     from nclip.config import resolve

@@ -33,7 +33,7 @@ from nclip.eval.checkpoint import resolve_checkpoint
 from nclip.eval.dispatch import EvalState, eval_dataset, explain_missing
 from nclip.eval.probe import threads as _threads
 from nclip.eval.settings import HEADS, MODEL_HEAD, TASKS, EvalSettings
-from nclip.jsonio import jsonable, read_json
+from nclip.jsonio import jsonable, read_json, write_text_atomic
 
 RESULTS_VERSION = 1
 TEXT_TASKS = ("zeroshot", "retrieval", "multilabel", "diagnostics")  # need a text-aligned head
@@ -259,17 +259,17 @@ def _trained_steps(ck) -> int:
 def _write(out: Path, doc: dict, st: EvalState, report: bool, t0: float) -> None:
     """results.json, then (with ``report``) report.html and results.json again with the report's time."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(jsonable(doc, _null), indent=2) + "\n")
+    write_text_atomic(out / "results.json", json.dumps(jsonable(doc, _null), indent=2) + "\n")
     if report:
         from nclip.eval.report import render
 
         t = time.perf_counter()
         with _threads(1):
             page = render(doc, st.artifacts, st.ck)
-        (out / "report.html").write_text(page, encoding="utf-8")
+        write_text_atomic(out / "report.html", page)
         doc["timing"]["report_s"] = time.perf_counter() - t
         doc["timing"]["total_s"] = time.perf_counter() - t0
-        (out / "results.json").write_text(json.dumps(jsonable(doc, _null), indent=2) + "\n")
+        write_text_atomic(out / "results.json", json.dumps(jsonable(doc, _null), indent=2) + "\n")
 
 
 def _null(_: float) -> None:

@@ -24,6 +24,8 @@ from typing import Callable
 
 from nclip.errors import NclipError
 from nclip.finetune.settings import FinetuneSettings, validated
+from nclip.jsonio import write_text_atomic, writing
+from nclip.runlock import LOCK_NAME
 
 STATE = "finetune.json"
 
@@ -58,6 +60,8 @@ def add_finetune_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--resume", choices=["auto", "never"], default="never",
                    help="auto: continue the fine-tuning in --out from its newest checkpoints")
     p.add_argument("--no-report", action="store_true", help="write results.json only")
+    p.add_argument("--force", action="store_true", help="write into an --out that holds other files, such as an "
+                   "evaluation's results.json (a fine-tuning run there continues with --resume auto)")
     p.add_argument("--quiet", action="store_true", help="no progress messages")
     return p
 
@@ -74,7 +78,7 @@ def run_finetune_command(args) -> int:
         train_samples=args.train_samples, seed=args.seed, device=args.device))
     log = (lambda msg: None) if args.quiet else (lambda msg: print(f"finetune: {msg}", file=sys.stderr, flush=True))
     doc = run_finetune(args.checkpoint, args.out, settings, resume=args.resume == "auto",
-                       report=not args.no_report, log=log)
+                       report=not args.no_report, log=log, force=args.force)
     r = doc["results"]
     key = next(k for k in r if k.endswith("/top1"))
     print(f"{key}  {100 * r[key]:.1f}  (lr {doc['config']['lr']:g}, epoch {doc['config']['best_epoch']}, "
@@ -83,18 +87,18 @@ def run_finetune_command(args) -> int:
 
 
 def run_finetune(checkpoint, out, settings: FinetuneSettings, resume: bool = False, report: bool = True,
-                 log: Callable[[str], None] = lambda msg: None) -> dict:
+                 log: Callable[[str], None] = lambda msg: None, force: bool = False) -> dict:
     """Fine-tune ``checkpoint`` at every lr of ``settings.lrs``, choose the lr and epoch on the
     validation split, test the chosen weights; write ``out`` (see the module docstring). ``out``
     is locked for the whole of it: a second writer is refused (:mod:`nclip.runlock`)."""
     from nclip.runlock import DirLock
 
     with DirLock(out, "nclip finetune"):
-        return _run_finetune(checkpoint, Path(out).expanduser(), settings, resume, report, log)
+        return _run_finetune(checkpoint, Path(out).expanduser(), settings, resume, report, log, force)
 
 
 def _run_finetune(checkpoint, out: Path, settings: FinetuneSettings, resume: bool, report: bool,
-                  log: Callable[[str], None]) -> dict:
+                  log: Callable[[str], None], force: bool) -> dict:
     import torch
 
     from nclip.eval import zeroshot
@@ -111,7 +115,7 @@ def _run_finetune(checkpoint, out: Path, settings: FinetuneSettings, resume: boo
     classifier = resolve_classifier(settings.classifier, ck.cfg, settings.fraction)
     device = _device(settings.device)
     prep = prepare(ck.cfg, settings)  # before OUT is claimed: bad data leaves nothing to resume
-    _plan(out, settings, ck.sha256, resume)
+    _plan(out, settings, ck.sha256, resume, force)
     vision_cfg = ck.cfg.model.vision
     log(f"{prep.name}-{prep.kind}: {len(prep.labelled.train_images)} labelled training images "
         f"(fraction {settings.fraction:g}), {len(prep.labelled.val_labels)} validation, "
@@ -126,7 +130,7 @@ def _run_finetune(checkpoint, out: Path, settings: FinetuneSettings, resume: boo
     chosen = max(sweep, key=lambda r: r.best_val)  # ties: the first (max keeps the first maximum)
     net = load_best(make_net(), chosen.best_dir)
     metrics, _ = zeroshot.evaluate(predict(net, prep.test_pixels), prep.test_labels)
-    with atomic_dir(out / "model") as tmp:
+    with writing(out / "model"), atomic_dir(out / "model") as tmp:  # a full disk: one line naming it
         shutil.copyfile(chosen.best_dir / "model.safetensors", tmp / "model.safetensors")
         (tmp / STATE).write_text(json.dumps({"classifier": classifier, "classes": list(prep.space.names),
                                              "lr": chosen.lr, "epoch": chosen.best_epoch,
@@ -149,9 +153,11 @@ def _run_finetune(checkpoint, out: Path, settings: FinetuneSettings, resume: boo
     return doc
 
 
-def _plan(out: Path, settings: FinetuneSettings, sha: str, resume: bool) -> None:
+def _plan(out: Path, settings: FinetuneSettings, sha: str, resume: bool, force: bool = False) -> None:
     """Refuse to mix runs: an OUT that holds a fine-tuning run continues only with ``--resume
-    auto`` and the same settings (the device may change) and checkpoint."""
+    auto`` and the same settings (the device may change) and checkpoint; one that holds other
+    files (an evaluation's results.json and report.html, which ours would replace) only with
+    ``force``."""
     state = out / STATE
     mine = {"settings": settings.model_dump(mode="json", exclude={"device"}), "checkpoint_sha256": sha}
     if state.is_file():
@@ -170,10 +176,13 @@ def _plan(out: Path, settings: FinetuneSettings, sha: str, resume: bool) -> None
         return
     if (out / "sweep").exists():
         raise NclipError(f"{out} holds fine-tuning checkpoints but no {STATE}: choose another --out")
+    held = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME) if out.is_dir() else []
+    if held and not force:
+        raise NclipError(f"finetune: --out {out} already holds other files ({held[0]}"
+                         f"{', ...' if len(held) > 1 else ''}); choose another --out, or pass --force to write beside "
+                         "them (results.json and report.html are replaced)")
     out.mkdir(parents=True, exist_ok=True)
-    tmp = state.with_suffix(".tmp")
-    tmp.write_text(json.dumps(mine, indent=2) + "\n")
-    tmp.replace(state)
+    write_text_atomic(state, json.dumps(mine, indent=2) + "\n")
 
 
 def _document(ck, classifier: str, config: dict, results: dict, seconds: float) -> dict:
@@ -190,10 +199,10 @@ def _document(ck, classifier: str, config: dict, results: dict, seconds: float) 
 def _write(out: Path, doc: dict, ck, report: bool) -> None:
     from nclip.jsonio import jsonable
 
-    (out / "results.json").write_text(json.dumps(jsonable(doc, lambda v: None), indent=2) + "\n")
+    write_text_atomic(out / "results.json", json.dumps(jsonable(doc, lambda v: None), indent=2) + "\n")
     if report:
         from nclip.eval.probe import threads
         from nclip.eval.report import render
 
         with threads(1):
-            (out / "report.html").write_text(render(doc, {}, ck), encoding="utf-8")
+            write_text_atomic(out / "report.html", render(doc, {}, ck))

@@ -23,6 +23,7 @@ from torch.nn import functional as F
 from nclip.config import AugmentConfig
 from nclip.data.transforms import augment, to_tensor
 from nclip.finetune.layers import add_drop_path, param_groups
+from nclip.jsonio import writing
 from nclip.models.io import atomic_dir
 from nclip.train.checkpoint import newest_good_checkpoint, save_checkpoint
 
@@ -134,7 +135,7 @@ def run_lr(make_net: Callable[[], torch.nn.Module], vision_cfg, lr: float, index
             f"val top-1 {100 * val:.1f}%")
         if val > best_val:
             best_val, best_epoch = val, epoch + 1
-            with atomic_dir(lr_dir / BEST) as tmp:
+            with writing(lr_dir / BEST), atomic_dir(lr_dir / BEST) as tmp:  # a full disk: one line
                 save_file(_weights(net), str(tmp / WEIGHTS), metadata={"format": "nclip-finetune"})
         save_checkpoint(lr_dir, epoch + 1, _weights(net),
                         {"optimizer": opt.state_dict(), "best_val": best_val, "best_epoch": best_epoch,

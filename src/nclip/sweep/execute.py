@@ -19,6 +19,7 @@ from pathlib import Path
 
 from nclip.errors import NclipError
 from nclip.jsonio import jsonable
+from nclip.runlock import LOCK_NAME, DirLock
 from nclip.sweep.curves import plot_curves
 from nclip.sweep.grid import RunSpec, expand, flatten
 from nclip.sweep.options import SweepOptions
@@ -182,33 +183,8 @@ def run_sweep(opts: SweepOptions, log: Callable[[str], None] = print) -> dict:
     t0 = time.perf_counter()
     runs = expand(opts.grid, opts.settings)
     configs = {r.slug: _resolve(opts, r) for r in runs}  # every config is valid before anything runs
-    opts.out.mkdir(parents=True, exist_ok=True)
-    with _exclusive(opts.out):
+    with DirLock(opts.out, "nclip sweep"):  # one writer: a second sweep, a training run or an eval is refused
         return _run_sweep(opts, runs, configs, log, t0)
-
-
-class _exclusive:
-    """An advisory lock on DIR/.sweep.lock: two sweeps never write the same directory."""
-
-    def __init__(self, out: Path):
-        self.path = out / ".sweep.lock"
-
-    def __enter__(self):
-        self.fh = open(self.path, "a+")
-        try:
-            import fcntl
-
-            fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except ImportError:  # pragma: no cover - not POSIX: no lock
-            pass
-        except OSError:
-            self.fh.close()
-            raise NclipError(f"another nclip sweep is running in {self.path.parent}") from None
-        return self
-
-    def __exit__(self, *exc):
-        self.fh.close()  # releases the lock
-        return False
 
 
 def _run_sweep(opts: SweepOptions, runs: list[RunSpec], configs: dict, log: Callable[[str], None], t0: float) -> dict:
@@ -237,6 +213,10 @@ def _previous_journal(opts: SweepOptions, runs: list[RunSpec]) -> dict:
     if not path.exists():
         if (out / "runs").is_dir() and any((out / "runs").iterdir()):
             raise NclipError(f"{out}/runs is not empty but has no sweep.json; choose another --out")
+        held = sorted(p.name for p in out.iterdir() if p.name not in (LOCK_NAME, "runs"))
+        if held and not opts.force:  # table.md, curves.png... would replace what another command left there
+            raise NclipError(f"{out} holds other files ({held[0]}{', ...' if len(held) > 1 else ''}) and no sweep; "
+                             "choose another --out, or pass --force to write the sweep beside them")
         return {}
     if not opts.resume:
         raise NclipError(f"{out} already holds a sweep (sweep.json): pass --resume to continue it, "

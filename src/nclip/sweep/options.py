@@ -23,6 +23,7 @@ class SweepOptions(BaseModel):
     threads: int | None = Field(None, ge=1, description="train.threads of each run (default: the preset's; "
                                                         "else 1, or cores // parallel)")
     resume: bool = False
+    force: bool = False  # write into an OUT that holds files other than a sweep's
     probe_train: int = Field(2000, ge=10, description="held-out images to fit the linear probe")
     probe_test: int = Field(1000, ge=10, description="held-out images to test the linear probe")
     source: dict = Field(default_factory=dict)  # how the grid was given (for sweep.json)

@@ -162,10 +162,11 @@ class Log:
                 self.file.write(json.dumps(row) + "\n")
                 self.file.flush()
         if self.board is not None:  # the same scalars as metrics.jsonl, at the same step
-            for key, value in row.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    self.board.add_scalar(key, value, done)
-            self.board.flush()
+            with writing(self.run.run_dir / TENSORBOARD):  # the writer's thread re-raises its failure here
+                for key, value in row.items():
+                    if key != "step" and isinstance(value, (int, float)):
+                        self.board.add_scalar(key, value, done)
+                self.board.flush()
         if self.lines:
             print(step_line(row, self.run.cfg.train.steps), file=sys.stderr, flush=True)
         self.window_t, self.window_samples, self.last = now, 0, row
