@@ -51,6 +51,7 @@ from torch.utils.data import DataLoader, Dataset
 from nclip.config import RunConfig
 from nclip.data.bad_samples import BadWindow, SkipLog, first_good
 from nclip.data.shards import Bad
+from nclip.data.step_batches import StepBatches
 from nclip.data.tagging import TagCaptions
 from nclip.data.tokenization import CaptionTokenizer
 from nclip.data.transforms import augment, eval_resize, to_tensor, to_uint8_tensor
@@ -280,57 +281,6 @@ class _Excluding(Dataset):
         return self.dataset[(step, int(self.kept[position]))]
 
 
-class StepBatches(torch.utils.data.Sampler):
-    """Lists of (step, dataset index) keys: this rank's share of every global batch, from
-    ``start_step`` on.
-
-    ``group`` > 1 keeps the dataset's groups of consecutive indices [g·j, g·j + g) whole inside a
-    global batch (hard-negative groups of synthetic scenes): groups are shuffled, not samples.
-    """
-
-    def __init__(self, length: int, batch_size: int, steps: int, seed: int, start_step: int = 0,
-                 rank: int = 0, world_size: int = 1, group: int = 1):
-        if batch_size % world_size:
-            raise NclipError(f"batch size {batch_size} is not divisible by the world size {world_size}")
-        if batch_size % group:
-            raise NclipError(f"batch size {batch_size} is not divisible by the group size {group}")
-        self.length, self.batch, self.steps, self.seed = length, batch_size, steps, seed
-        self.start, self.rank, self.world, self.group = start_step, rank, world_size, group
-        self._perm: tuple[int, np.ndarray | None] = (-1, None)  # (epoch, its permutation)
-
-    def epoch(self, step: int) -> int:
-        """The epoch of ``step``: the permutation its global batch is a slice of (an epoch is
-        ⌊length / batch⌋ steps); below one global batch of data every step draws anew, its own epoch."""
-        units, per_batch = self.length // self.group, self.batch // self.group
-        return step if units < per_batch else step // (units // per_batch)
-
-    def global_batch(self, step: int) -> np.ndarray:
-        """Dataset indices of the global batch of ``step``: consecutive slices of per-epoch
-        permutations (an epoch is ⌊length / batch⌋ steps; the remainder is dropped)."""
-        g = self.group
-        units, per_batch = self.length // g, self.batch // g  # whole groups only
-        if units < per_batch:  # tiny datasets: sample with replacement
-            picked = np.random.default_rng([self.seed, step]).integers(0, max(units, 1), per_batch)
-        else:
-            epoch, pos = self.epoch(step), step % (units // per_batch)
-            if self._perm[0] != epoch:  # one permutation per epoch, not per step (1M rows: ~10 ms)
-                self._perm = epoch, np.random.default_rng([self.seed, epoch]).permutation(units)
-            perm = self._perm[1]
-            picked = perm[pos * per_batch : (pos + 1) * per_batch]
-        if g == 1:
-            return picked
-        return (picked[:, None] * g + np.arange(g)).ravel()
-
-    def __iter__(self) -> Iterator[list[int]]:
-        local = self.batch // self.world
-        for step in range(self.start, self.steps):
-            idx = self.global_batch(step)[self.rank * local : (self.rank + 1) * local].tolist()
-            yield [(step, i) for i in idx]  # keys: the two views are seeded by the step
-
-    def __len__(self) -> int:
-        return self.steps - self.start
-
-
 class Collate:
     """List of (image, caption, bad[, labels, step, index]) → (pixels uint8 [B, 3, S, S], ids [B, L],
     mask [B, L], [labels [B], true_labels [B], [index [B]]] info), where ``bad`` lists the (where,
@@ -470,6 +420,8 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
     kept = _kept(cfg, pairs.images if d.source == "csv" else samples, n) if d.exclude else None
     sampler = StepBatches(n if kept is None else len(kept), cfg.train.batch_size, cfg.train.steps, cfg.seed,
                           start_step, rank, world_size, d.hard_negative_group)  # group > 1: synthetic only
+    if rank == 0 and (warning := sampler.repeats_warning(d.csv if d.source == "csv" else d.folder or d.source)):
+        print(f"nclip: warning: {warning}", file=sys.stderr, flush=True)
     row_labels, key = None, None
     if want is not None:
         key, space = label_space(cfg, want.key)

@@ -7,7 +7,7 @@ the caption of sample i at epoch e is ``template.format(class name)``, the templ
 generator seeded by (seed, e, i). So the prompt is re-sampled every epoch, and a caption is a pure
 function of (seed, step, index): reproducible, exact on resume and the same however the global
 batch is split over ranks (the epoch of a step is the step sampler's, see
-:meth:`nclip.data.loader.StepBatches.epoch`; for episodic ProtoCLIP it is the episode).
+:meth:`nclip.data.step_batches.StepBatches.epoch`; for episodic ProtoCLIP it is the episode).
 
 Templates: ``data.tagging.templates`` names a text file, one template per line with one ``{}``,
 ``#`` comments and blank lines ignored; without one, the label kind's zero-shot prompt templates
