@@ -71,7 +71,7 @@ def test_suite_one_command_one_table_and_compare(tmp_path, suite_data, capsys):
         assert main(argv) == 0, capsys.readouterr().err
         outs.append(out)
     printed = capsys.readouterr().out
-    assert "suite mean" in printed
+    _console_cells_are_the_reports(printed.split("time ")[0], outs[0] / "report.html")
 
     doc = json.loads((outs[0] / "results.json").read_text())
     r, s = doc["results"], doc["suite"]
@@ -99,6 +99,25 @@ def test_suite_one_command_one_table_and_compare(tmp_path, suite_data, capsys):
     rows = [line for line in table.splitlines() if line.startswith("| ") and "(" in line.split("|")[1]]
     assert [row.split("|")[1].strip().split(" (")[1] for row in rows] == ["xclip, clip head)", "clip, clip head)"]
     assert rows[1].count("(+") + rows[1].count("(-") + rows[1].count("(+0.0)") >= 8  # deltas to run 1
+
+
+def _console_cells_are_the_reports(printed: str, report) -> None:
+    """Issue 36.2: the console prints the cells the suite's mean is computed from, labelled with their
+    dataset and metric, with the values of the report's suite table, and then that mean."""
+    import re
+
+    cells = dict(re.findall(r"^suite: (.+?)\s{2,}(\S+)$", printed, re.M))
+    mean = re.search(r"^suite mean of zero-shot suite\s+(\S+) \(of the 4 cells above\)$", printed, re.M)
+    assert list(cells) == ["cifar10 zero-shot top-1", "cifar10 linear top-1", "imagenet1k zero-shot top-1",
+                           "coco R@1 (I→T, T→I mean)"], printed
+    assert mean and float(mean[1]) == pytest.approx(sum(map(float, cells.values())) / 4, abs=0.051)
+    page = report.read_text()
+    table = page[page.index("Suite <b>zero-shot suite</b>"):]
+    heads = re.findall(r"<th>(.*?)</th>", table.split("</thead>")[0])
+    values = re.findall(r'<td class="num">(.*?)</td>', table.split("</tbody>")[0])
+    shown = dict(zip([h.replace("&amp;", "&") for h in heads], values))
+    assert {h: shown[h] for h in cells} == cells and shown["Mean"] == mean[1]
+    assert "STS" not in printed  # no STS ran
 
 
 @pytest.mark.parametrize("body, needle", [

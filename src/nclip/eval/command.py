@@ -192,6 +192,20 @@ def _option(location: str) -> str:
 _SUMMARY = ("/top1", "/mean_recall", "/mAP", "/mean_top1", "/spearman", "/jaccard", "/ari")
 
 
+def _suite_rows(section: dict) -> list[tuple[str, str]]:
+    """The suite's headline cells, each labelled with its dataset and metric, then their mean: the
+    report's suite table (:func:`nclip.eval.suite_table.table_rows`), one line a cell (issue 36.2: the
+    console showed other metrics above a mean it was not computed from)."""
+    from nclip.eval.suite_table import table_rows
+
+    head, (row, *_) = table_rows([section])
+    used, total = section["mean"]["cells"]
+    cells = [(f"suite: {h}", v) for h, v in zip(head, row) if not h.startswith("Mean")]
+    mean = row[len(cells)].split(" (")[0]  # the report's Mean cell, less its "(used/total)"
+    return cells + [(f"suite mean of {section['name']}", f"{mean} (of the {used} cells above"
+                     + (f"; {total - used} without a value" if used < total else "") + ")")]
+
+
 def summary(doc: dict, out: Path, report: bool = True) -> str:
     from nclip.eval.report import fmt
     from nclip.eval.settings import TASKS
@@ -200,15 +214,13 @@ def summary(doc: dict, out: Path, report: bool = True) -> str:
     keys = sorted((k for k in r if k.endswith(_SUMMARY)),
                   key=lambda k: (TASKS.index(k.split("/")[0]) if k.split("/")[0] in TASKS else 99, k))
     rows = [(k, fmt(k.rsplit("/", 1)[1], r[k])) for k in keys]
-    width = max([len(k) for k, _ in rows] + [10])
+    suite = _suite_rows(doc["suite"]) if doc.get("suite") else []
+    width = max([len(k) for k, _ in rows + suite] + [10])
     c = doc["cache"]
-    lines = [f"{k:<{width}}  {v}" for k, v in rows]
-    if doc.get("suite"):  # the suite's row: its mean over the datasets' headline numbers
-        m = doc["suite"]["mean"]
-        lines.append(f"{'suite mean':<{width}}  {fmt('top1', m['all'])} ({m['cells'][0]} of {m['cells'][1]} "
-                     f"headline numbers of {doc['suite']['name']})")
+    lines = [f"{k:<{width}}  {v}" for k, v in rows + suite]
     lines += [f"{task:<{width}}  skipped: {reason}" for task, reason in doc.get("skipped", {}).items()]
-    lines.append(f"{'(percent; STS: Spearman x 100)':<{width}}")
+    sts = "; STS: Spearman x 100" if any(k.endswith("/spearman") for k in keys) else ""
+    lines.append(f"(percent{sts})")
     lines.append(f"{'results':<{width}}  {Path(out) / 'results.json'}")
     if report:
         lines.append(f"{'report':<{width}}  {Path(out) / 'report.html'}")
