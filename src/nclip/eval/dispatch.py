@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable
 
 import torch
@@ -56,6 +57,13 @@ class EvalState:
     def image_size(self) -> int:
         return self.ck.cfg.data.image_size
 
+    @cached_property
+    def trained_paths(self) -> tuple[set[str], str] | None:
+        """The run's training images, read once per evaluation (:mod:`nclip.eval.overlap`)."""
+        from nclip.eval.overlap import trained_paths
+
+        return trained_paths(self.ck.cfg)
+
     @property
     def autocast(self) -> torch.dtype | None:
         """The towers' autocast dtype in the checkpoint's run (``train.precision``) on this device:
@@ -88,7 +96,8 @@ def _features(st: EvalState, data: EvalData, split: str, texts: bool) -> dict[st
                            text_length=st.ck.cfg.data.text_length, n=len(samples))
 
     def compute():
-        st.log(f"extracting {data.name}/{split}: {len(samples)} images" + (" + captions" if texts else ""))
+        where = f" ({data.split_dirs[split]})" if split in data.split_dirs else ""  # imagefolder: val/ is "test"
+        st.log(f"extracting {data.name}/{split}{where}: {len(samples)} images" + (" + captions" if texts else ""))
         with _threads(st.extract_threads):
             f = extract(st.model, samples, st.image_size, st.device, st.settings.batch_size, texts=texts,
                         autocast=st.autocast)

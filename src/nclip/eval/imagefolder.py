@@ -85,5 +85,6 @@ def image_split(arg: str, classnames: str | None = None, templates: str | None =
                               "files": fingerprint(test.paths + ([train / f for f in folders if (train / f).is_dir()]
                                                                  if "train" in splits else []),
                                                    json.dumps([folders, space.names, space.templates]))},
-                    splits=splits, label_spaces={"class": space})
+                    splits=splits, label_spaces={"class": space},
+                    split_dirs={"test": str(root), **({"train": str(train.resolve())} if "train" in splits else {})})
 

@@ -18,6 +18,7 @@ task list, a re-rendered report -- only runs the protocols.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -106,6 +107,10 @@ def start(checkpoint: str | Path, settings: EvalSettings, log: Callable[[str], N
 
 def evaluate(st: EvalState, data: eval_data.EvalData) -> None:
     """Every selected task on one dataset, timed (call under ``_threads(1)``: the probes' threads)."""
+    from nclip.eval.overlap import overlap_warning
+
+    if warning := overlap_warning(data, st.trained_paths):
+        print(f"nclip: warning: {warning}", file=sys.stderr, flush=True)
     t = time.perf_counter()
     eval_dataset(st, data)
     st.timing[f"dataset/{data.name}{'-sts' if data.sts else ''}_s"] = time.perf_counter() - t
