@@ -48,7 +48,8 @@ def read_table(path: str | Path, image_key: str, columns: dict[str, str]) -> tup
             found = reader.fieldnames or []
             for key, what in ((image_key, "data.csv_image_key"), *columns.items()):
                 if key not in found:
-                    raise NclipError(f"{path}: no column {key!r} ({what}); columns: {', '.join(found) or 'none'}")
+                    raise NclipError(f"{path}: no column {key!r} ({what}); columns: {', '.join(found) or 'none'}; "
+                                     f"name yours with --set {what}=COLUMN")
             images, values = [], {key: [] for key in columns}
             for row in reader:
                 images.append(row[image_key] or "")

@@ -83,7 +83,7 @@ def startup_block(run, preset: str | None) -> str:
         ("image tower", _tower(m.vision.kind, m.vision, model.vision)),
         ("text tower", _tower(m.text.kind, m.text, text) if text is not None else "none (no text-side head)"),
         ("heads", f"{', '.join(sorted(model.heads))} ({heads / 1e6:.2f}M params)"),
-        ("data", _data(cfg, getattr(run.data, "size", None))),
+        ("data", _data(cfg, getattr(run.data, "size", None)) + _gave_way(preset, cfg)),
         ("device", f"{ctx.device}, {ctx.world_size} rank{'s' * (ctx.world_size > 1)}, {precision}"),
         ("steps", f"{steps}, lr {t.lr:g} ({t.warmup_steps} warm-up, cosine to {t.min_lr:g}), log every "
                   f"{t.log_every}, checkpoint every {t.checkpoint_every}"),
@@ -94,6 +94,19 @@ def startup_block(run, preset: str | None) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(["nclip train"] + [f"  {k:<{width}}  {v}" for k, v in rows])
+
+
+def _gave_way(preset: str | None, cfg) -> str:
+    """The preset's synthetic-scene settings set back for the run's own data source, if any
+    (:func:`nclip.config.synthetic_settings_give_way`)."""
+    from nclip.config import gave_way, load_preset
+    from nclip.errors import NclipError
+
+    try:
+        changed = gave_way(load_preset(preset), cfg) if preset else []
+    except NclipError:  # a config file that has gone since: nothing to compare with
+        return ""
+    return f" (the preset's synthetic-scene {', '.join(changed)} for {cfg.data.source})" if changed else ""
 
 
 def main_terms(row: dict) -> list[str]:
