@@ -71,7 +71,7 @@ def test_zero_series_are_named_and_a_count_that_moves_is_drawn():
     assert zero == ["data/skipped"]
     assert "skipped data samples" not in [p.title for p in panels]
     panels, zero = curve_panels([{"step": 2, **XCLIP_ROW, "data/skipped": 3}])
-    assert zero == [] and ("skipped data samples", ["data/skipped"], "count") in panels
+    assert zero == [] and ("skipped data samples", ["data/skipped"], "count") in [p[:3] for p in panels]
 
 
 def test_other_objectives_get_panels_by_kind(captured):
@@ -118,3 +118,41 @@ def test_confusion_numbers_are_readable_on_the_page_or_left_out(captured, n):
         assert texts
     if n >= 100:  # 10,000 cells: the shading alone
         assert not texts
+
+
+def test_evaluation_while_training_gets_panels_by_task_with_datasets_named(captured):
+    """Issue 36.3: five legend entries read "top1", top-1 and recall shared a "unit unknown" axis, and
+    eval_s was an unlabelled "other other series"."""
+    import re
+
+    row = {"loss": 1.0, "lr": 1e-3, **{f"eval/zeroshot/synthetic-{kind}/top1": 0.2
+                                       for kind in ("shape", "colour", "count", "realm", "size")},
+           **{f"eval/retrieval/synthetic/{m}": 0.3 for m in ("i2t@1", "i2t@5", "t2i@1", "t2i@5", "mean_recall")},
+           "eval/knn/digits-digit/top1": 0.5, "eval_s": 1.5}
+    drawn = _drawn(_rows(row), captured)
+    assert drawn["eval while training: zero-shot top-1"] == (
+        "top-1 accuracy (0 to 1)", {f"synthetic-{k}": [0.4, 0.8, 1.2000000000000002]
+                                    for k in ("shape", "colour", "count", "realm", "size")})
+    ylabel, lines = drawn["eval while training: retrieval recall@k"]
+    assert ylabel == "recall (0 to 1)" and set(lines) == {f"synthetic {m}" for m in
+                                                          ("i2t@1", "i2t@5", "t2i@1", "t2i@5", "mean_recall")}
+    assert drawn["eval while training: k-NN top-1"][1].keys() == {"digits-digit"}
+    assert drawn["time spent evaluating"] == ("seconds per evaluation", {"evaluation while training": [3.0, 6.0, 9.0]})
+    every_text = " ".join([*drawn, *(y for y, _ in drawn.values()), *(n for _, ls in drawn.values() for n in ls)])
+    assert "unknown" not in every_text and not re.search(r"\bother other\b", every_text)
+    assert "value, as logged" == KINDS["value"][0] and "other series" in _drawn(_rows({"loss": 1.0, "odd": 2.0}),
+                                                                                captured)
+
+
+@pytest.mark.slow
+def test_a_run_that_evaluates_while_training_has_no_unknown_panel(tmp_path, captured, one_thread, micro_overrides):
+    from nclip.config import resolve
+    from nclip.train.loop import train
+
+    train(resolve("micro", [*micro_overrides, "train.steps=4", "train.threads=1", "train.eval_every=2",
+                            "train.eval_samples=32"]), tmp_path / "run", progress=False, evaluate=False)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    drawn = _drawn(rows, captured)
+    assert "eval while training: zero-shot top-1" in drawn and "time spent evaluating" in drawn
+    labels = [n for _, lines in drawn.values() for n in lines]
+    assert "top1" not in labels and not any("unknown" in y for y, _ in drawn.values())

@@ -8,6 +8,11 @@ deviations of probabilities or logits; ...). Before issue 28.13 the nCLIP head's
 standard deviations shared a panel under a "nats" axis, and its title ("nclip terms") repeated
 the loss panel's ("nCLIP terms") but for the case. A panel whose every value is zero (the count of
 skipped samples of a clean run) is left out, and named under the figure instead.
+
+Evaluation while training (``eval/<task>/<dataset>/<metric>``, :mod:`nclip.train.periodic_eval`)
+gets a panel per task and metric family, each line named by its dataset and label kind (issue 36.3:
+five legend entries all read "top1" on one "unit unknown" axis), and ``eval_s`` a timing panel in
+seconds. No panel reads "unknown": a series nclip does not know is drawn "as logged".
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "logit": ("logit", "logits"),
     "coefficient": ("coefficient (no unit)", "coefficients"),
     "count": ("count", "counts"),
-    "value": ("value (unit unknown)", "other series"),
+    "value": ("value, as logged", "other series"),
 }
 
 # the run's own series, each on its panel; (title, key, y-axis label)
@@ -51,6 +56,43 @@ class Panel(NamedTuple):
     title: str
     keys: list[str]
     ylabel: str
+    labels: list[str] | None = None  # the legend's name of each key (None: the key's last part)
+
+
+# evaluation while training: task -> its name on a panel; metric family -> (its name, y-axis label)
+_EVAL_TASKS = {"zeroshot": "zero-shot", "linear": "linear probe", "knn": "k-NN", "retrieval": "retrieval",
+               "multilabel": "zero-shot multi-label", "sts": "text STS"}
+_EVAL_METRICS = {"top1": ("top-1", "top-1 accuracy (0 to 1)"), "top5": ("top-5", "top-5 accuracy (0 to 1)"),
+                 "recall": ("recall@k", "recall (0 to 1)"), "mAP": ("mAP", "mean average precision (0 to 1)"),
+                 "spearman": ("Spearman ρ", "Spearman correlation (-1 to 1)")}
+_TIMINGS = {"eval_s": "evaluation while training"}
+
+
+def _eval_family(metric: str) -> str:
+    return "recall" if metric == "mean_recall" or "@" in metric else metric
+
+
+def eval_panels(keys: list[str]) -> list[Panel]:
+    """The panels of the evaluation-while-training series among ``keys``: one per (task, metric
+    family), a line per dataset and label kind (and metric, where a family has several), then one
+    timing panel in seconds."""
+    groups: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
+    for k in keys:
+        parts = k.split("/")
+        if len(parts) == 4 and parts[0] == "eval":
+            _, task, dataset, metric = parts
+            groups.setdefault((task, _eval_family(metric)), []).append((k, dataset, metric))
+    panels = []
+    for (task, family), found in groups.items():
+        name, ylabel = _EVAL_METRICS.get(family, (family, f"{family}, as logged"))
+        several = len({m for _, _, m in found}) > 1
+        labels = [f"{d} {m}" if several else d for _, d, m in found]
+        panels.append(Panel(f"eval while training: {_EVAL_TASKS.get(task, task)} {name}", [k for k, _, _ in found],
+                            ylabel, labels))
+    timings = [k for k in _TIMINGS if k in keys]
+    if timings:
+        panels.append(Panel("time spent evaluating", timings, "seconds per evaluation", [_TIMINGS[k] for k in timings]))
+    return panels
 
 
 def series_kind(key: str) -> str:
@@ -90,23 +132,31 @@ def curve_panels(rows: list[dict]) -> tuple[list[Panel], list[str]]:
     """The panels of the training-curves figure for metrics.jsonl ``rows``, and the series left
     out because they are zero at every logged step (so the page can name them)."""
     keys = [k for k in numeric_keys(rows) if k not in NOT_DRAWN]
+    evals = eval_panels(keys)
+    evaluated = {k for p in evals for k in p.keys}
     groups: dict[tuple[str, str], list[str]] = {}
     for k in keys:
-        if k in _OWN:
+        if k in _OWN or k in evaluated:
             continue
         prefix = k.split("/", 1)[0] if "/" in k else "other"
         groups.setdefault((prefix, series_kind(k)), []).append(k)
     kind_order = list(KINDS)
 
     def group_panel(prefix: str, kind: str) -> Panel:
-        title = _TITLES.get((prefix, kind), f"{_PREFIX_NAMES.get(prefix, prefix)} {KINDS[kind][1]}")
+        if (prefix, kind) in _TITLES:
+            title = _TITLES[(prefix, kind)]
+        elif prefix == "other":  # series without a prefix: "other series", not "other other series"
+            title = KINDS[kind][1]
+        else:
+            title = f"{_PREFIX_NAMES.get(prefix, prefix)} {KINDS[kind][1]}"
         return Panel(title, groups[(prefix, kind)], KINDS[kind][0])
 
     first = [g for p in _FIRST for g in sorted(groups, key=lambda g: kind_order.index(g[1])) if g[0] == p]
     rest = sorted((g for g in groups if g[0] not in _FIRST), key=lambda g: (g[0], kind_order.index(g[1])))
     own = {k: Panel(_OWN[k][0], [k], _OWN[k][1]) for k in _OWN if k in keys}
     total = [own.pop("loss")] if "loss" in own else []
-    panels = total + [group_panel(*g) for g in first] + list(own.values()) + [group_panel(*g) for g in rest]
+    panels = (total + [group_panel(*g) for g in first] + list(own.values()) + [group_panel(*g) for g in rest]
+              + evals)
     drawn = [p for p in panels if not _all_zero(rows, p.keys)]
     dropped = [k for p in panels if p not in drawn for k in p.keys]
     return drawn, dropped

@@ -272,11 +272,12 @@ def curves_figure(rows: list[dict], panels: list) -> str:
     nrows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(12, 2.7 * nrows), squeeze=False)
     for ax, panel in zip(axes.flat, panels):
-        for k in panel.keys:
+        for i, k in enumerate(panel.keys):
             pts = [(r["step"], r[k]) for r in rows if isinstance(r.get(k), (int, float)) and math.isfinite(r[k])]
             if pts:
                 xs, ys = zip(*pts)
-                ax.plot(xs, ys, marker="." if len(xs) < 30 else None, lw=1.4, label=k.split("/")[-1])
+                label = panel.labels[i] if getattr(panel, "labels", None) else k.split("/")[-1]
+                ax.plot(xs, ys, marker="." if len(xs) < 30 else None, lw=1.4, label=label)
         ax.set_title(panel.title, fontsize=9)
         ax.set_xlabel("step (optimizer steps)", fontsize=8)
         ax.set_ylabel(panel.ylabel, fontsize=8)
