@@ -60,3 +60,31 @@ def test_the_docs_transformers_snippet_runs_without_noise(tmp_path, micro_overri
     assert done.stdout == "embedded\n"
     noise = [line for line in done.stderr.splitlines() if any(n in line for n in SNIPPET_NOISE)]
     assert not noise, noise
+
+
+@pytest.mark.slow
+def test_the_readmes_snippet_runs_as_written_and_prints_nclips_embeddings(tmp_path, micro_overrides, capfd):
+    """Issue 36.8: the README's snippet runs as written, quietly, and prints the embeddings; the
+    cosine it prints is nclip.load's."""
+    from PIL import Image
+
+    import nclip
+
+    hf = _exported(tmp_path, micro_overrides, capfd)
+    readme = (API_MD.parents[1] / "README.md").read_text(encoding="utf-8")
+    code = re.search(r"```python\n(.*?)```", readme[readme.index("nclip export --hf OUT"):], re.S).group(1)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    (tmp_path / "runs").mkdir()
+    os.symlink(hf, tmp_path / "runs" / "micro-hf")  # the README's own path, as a user who ran its commands has it
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    noise = [line for line in done.stderr.splitlines() if any(n in line for n in SNIPPET_NOISE)]
+    assert not noise, noise
+    found = re.fullmatch(r"image torch.Size\(\[1, (\d+)\]\) text torch.Size\(\[1, (\d+)\]\) cosine (\S+)\n",
+                         done.stdout)
+    assert found, done.stdout
+    model = nclip.load(tmp_path / "run")
+    cosine = (model.encode_image([Image.new("RGB", (64, 48), "red")]) @ model.encode_text(["a red circle"]).T).item()
+    assert int(found[1]) == int(found[2]) == model.encode_text(["x"]).shape[1]
+    assert float(found[3]) == pytest.approx(cosine, abs=2e-4)
