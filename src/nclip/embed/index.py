@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from nclip.embed import manifest as mf
+from nclip.embed.vectors import normalised
 from nclip.errors import NclipError
 
 
@@ -35,29 +36,6 @@ class Hit:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def load_shards(directory: Path, doc: dict, kind: str) -> np.ndarray:
-    """[N, D] float32: the ``kind`` ("images" or "texts") shards of a manifest, in row order."""
-    names = [s[kind] for s in doc["shards"] if kind in s]
-    if len(names) != len(doc["shards"]):
-        raise NclipError(f"{directory}: holds no {kind[:-1]} embeddings")
-    return np.concatenate([np.load(directory / name) for name in names]).astype(np.float32)
-
-
-def normalised(vectors: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit ℓ2 norm (float32, C order: what Faiss takes); zero rows stay zero."""
-    v = np.ascontiguousarray(vectors, dtype=np.float32)
-    return v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
-
-
-def build_faiss(vectors: np.ndarray):
-    """An exact inner-product Faiss index over the ℓ2-normalised ``vectors`` [N, D]."""
-    import faiss
-
-    index = faiss.IndexFlatIP(vectors.shape[1])
-    index.add(normalised(vectors))
-    return index
 
 
 class Index:

@@ -118,7 +118,7 @@ def _save(path: Path, array: np.ndarray) -> None:
 
 def _finish(doc: dict, out: Path, rows) -> dict:
     """The one metadata file, the Faiss index and the completed manifest, from the finished shards."""
-    from nclip.embed.index import build_faiss, load_shards
+    from nclip.embed.vectors import build_faiss, load_shards
 
     if doc["rows"] == 0:
         raise NclipError(f"{rows.spec}: no rows to embed")
