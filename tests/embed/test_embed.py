@@ -220,3 +220,15 @@ def test_import_nclip_leaves_index_lazy():
     code = ("import sys, nclip; assert 'torch' not in sys.modules; from nclip.embed.index import Index; "
             "assert nclip.Index is Index")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_help_and_early_mistakes_load_no_torch(tmp_path):
+    """`nclip embed --help`, a bad --batch-size and a DIR without a manifest answer before torch loads."""
+    code = ("import sys\nfrom nclip.cli import main\n"
+            "for argv in (['embed', 'x', '--checkpoint', 'm', '--out', sys.argv[1], '--batch-size', '0'],"
+            " ['search', sys.argv[1], '--text', 'x']):\n"
+            "    assert main(argv) == 2, argv\n"
+            "assert 'torch' not in sys.modules and 'numpy' not in sys.modules, 'heavy import'\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(done.stderr.strip().splitlines()) == 2 and "Traceback" not in done.stderr

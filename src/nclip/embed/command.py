@@ -20,7 +20,7 @@ _SPEC_HELP = ("data to embed: anything nclip eval --dataset takes (synthetic | d
 
 
 def add_embed_parser(sub) -> argparse.ArgumentParser:
-    from nclip.embed.writer import DEFAULT_BATCH_SIZE, DEFAULT_SHARD_SIZE  # light: numpy only
+    from nclip.embed.manifest import DEFAULT_BATCH_SIZE, DEFAULT_SHARD_SIZE  # light: no numpy, no torch
 
     p = sub.add_parser("embed", help="embed a dataset with a model: float16 .npy shards, metadata, a Faiss index "
                        "(docs/embed.md)",
@@ -82,6 +82,9 @@ def run_embed_command(args) -> int:
 def run_search_command(args) -> int:
     if args.k < 1:
         raise NclipError(f"search: -k must be >= 1, got {args.k}")
+    from nclip.embed.manifest import read_manifest
+
+    read_manifest(args.directory)  # a DIR without embeddings answers before numpy and torch load
     from nclip.embed.index import Index, open_image
 
     query = open_image(args.image) if args.image is not None else None  # a bad file answers before the model loads

@@ -90,7 +90,7 @@ class Index:
             if ck.sha256 != model["sha256"]:
                 raise NclipError(f"--checkpoint {path} is not the model {self.directory} was embedded with (weights "
                                  f"sha256 {ck.sha256[:12]}, manifest {model['sha256'][:12]})")
-            self._encoder = embed_model.Encoder(ck, self._device)
+            self._encoder = embed_model.Encoder.load(ck, self._device)
         return self._encoder
 
     def search_vectors(self, queries: np.ndarray, k: int = 10) -> list[list[Hit]]:

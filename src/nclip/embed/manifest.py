@@ -26,6 +26,8 @@ from nclip.jsonio import read_json, writing
 from nclip.runlock import LOCK_NAME
 
 FORMAT = "nclip-embed/1"
+DEFAULT_SHARD_SIZE = 10_000  # rows per .npy file
+DEFAULT_BATCH_SIZE = 64
 MANIFEST, METADATA, INDEX, PARTS = "manifest.json", "metadata.jsonl", "index.faiss", ".parts"
 
 

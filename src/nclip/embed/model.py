@@ -38,22 +38,27 @@ def describe(ck) -> dict:
 
 
 class Encoder:
-    """A checkpoint's model on ``device`` with its zero-shot embedding of pixels and captions."""
+    """A model on a device with its zero-shot embedding of pixels and captions; ``cfg``: its run config."""
 
-    def __init__(self, ck, device: str | torch.device | None = None):
+    def __init__(self, model, cfg, device: torch.device):
         from nclip.data.transforms import model_resize
         from nclip.objectives import REGISTRY
 
+        self.model, self.device = model.eval(), device
+        objective = REGISTRY[cfg.objective.name][1]
+        self.head, self.probe_features = objective.zero_shot_head, objective.probe_features
+        self.image_size = cfg.data.image_size
+        self.resize = model_resize(model)
+
+    @classmethod
+    def load(cls, ck, device: str | torch.device | None = None) -> Encoder:
+        """The model of a checkpoint on ``device`` (None or "auto": CUDA when there is one)."""
         if device is None or device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise NclipError(f"device {str(self.device)!r} requested but no CUDA device is available")
-        self.model = ck.load(self.device).eval()
-        objective = REGISTRY[ck.cfg.objective.name][1]
-        self.head, self.probe_features = objective.zero_shot_head, objective.probe_features
-        self.image_size = ck.cfg.data.image_size
-        self.resize = model_resize(self.model)
+        device = torch.device(device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise NclipError(f"device {str(device)!r} requested but no CUDA device is available")
+        return cls(ck.load(device), ck.cfg, device)
 
     @property
     def embedding(self) -> str:

@@ -57,7 +57,7 @@ def open_rows(spec: str, *, image_size: int, max_objects: int, seed: int, sample
     data = built[0]
     if not data.splits:
         raise NclipError(f"{spec}: holds no images to embed (sentence pairs only)")
-    return _eval_rows(spec, data)
+    return eval_rows(spec, data)
 
 
 def _is_shards(spec: str) -> bool:
@@ -65,8 +65,9 @@ def _is_shards(spec: str) -> bool:
     return spec.endswith(".tar") or "{" in spec and ".tar" in spec or (path.is_dir() and any(path.glob("*.tar")))
 
 
-def _eval_rows(spec: str, data) -> Rows:
-    """Every split of an :class:`~nclip.eval.evaldata.EvalData`, one after the other."""
+def eval_rows(spec: str, data) -> Rows:
+    """Every split of an :class:`~nclip.eval.evaldata.EvalData`, one after the other (also rows made
+    in memory: the bench's)."""
     parts = [(split, samples) for split, samples in data.splits.items()]
     bounds, total = [], 0
     for _, samples in parts:

@@ -21,8 +21,7 @@ import numpy as np
 from nclip.embed import manifest as mf
 from nclip.errors import NclipError
 
-DEFAULT_SHARD_SIZE = 10_000
-DEFAULT_BATCH_SIZE = 64
+DEFAULT_SHARD_SIZE, DEFAULT_BATCH_SIZE = mf.DEFAULT_SHARD_SIZE, mf.DEFAULT_BATCH_SIZE
 
 
 def embed(spec: str, checkpoint: str | Path, out: str | Path, *, arch: str | None = None,
@@ -47,7 +46,7 @@ def embed(spec: str, checkpoint: str | Path, out: str | Path, *, arch: str | Non
                      run_keys=(cfg.data.csv_image_key, cfg.data.csv_caption_key))
     model = embed_model.describe(ck)
     with DirLock(out, "nclip embed"):
-        encoder = embed_model.Encoder(ck, device)
+        encoder = embed_model.Encoder.load(ck, device)
         settings = {"data": rows.identity, "embedding": encoder.embedding, "image_size": encoder.image_size,
                     "batch_size": batch_size, "shard_size": shard_size, "dtype": "float16",
                     "compute_dtype": "float32", "texts": rows.captions and encoder.head is not None,
@@ -60,11 +59,11 @@ def embed(spec: str, checkpoint: str | Path, out: str | Path, *, arch: str | Non
         doc = doc or {"format": mf.FORMAT, "model": model, "settings": settings, "shards": [], "rows": 0,
                       "position": 0, "complete": False}
         out.mkdir(parents=True, exist_ok=True)
-        _write_shards(doc, out, rows, encoder, progress)
+        write_shards(doc, out, rows, encoder, progress)
         return _finish(doc, out, rows)
 
 
-def _write_shards(doc: dict, out: Path, rows, encoder, progress: bool) -> None:
+def write_shards(doc: dict, out: Path, rows, encoder, progress: bool) -> None:
     """Encode and write every shard after the manifest's last one, updating the manifest after each."""
     from tqdm.auto import tqdm
 
