@@ -5,6 +5,7 @@ a killed run continues to the same files, and bad inputs are one line with exit 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -88,7 +89,8 @@ def test_faiss_ranks_as_brute_force_cosine(setup):
     _, _, out = setup
     index = nclip.Index.open(out)
     assert isinstance(index, Index) and len(index) == ROWS
-    stored = np.concatenate([np.load(p) for p in sorted(out.glob("images-*.npy"))]).astype(np.float32)
+    stored = index.embeddings("images")
+    assert stored.shape == (ROWS, index.manifest["dim"]) and index.embeddings("texts").shape == stored.shape
     stored /= np.linalg.norm(stored, axis=1, keepdims=True)
     queries = np.random.default_rng(1).normal(size=(5, stored.shape[1])).astype(np.float32)
     for query, hits in zip(queries, index.search_vectors(queries, k=7)):
@@ -103,7 +105,7 @@ def test_search_cli_json_and_image_query(setup, capsys):
     capsys.readouterr()
     assert main(["search", str(out), "--text", caption, "-k", "5", "--json", "--device", "cpu"]) == 0
     hits = json.loads(capsys.readouterr().out)
-    stored = np.concatenate([np.load(p) for p in sorted(out.glob("images-*.npy"))]).astype(np.float32)
+    stored = Index.open(out).embeddings()
     stored /= np.linalg.norm(stored, axis=1, keepdims=True)
     query = nclip.load(run, device="cpu").encode_text([caption]).numpy()[0]
     cosine = stored @ (query / np.linalg.norm(query))
@@ -232,3 +234,28 @@ def test_help_and_early_mistakes_load_no_torch(tmp_path):
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert len(done.stderr.strip().splitlines()) == 2 and "Traceback" not in done.stderr
+
+
+def test_a_transformers_clip_directory_and_an_image_only_objective(setup, tmp_path, capsys):
+    """Any model nclip.load takes: a transformers CLIPModel directory embeds as nclip.load encodes;
+    an image-only objective (CMSF) embeds images only and refuses a text query in one line."""
+    sys.path.insert(0, str(Path(__file__).parent.parent / "models"))
+    from hf_fixtures import save_tiny_clip
+
+    _, csv, _ = setup
+    save_tiny_clip(tmp_path / "hf")
+    assert main(_embed_args(tmp_path / "hf", csv, tmp_path / "hf-emb")) == 0
+    index = nclip.Index.open(tmp_path / "hf-emb")
+    want = nclip.load(tmp_path / "hf", device="cpu").encode_image([Image.open(r["path"]) for r in index.rows])
+    assert np.abs(index.embeddings() - want.numpy()).max() < 1e-3
+    assert index.manifest["model"]["format"] == "transformers CLIPModel"
+    assert [h.row for h in index.search_image(index.rows[5]["path"], k=1)] == [5]
+
+    cfg = resolve("micro", list(MICRO_OVERRIDES) + ["objective.name=cmsf"])
+    save_model(build_model(cfg, pretrained_text=False).eval(), cfg, tmp_path / "cmsf" / "model")
+    assert main(_embed_args(tmp_path / "cmsf", csv, tmp_path / "cmsf-emb")) == 0
+    doc = json.loads((tmp_path / "cmsf-emb" / "manifest.json").read_text())
+    assert not doc["settings"]["texts"] and not list((tmp_path / "cmsf-emb").glob("texts-*"))
+    _one_line_error(capsys, ["search", str(tmp_path / "cmsf-emb"), "--text", "x"], "image-only")
+    assert main(["search", str(tmp_path / "cmsf-emb"), "--image", index.rows[2]["path"], "-k", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["row"] == 2

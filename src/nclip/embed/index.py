@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from nclip.embed import manifest as mf
-from nclip.embed.vectors import normalised
+from nclip.embed.vectors import load_shards, normalised
 from nclip.errors import NclipError
 
 
@@ -75,6 +75,10 @@ class Index:
     def __len__(self) -> int:
         return len(self.rows)
 
+    def embeddings(self, kind: str = "images") -> np.ndarray:
+        """[N, D] float32: the stored ``"images"`` (or ``"texts"``) embeddings, in row order."""
+        return load_shards(self.directory, self.manifest, kind)
+
     @property
     def encoder(self):
         """The query model, loaded on first use after its fingerprint is checked against the manifest."""
@@ -88,8 +92,10 @@ class Index:
                 raise NclipError(f"{self.directory}: its model {path} is not there any more; pass --checkpoint")
             ck = embed_model.resolve(path, arch)
             if ck.sha256 != model["sha256"]:
-                raise NclipError(f"--checkpoint {path} is not the model {self.directory} was embedded with (weights "
-                                 f"sha256 {ck.sha256[:12]}, manifest {model['sha256'][:12]})")
+                what = (f"--checkpoint {path} is not the model" if self._checkpoint is not None
+                        else f"the model at {path} has changed since it was the one")
+                raise NclipError(f"{what} {self.directory} was embedded with (weights sha256 {ck.sha256[:12]}, "
+                                 f"manifest {model['sha256'][:12]}); pass --checkpoint with those weights")
             self._encoder = embed_model.Encoder.load(ck, self._device)
         return self._encoder
 

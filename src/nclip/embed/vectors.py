@@ -24,10 +24,14 @@ def normalised(vectors: np.ndarray) -> np.ndarray:
     return v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
 
 
-def build_faiss(vectors: np.ndarray):
-    """An exact inner-product Faiss index over the ℓ2-normalised ``vectors`` [N, D]."""
+def build_faiss(directory: Path, doc: dict):
+    """An exact inner-product Faiss index over the ℓ2-normalised image embeddings of a manifest's
+    shards, added shard by shard (one shard in memory at a time, besides the index)."""
     import faiss
 
-    index = faiss.IndexFlatIP(vectors.shape[1])
-    index.add(normalised(vectors))
+    index = None
+    for shard in doc["shards"]:
+        vectors = normalised(np.load(directory / shard["images"]))
+        index = index or faiss.IndexFlatIP(vectors.shape[1])
+        index.add(vectors)
     return index

@@ -49,8 +49,7 @@ def embed(spec: str, checkpoint: str | Path, out: str | Path, *, arch: str | Non
         encoder = embed_model.Encoder.load(ck, device)
         settings = {"data": rows.identity, "embedding": encoder.embedding, "image_size": encoder.image_size,
                     "batch_size": batch_size, "shard_size": shard_size, "dtype": "float16",
-                    "compute_dtype": "float32", "texts": rows.captions and encoder.head is not None,
-                    "seed": seed, "samples": samples}
+                    "compute_dtype": "float32", "texts": rows.captions and encoder.head is not None}
         doc = mf.resume_point(out, model, settings, force)
         if doc is not None and doc.get("complete"):
             (log or _stderr)(f"embed: {out} already holds these embeddings ({doc['rows']} rows); nothing to do")
@@ -117,18 +116,17 @@ def _save(path: Path, array: np.ndarray) -> None:
 
 def _finish(doc: dict, out: Path, rows) -> dict:
     """The one metadata file, the Faiss index and the completed manifest, from the finished shards."""
-    from nclip.embed.vectors import build_faiss, load_shards
+    from nclip.embed.vectors import build_faiss
 
     if doc["rows"] == 0:
         raise NclipError(f"{rows.spec}: no rows to embed")
     parts = [out / mf.PARTS / mf.shard_name("meta", n) for n in range(len(doc["shards"]))]
     mf.atomic_write(out / mf.METADATA, lambda tmp: tmp.write_text("".join(p.read_text() for p in parts)))
-    vectors = load_shards(out, doc, "images")
-    index = build_faiss(vectors)
+    index = build_faiss(out, doc)
     import faiss
 
     mf.atomic_write(out / mf.INDEX, lambda tmp: faiss.write_index(index, str(tmp)))
-    doc.update(complete=True, dim=int(vectors.shape[1]), metadata=mf.METADATA,
+    doc.update(complete=True, dim=int(index.d), metadata=mf.METADATA,
                index={"file": mf.INDEX, "kind": "IndexFlatIP", "metric": "inner product of l2-normalised vectors"},
                skipped=rows.skipped[:100], skipped_count=len(rows.skipped))
     mf.write_manifest(out, doc)
