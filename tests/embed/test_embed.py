@@ -123,30 +123,38 @@ def test_search_cli_json_and_image_query(setup, capsys):
     assert len(lines) == 2 and own in lines[0] and "picture 11 of a green thing" in lines[0]
 
 
-def test_kill_after_first_shard_then_rerun_gives_the_same_files(setup, tmp_path, monkeypatch, capsys):
-    run, csv, full = setup
-    out = tmp_path / "killed"
+def _dies_on_batch(monkeypatch, n: int) -> None:
+    """The n-th batch the encoder is given raises KeyboardInterrupt (as a Ctrl-C or kill would stop it)."""
     encode, calls = embed_model.Encoder.images, []
 
-    def dies_on_the_third_batch(self, pixels):
+    def dies(self, pixels):
         calls.append(len(pixels))
-        if len(calls) == 3:  # shard 0 is batches 1 and 2
+        if len(calls) == n:
             raise KeyboardInterrupt
         return encode(self, pixels)
 
-    monkeypatch.setattr(embed_model.Encoder, "images", dies_on_the_third_batch)
-    assert main(_embed_args(run, csv, out)) == 130
+    monkeypatch.setattr(embed_model.Encoder, "images", dies)
+
+
+def _same_files(a, b) -> None:
+    names = sorted(p.name for p in a.iterdir())
+    assert sorted(p.name for p in b.iterdir()) == names
+    for name in names:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+def test_kill_after_first_shard_then_rerun_gives_the_same_files(setup, tmp_path, monkeypatch, capsys):
+    run, csv, full = setup
+    out = tmp_path / "killed"
+    with monkeypatch.context() as patch:
+        _dies_on_batch(patch, 3)  # shard 0 is batches 1 and 2
+        assert main(_embed_args(run, csv, out)) == 130
     doc = json.loads((out / "manifest.json").read_text())
     assert not doc["complete"] and len(doc["shards"]) == 1 and not (out / ".nclip.lock").exists()
     assert main(["search", str(out), "--text", "x"]) == 2  # unfinished: refused in one line
     assert "unfinished" in capsys.readouterr().err
-    monkeypatch.setattr(embed_model.Encoder, "images", encode)
-    calls.clear()
     assert main(_embed_args(run, csv, out)) == 0
-    names = sorted(p.name for p in full.iterdir())
-    assert sorted(p.name for p in out.iterdir()) == names
-    for name in names:
-        assert (out / name).read_bytes() == (full / name).read_bytes(), name
+    _same_files(full, out)
     assert main(_embed_args(run, csv, out)) == 0  # finished: nothing to do
     assert "nothing to do" in capsys.readouterr().err
 
@@ -191,9 +199,9 @@ def test_bad_inputs_are_one_line(setup, tmp_path, capsys):
         _one_line_error(capsys, _embed_args(run, csv, tmp_path / "locked"), "in use")
 
 
-def test_webdataset_shards_and_python_build(tmp_path):
+def test_webdataset_shards_resume_and_python_build(tmp_path, monkeypatch):
     """Training shards embed in tar order, with SHARD#KEY as the path and a record without an image
-    left out; ``nclip.Index.build`` writes and opens in one call."""
+    left out (before the point a killed run resumes from); ``nclip.Index.build`` writes and opens."""
     import io
     import tarfile
 
@@ -204,18 +212,25 @@ def test_webdataset_shards_and_python_build(tmp_path):
     for i in range(10):
         writer.write(rng.integers(0, 256, (18, 18, 3), dtype=np.uint8), f"shard caption {i}")
     writer.close()
-    with tarfile.open(tmp_path / "shards" / "00002.tar", "w") as tar:  # a caption without its image
+    with tarfile.open(tmp_path / "shards" / "00000a.tar", "w") as tar:  # between the two: no image
         info = tarfile.TarInfo("lonely.txt")
         info.size = 4
         tar.addfile(info, io.BytesIO(b"solo"))
     run = _run(tmp_path, "run", 0)
-    index = nclip.Index.build(str(tmp_path / "shards"), run, tmp_path / "out", batch_size=4, shard_size=4,
-                              device="cpu", progress=False)
-    assert len(index) == 10 and index.manifest["skipped_count"] == 1
+    options = dict(batch_size=4, shard_size=4, device="cpu", progress=False)
+    index = nclip.Index.build(str(tmp_path / "shards"), run, tmp_path / "out", **options)
+    assert len(index) == 10 and index.manifest["skipped_count"] == 1 and index.manifest["position"] == 11
     assert [r["caption"] for r in index.rows] == [f"shard caption {i}" for i in range(10)]
     assert index.rows[7]["path"].endswith("00001.tar#000010001")
     hits = index.search_text(["shard caption 4", "shard caption 5"], k=3)
     assert len(hits) == 2 and all(len(h) == 3 for h in hits)
+    with monkeypatch.context() as patch:
+        _dies_on_batch(patch, 3)  # after shards 0 and 1 (records 1-4, then 5, 6, the bad one, 7, 8)
+        with pytest.raises(KeyboardInterrupt):
+            nclip.Index.build(str(tmp_path / "shards"), run, tmp_path / "killed", **options)
+    assert json.loads((tmp_path / "killed" / "manifest.json").read_text())["position"] == 9
+    nclip.Index.build(str(tmp_path / "shards"), run, tmp_path / "killed", **options)
+    _same_files(tmp_path / "out", tmp_path / "killed")
 
 
 def test_import_nclip_leaves_index_lazy():
