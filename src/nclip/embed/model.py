@@ -37,16 +37,24 @@ def describe(ck) -> dict:
             "arch": ck.arch, "objective": ck.cfg.objective.name}
 
 
+def zero_shot_space(cfg) -> tuple[str | None, str, str]:
+    """(zero-shot head or None, probe features, a description) of a run config's objective: what its
+    embeddings are, known before the model loads."""
+    from nclip.objectives import REGISTRY
+
+    objective = REGISTRY[cfg.objective.name][1]
+    head, features = objective.zero_shot_head, objective.probe_features
+    return head, features, f"{head} head" if head else f"{features} features (image-only objective)"
+
+
 class Encoder:
     """A model on a device with its zero-shot embedding of pixels and captions; ``cfg``: its run config."""
 
     def __init__(self, model, cfg, device: torch.device):
         from nclip.data.transforms import model_resize
-        from nclip.objectives import REGISTRY
 
         self.model, self.device = model.eval(), device
-        objective = REGISTRY[cfg.objective.name][1]
-        self.head, self.probe_features = objective.zero_shot_head, objective.probe_features
+        self.head, self.probe_features, self.embedding = zero_shot_space(cfg)
         self.image_size = cfg.data.image_size
         self.resize = model_resize(model)
 
@@ -59,11 +67,6 @@ class Encoder:
         if device.type == "cuda" and not torch.cuda.is_available():
             raise NclipError(f"device {str(device)!r} requested but no CUDA device is available")
         return cls(ck.load(device), ck.cfg, device)
-
-    @property
-    def embedding(self) -> str:
-        """What the vectors are: the zero-shot head's output, or an image-only objective's probe features."""
-        return f"{self.head} head" if self.head else f"{self.probe_features} features (image-only objective)"
 
     def pixels(self, image) -> torch.Tensor:
         """[3, S, S] of a PIL image or uint8 [H, W, 3] array, by the eval transform."""

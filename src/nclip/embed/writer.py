@@ -45,12 +45,12 @@ def embed(spec: str, checkpoint: str | Path, out: str | Path, *, arch: str | Non
                      samples=samples, image_key=image_key, caption_key=caption_key,
                      run_keys=(cfg.data.csv_image_key, cfg.data.csv_caption_key))
     model = embed_model.describe(ck)
+    head, _, embedding = embed_model.zero_shot_space(cfg)
+    settings = {"data": rows.identity, "embedding": embedding, "image_size": cfg.data.image_size,
+                "batch_size": batch_size, "shard_size": shard_size, "dtype": "float16", "compute_dtype": "float32",
+                "texts": rows.captions and head is not None}
     with DirLock(out, "nclip embed"):
-        encoder = embed_model.Encoder.load(ck, device)
-        settings = {"data": rows.identity, "embedding": encoder.embedding, "image_size": encoder.image_size,
-                    "batch_size": batch_size, "shard_size": shard_size, "dtype": "float16",
-                    "compute_dtype": "float32", "texts": rows.captions and encoder.head is not None}
-        doc = mf.resume_point(out, model, settings, force)
+        doc = mf.resume_point(out, model, settings, force)  # before the model loads: a refusal is quick
         if doc is not None and doc.get("complete"):
             (log or _stderr)(f"embed: {out} already holds these embeddings ({doc['rows']} rows); nothing to do")
             shutil.rmtree(out / mf.PARTS, ignore_errors=True)  # left by a kill just after the manifest
@@ -58,7 +58,7 @@ def embed(spec: str, checkpoint: str | Path, out: str | Path, *, arch: str | Non
         doc = doc or {"format": mf.FORMAT, "model": model, "settings": settings, "shards": [], "rows": 0,
                       "position": 0, "complete": False}
         out.mkdir(parents=True, exist_ok=True)
-        write_shards(doc, out, rows, encoder, progress)
+        write_shards(doc, out, rows, embed_model.Encoder.load(ck, device), progress)
         return _finish(doc, out, rows)
 
 
