@@ -19,3 +19,14 @@ def load(path, device=None, arch=None):
     from nclip.api import load as _load
 
     return _load(path, device, arch)
+
+
+def __getattr__(name: str):
+    """``nclip.Index`` (write an ``nclip embed`` directory with ``Index.build``, search one opened with
+    ``Index.open``), imported on first use so that ``import nclip`` loads no torch. (``nclip.embed``
+    is the package, so the function that writes is :func:`nclip.embed.writer.embed`.)"""
+    if name == "Index":
+        from nclip.embed.index import Index
+
+        return Index
+    raise AttributeError(f"module 'nclip' has no attribute {name!r}")

@@ -17,22 +17,18 @@ from typing import Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from nclip.data.folders import FOLDER_TEMPLATES
 from nclip.data.loader import eval_tensor
 from nclip.data.transforms import model_resize
 from nclip.data.types import LabelSpace
-from nclip.defaults import EVAL_BATCH_SIZE, PROBE_FEATURES
+from nclip.defaults import EVAL_BATCH_SIZE
 from nclip.errors import NclipError
 from nclip.eval import zeroshot
 from nclip.eval.checkpoint import resolve_checkpoint
-from nclip.eval.features import _cat, encode_texts, ensemble, similarity
+from nclip.eval.features import HEAD_KEY, _cat, encode_texts, ensemble, similarity, zero_shot_embedding
 from nclip.eval.settings import MODEL_HEAD
-
-# the output of DualEncoder.encode_image / encode_text that each zero-shot score reads
-HEAD_KEY = {"clip": "emb", "nclip": "logits"}
 
 
 class LoadedModel(nn.Module):
@@ -153,14 +149,10 @@ class LoadedModel(nn.Module):
         return zeroshot.scores(self.image_outputs(images, batch_size), classes, self.head, self.nclip_score)
 
     def _embedding(self, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The zero-shot head's output: the CLIP head's embedding ℓ2-normalised (cosine = dot
-        product); the nCLIP head's logits h as they are (nCLIP's −L_CE reads their softmax, which
-        normalising would change: compare them with :meth:`similarity`). An image-only objective
-        gives its probe features (``Objective.probe_features``), ℓ2-normalised."""
-        if self.head is None:
-            return F.normalize(outputs[PROBE_FEATURES[self.probe_features]], dim=-1)
-        key = HEAD_KEY[MODEL_HEAD[self.head]]
-        return F.normalize(outputs[key], dim=-1) if key == "emb" else outputs[key]
+        """The zero-shot head's output (:func:`nclip.eval.features.zero_shot_embedding`): the CLIP
+        head's embedding ℓ2-normalised (cosine = dot product); the nCLIP head's logits h as they are
+        (compare them with :meth:`similarity`); an image-only objective's probe features, ℓ2-normalised."""
+        return zero_shot_embedding(outputs, self.head, self.probe_features)
 
     def _need_text(self, what: str) -> None:
         if self.head is None:

@@ -145,6 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
     from nclip.finetune.command import add_finetune_parser  # light, as eval's
 
     add_finetune_parser(sub)
+    from nclip.embed.command import add_embed_parser, add_search_parser  # light, as eval's
+
+    add_embed_parser(sub)
+    add_search_parser(sub)
     return parser
 
 
@@ -336,6 +340,15 @@ def _cmd_finetune(args) -> int:
 
 
 COMMANDS["finetune"] = _cmd_finetune
+
+
+def _cmd_embed(args) -> int:
+    from nclip.embed.command import run_embed_command, run_search_command
+
+    return (run_embed_command if args.command == "embed" else run_search_command)(args)
+
+
+COMMANDS["embed"] = COMMANDS["search"] = _cmd_embed
 
 
 def _check_outputs(args) -> None:

@@ -13,7 +13,8 @@ Rows (every figure is measured in this run; a ratio's two sides are measured sid
 - synthetic data generation per core at 64 and 224 px, over the 2,000 samples/s target;
 - ProtoCLIP's per-episode K-Means and PBT (the paper's 200k × 128 → 20k on a GPU; scaled down on
   the CPU, as the row says);
-- evaluation feature extraction, images/s (the held-out scenes made by a process pool first);
+- evaluation feature extraction, images/s (the held-out scenes made by a process pool first), and
+  ``nclip embed``'s images/s over the bare ``encode_image`` (:mod:`nclip.bench.embed_rate`);
 - the largest global batch under a memory limit, plain, with gradient checkpointing and with exact
   accumulation: a linear fit of the peak memory of measured trainer steps (:mod:`nclip.bench.batch_memory`);
 - trainer samples/s at FLIP patch dropout 0, 0.5 and 0.75 and the ratios to 0, ViT towers only
@@ -235,6 +236,10 @@ def _stage_eval(b: _Bench) -> None:
     ev = parts.eval_rate(b.cfg, b.sizes.eval_images, b.device)
     b.rep.add("eval features images/s", ev["images_per_s"], f"{ev['images']} images, batch {ev['batch_size']}")
     b.details["eval"] = ev
+    from nclip.bench.embed_rate import embed_over_forward
+
+    r = b.details["embed"] = embed_over_forward(b.cfg, b.sizes.eval_images, b.device)
+    b.rep.add("embed images/s / bare forward", r["ratio"], r["detail"])
 
 
 OPEN_CLIP_ROW = "nclip clip / open_clip ViT-B-16 samples/s"
@@ -366,7 +371,8 @@ STAGES = [
     Stage("data", ("data 64 px samples/s/core", "data 224 px samples/s/core"), _stage_data),
     Stage("loader", ("generator / loader per worker", "one / two views loader per worker"), _stage_loader),
     Stage("kmeans", ("K-Means s", "PBT s"), _stage_kmeans),
-    Stage("eval", ("eval features images/s",), _stage_eval, lambda b: _models(b, 1, 0)),
+    Stage("eval", ("eval features images/s", "embed images/s / bare forward"), _stage_eval,
+          lambda b: _models(b, 2, 0)),
     Stage("batch_memory", tuple(BATCH_ROWS.values()), _stage_batch_memory, _memory_estimate),
     Stage("patch_dropout", PATCH_ROWS, _stage_patch_dropout,
           lambda b: _models(b, 1, 3) if b.cfg.model.vision.kind == "vit" else 0.0),  # else skipped at once

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from nclip.data.loader import eval_tensor
 from nclip.data.transforms import model_resize
 from nclip.data.types import LabelSpace, Sample
-from nclip.defaults import EVAL_BATCH_SIZE
+from nclip.defaults import EVAL_BATCH_SIZE, PROBE_FEATURES
 from nclip.objectives.functional import nclip_similarity, yclip_similarity
 from nclip.precision import to_float32, tower_autocast
 
@@ -148,6 +148,24 @@ def similarity(image: dict[str, torch.Tensor], text: dict[str, torch.Tensor], he
     if head == "yclip":
         return yclip_similarity(image["logits"], text["logits"])
     raise ValueError(f"unknown head {head!r}")
+
+
+# the output of DualEncoder.encode_image / encode_text that each projection head's score reads
+HEAD_KEY = {"clip": "emb", "nclip": "logits"}
+
+
+def zero_shot_embedding(outputs: dict[str, torch.Tensor], head: str | None, probe_features: str) -> torch.Tensor:
+    """[N, D] the embedding of the zero-shot score ``head`` (an objective's ``zero_shot_head``) from a
+    batch's head outputs: the CLIP head's embedding ℓ2-normalised (cosine = dot product); the nCLIP
+    head's logits h as they are (nCLIP's −L_CE reads their softmax, which normalising would change).
+    An image-only objective (``head`` None) gives its ``probe_features``, ℓ2-normalised. What
+    ``nclip.load(...).encode_image`` / ``encode_text`` return and ``nclip embed`` stores."""
+    from nclip.eval.settings import MODEL_HEAD
+
+    if head is None:
+        return F.normalize(outputs[PROBE_FEATURES[probe_features]], dim=-1)
+    key = HEAD_KEY[MODEL_HEAD[head]]
+    return F.normalize(outputs[key], dim=-1) if key == "emb" else outputs[key]
 
 
 @torch.no_grad()

@@ -1,0 +1,104 @@
+"""The files of an embedding directory and its manifest: what a rerun must match to resume, and
+what ``nclip search`` / :class:`nclip.Index` read.
+
+    DIR/manifest.json          model (path, sha256 of its weights, objective), settings, finished shards
+    DIR/images-00000.npy ...   float16 [rows, D] image embeddings, one file per shard
+    DIR/texts-00000.npy ...    float16 [rows, D] caption embeddings (data with captions), row for row
+    DIR/metadata.jsonl         one line per row: row, path, caption, label, split (written at the end)
+    DIR/index.faiss            inner product over the ℓ2-normalised image embeddings (written at the end)
+    DIR/.parts/                each finished shard's metadata until the end
+
+Every file is written to a temporary name and renamed into place, and the manifest lists a shard
+only once its files are in place: a killed run leaves finished shards and a manifest that names
+them, and the same command continues after the last one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from nclip.errors import NclipError
+from nclip.jsonio import read_json, writing
+from nclip.runlock import LOCK_NAME
+
+FORMAT = "nclip-embed/1"
+DEFAULT_SHARD_SIZE = 10_000  # rows per .npy file
+DEFAULT_BATCH_SIZE = 64
+MANIFEST, METADATA, INDEX, PARTS = "manifest.json", "metadata.jsonl", "index.faiss", ".parts"
+
+
+def shard_name(kind: str, n: int) -> str:
+    """``images-00003.npy`` / ``texts-00003.npy``; ``meta-00003.jsonl`` under :data:`PARTS`."""
+    return f"{kind}-{n:05d}.{'jsonl' if kind == 'meta' else 'npy'}"
+
+
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """``write(tmp)`` then rename ``tmp`` to ``path``: the path holds the old file or the whole new one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with writing(path):
+        write(tmp)
+        os.replace(tmp, path)
+
+
+def write_manifest(out: Path, doc: dict) -> None:
+    atomic_write(out / MANIFEST, lambda tmp: tmp.write_text(json.dumps(doc, indent=2) + "\n"))
+
+
+def read_manifest(directory: str | Path) -> dict:
+    """The manifest of an embedding directory; one line if there is none."""
+    path = Path(directory).expanduser() / MANIFEST
+    if not path.is_file():
+        raise NclipError(f"{path.parent} holds no embeddings ({MANIFEST} not found; write them with nclip embed)")
+    doc = read_json(path)
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise NclipError(f"{path}: not an nclip embed manifest (format {FORMAT!r})")
+    return doc
+
+
+def resume_point(out: Path, model: dict, settings: dict, force: bool) -> dict | None:
+    """The manifest to continue from: None to start afresh (an empty or missing DIR, or ``force``,
+    which first removes the embedding files of another run there). A DIR that holds other files, or
+    embeddings of another model or other settings, is refused in one line unless ``force``."""
+    if not out.is_dir():
+        return None
+    try:
+        old = read_manifest(out) if (out / MANIFEST).exists() else None
+    except NclipError:
+        old = None
+    same = old is not None and old.get("model", {}).get("sha256") == model["sha256"] \
+        and old.get("settings") == json.loads(json.dumps(settings))
+    if same:
+        return old
+    others = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME)
+    if not others:
+        return None
+    if not force:
+        if old is None:
+            raise NclipError(f"--out {out} is not empty and holds no embeddings ({others[0]}); choose an empty "
+                             "--out, or pass --force to write embeddings beside its files")
+        what = "another model" if old.get("model", {}).get("sha256") != model["sha256"] else "other settings"
+        raise NclipError(f"--out {out} holds embeddings of {what} ({_differs(old, model, settings)}); choose another "
+                         "--out, or pass --force to replace them")
+    clear(out)
+    return None
+
+
+def _differs(old: dict, model: dict, settings: dict) -> str:
+    if old.get("model", {}).get("sha256") != model["sha256"]:
+        return f"{old.get('model', {}).get('path')}, not {model['path']}"
+    theirs = old.get("settings", {})
+    mine = json.loads(json.dumps(settings))
+    key = next((k for k in sorted(set(theirs) | set(mine)) if theirs.get(k) != mine.get(k)), "?")
+    return f"{key}: {json.dumps(theirs.get(key))[:60]}, not {json.dumps(mine.get(key))[:60]}"
+
+
+def clear(out: Path) -> None:
+    """Remove the embedding files of ``out`` (never anything else the directory holds)."""
+    for pattern in ("images-*.npy", "texts-*.npy", MANIFEST, METADATA, INDEX, ".*.tmp"):
+        for path in out.glob(pattern):
+            path.unlink()
+    shutil.rmtree(out / PARTS, ignore_errors=True)
