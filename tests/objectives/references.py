@@ -185,17 +185,18 @@ def ref_cmsf(v, u, bank, k, query_labels=None, bank_labels=None, include_target=
 
 
 
-def ref_protonw(v, u, bank, query_labels, bank_labels, tau):
-    """CMSF Sec. 2.1.1, ProtoNW, one query at a time: u is in M before the search (Sec. 2), so the
-    candidates are every target of the batch and every bank row; "a prototype for each class by
-    averaging all its instances in the memory bank", then the cross-entropy of the SoftMax over the
-    temperature-scaled cosines between the input v and every prototype (τ = 0.1, App. A.1). No
-    gradient through u or M; classes without an instance have no prototype."""
+def ref_protonw(v, u, bank, query_labels, bank_labels, tau, with_batch=False):
+    """CMSF Sec. 2.1.1, ProtoNW, one query at a time: "a prototype for each class by averaging all
+    its instances in the memory bank", then the cross-entropy of the SoftMax over the
+    temperature-scaled cosines between the input v and every prototype (τ = 0.1, App. A.1), summed
+    over the queries whose class has a prototype, over B. ``with_batch``: u is in M before the
+    search (Sec. 2's CMSF), so the batch's targets are instances too. No gradient through u or M;
+    classes without an instance have no prototype."""
     v = v / v.norm(dim=1, keepdim=True)
     u = u.detach() / u.detach().norm(dim=1, keepdim=True)
     m = bank.detach() / bank.detach().norm(dim=1, keepdim=True)
-    cands = [u[j] for j in range(u.shape[0])] + [m[i] for i in range(m.shape[0])]
-    labels = [int(x) for x in query_labels] + [int(x) for x in bank_labels]
+    cands = ([u[j] for j in range(u.shape[0])] if with_batch else []) + [m[i] for i in range(m.shape[0])]
+    labels = ([int(x) for x in query_labels] if with_batch else []) + [int(x) for x in bank_labels]
     classes = sorted(set(labels))
     protos = {}
     for c in classes:
@@ -203,6 +204,8 @@ def ref_protonw(v, u, bank, query_labels, bank_labels, tau):
         protos[c] = sum(members) / len(members)
     total = v.new_zeros(())
     for q in range(v.shape[0]):
+        if int(query_labels[q]) not in protos:  # its class has no instance yet: no term
+            continue
         cos = {c: (v[q] * protos[c]).sum() / protos[c].norm() for c in classes}
         log_den = torch.log(sum(torch.exp(cos[c] / tau) for c in classes))
         total = total - (cos[int(query_labels[q])] / tau - log_den)

@@ -45,24 +45,46 @@ def _split(x: dict, rank: int, world: int) -> dict:
 # ---- the functions ------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("with_batch", [False, True], ids=["bank (the paper)", "bank and batch"])
 @pytest.mark.parametrize("tau", [0.1, 0.7])
-def test_protonw_terms_match_float64_reference(tau):
+def test_protonw_terms_match_float64_reference(tau, with_batch):
     a, b = _split(_inputs(), 0, 1), _split(_inputs(), 0, 1)
+    for x in (a, b):  # the first query's class has no instance in the bank: no term without the batch
+        lonely = int(x["labels"][0])
+        x["bank_labels"] = x["bank_labels"].masked_fill(x["bank_labels"] == lonely, (lonely + 1) % CLASSES)
     ours = functional.protonw_terms(a["v"], a["u"], a["bank"], a["labels"], a["bank_labels"],
-                                    num_classes=CLASSES + EXTRA, temperature=tau)["loss"]
-    ref = ref_protonw(b["v"], b["u"], b["bank"], b["labels"], b["bank_labels"], tau)
-    grads = assert_loss_and_grads_close(ours, ref, a, b, ("v", "u", "bank"), f"tau {tau}")
+                                    num_classes=CLASSES + EXTRA, temperature=tau, batch_in_prototypes=with_batch)
+    ref = ref_protonw(b["v"], b["u"], b["bank"], b["labels"], b["bank_labels"], tau, with_batch=with_batch)
+    grads = assert_loss_and_grads_close(ours["loss"], ref, a, b, ("v", "u", "bank"), f"tau {tau}")
     assert grads[0] is not None and grads[1] is None and grads[2] is None  # v only
 
 
+def test_protonw_a_query_whose_class_is_not_in_the_bank_adds_nothing():
+    x = _inputs(4)
+    x["labels"][:2] = 0
+    bank_labels = torch.where(x["bank_labels"] == 0, torch.ones_like(x["bank_labels"]), x["bank_labels"])  # no 0
+    v = x["v"].clone().requires_grad_(True)
+    loss = functional.protonw_terms(v, x["u"], x["bank"], x["labels"], bank_labels, num_classes=CLASSES)["loss"]
+    loss.backward()
+    lonely = x["labels"] == 0
+    assert lonely.any() and torch.all(v.grad[lonely] == 0) and torch.all(v.grad[~lonely].abs().sum(1) > 0)
+    with_batch = functional.protonw_terms(x["v"], x["u"], x["bank"], x["labels"], bank_labels, num_classes=CLASSES,
+                                          batch_in_prototypes=True)["loss"]
+    assert with_batch != loss  # the option's prototypes are another objective
+
+
 def test_protonw_with_an_empty_bank_and_unknown_class_count():
-    """Warm-up: the prototypes are the batch's own targets; num_classes None reads max label + 1."""
+    """Warm-up: with the batch's targets the prototypes are the batch's own; from the bank alone there
+    is none yet and the loss is 0 (no gradient); num_classes None reads max label + 1."""
     a, b = _split(_inputs(1), 0, 1), _split(_inputs(1), 0, 1)
     empty = torch.zeros(0, D, dtype=torch.float64)
-    ours = functional.protonw_terms(a["v"], a["u"], empty, a["labels"], torch.zeros(0, dtype=torch.long))
-    ref = ref_protonw(b["v"], b["u"], empty, b["labels"], torch.zeros(0, dtype=torch.long), 0.1)
+    ours = functional.protonw_terms(a["v"], a["u"], empty, a["labels"], torch.zeros(0, dtype=torch.long),
+                                    batch_in_prototypes=True)
+    ref = ref_protonw(b["v"], b["u"], empty, b["labels"], torch.zeros(0, dtype=torch.long), 0.1, with_batch=True)
     assert_loss_and_grads_close(ours["loss"], ref, a, b, ("v",))
     assert ours["classes"] == len(set(a["labels"].tolist()))
+    bank_only = functional.protonw_terms(a["v"], a["u"], empty, a["labels"], torch.zeros(0, dtype=torch.long))
+    assert bank_only["loss"] == 0 and bank_only["classes"] == 0
 
 
 def test_protonw_unlabelled_rows_belong_to_no_prototype():

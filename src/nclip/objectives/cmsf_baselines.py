@@ -19,7 +19,8 @@ Why two registered objectives rather than an option of ``cmsf`` (e.g. ``objectiv
   registry-wide tests (exact accumulation, 2 ranks) without a special case.
 
 ProtoNW (Sec. 2.1.1, App. A.1): L = cross-entropy of softmax_c(cos(v, p_c)/τ) against the label,
-p_c the mean of the class-c targets among [the batch's targets, M] (:func:`functional.protonw_terms`),
+p_c the mean of the class-c targets in M, "all its instances in the memory bank" (``prototypes: bank``;
+``bank_and_batch`` adds the batch's targets, :func:`functional.protonw_terms`),
 τ = 0.1, bank 128k (Sec. 2.1.2), target momentum 0.99 as CMSF's (the paper gives ProtoNW's no other).
 The model builds the "cmsf" head; two views per image (v on the strong view, u on the weak one);
 ``constraint`` ``noisy_labels`` with ``label_noise`` trains on corrupted labels, as CMSF's Fig. 3.
@@ -64,6 +65,9 @@ class ProtoNwConfig(BankFields):
     temperature: float = Field(functional.PROTONW_TEMPERATURE, gt=0, title="τ", description="softmax temperature "
                                "(App. A.1: 0.1)")
     num_classes: int | None = Field(None, ge=1, title="C", description=_K_DOC)
+    prototypes: Literal["bank", "bank_and_batch"] = Field(
+        "bank", title="prototypes of", description="bank: each class's mean over its instances in the memory "
+        "bank (Sec. 2.1.1); bank_and_batch: the batch's targets count too, as in CMSF's search")
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -108,7 +112,8 @@ class ProtoNwObjective(CmsfObjective):
         view = self.bank.rows()  # fixed shapes: the rows not written yet are masked out (bank_valid)
         t = functional.protonw_terms(v, u, view.embeddings, labels, view.labels, num_classes=self.num_classes,
                                      temperature=cfg.temperature, global_batch=g, bank_valid=view.valid,
-                                     true_query_labels=true_labels if self.labelled_source else None)
+                                     true_query_labels=true_labels if self.labelled_source else None,
+                                     batch_in_prototypes=cfg.prototypes == "bank_and_batch")
         if self.training:  # the trainer's forward; evaluation leaves M alone
             self.bank.enqueue(u, labels, global_batch=g)
         terms = {f"protonw/{k}": val for k, val in t.items()}

@@ -288,6 +288,7 @@ def protonw_terms(
     true_query_labels: torch.Tensor | None = None,
     bank_valid: torch.Tensor | None = None,
     global_batch: bool = True,
+    batch_in_prototypes: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Prototypical Networks (ProtoNW), Sec. 2.1.1: "the contrastive version of our top-all variation".
 
@@ -296,15 +297,18 @@ def protonw_terms(
     passing their temperature-scaled cosine distance through a SoftMax layer to get probabilities.
     Finally, we minimize the cross-entropy loss." With CMSF's notation (module doc):
 
-        p_c = 1/|M_c| Σ_{z ∈ M_c} z          M_c: the candidates (the batch's targets, then M) of label c
-        L   = −1/B Σ_b log softmax_c(cos(v_b, p_c) / τ)[y_b]      over the classes c with M_c ≠ ∅
+        p_c = 1/|M_c| Σ_{z ∈ M_c} z          M_c: the instances of label c in the memory bank M
+        L   = −1/B Σ_{b: M_{y_b} ≠ ∅} log softmax_c(cos(v_b, p_c) / τ)[y_b]   over the classes c with M_c ≠ ∅
 
     Top-all CMSF (Eq. 1 with S_b = M̂_b) regresses v_b onto the same mean p_{y_b}; ProtoNW instead
     contrasts it with every other class's mean (the softmax). The softmax of the cosine distance
-    1 − cos over −τ is the softmax of cos/τ. As in CMSF, u is added to M before the search, so the
-    query's own class always has a prototype; a class with no candidate has none (left out of the
-    softmax). Gradient to v only; the targets and the bank are detached. Every row's loss depends on
-    its own v_b and the prototypes, which are computed from every rank's targets (``global_batch``),
+    1 − cos over −τ is the softmax of cos/τ. A class with no instance has no prototype (left out of
+    the softmax), and a row whose own class has none yet (a bank still filling) adds nothing; the sum
+    is over B all the same, so that 2 ranks equal one process. ``batch_in_prototypes`` (an option,
+    not the paper's text) adds the batch's targets u to the candidates first, as CMSF's search does
+    (u is in M before it), so that the query's own class always has a prototype. Gradient to v only;
+    the targets and the bank are detached. Every row's loss depends on its own v_b and the
+    prototypes, computed from the bank and, with the batch, every rank's targets (``global_batch``),
     so DDP's averaged gradients equal one process's.
 
     Args:
@@ -318,6 +322,7 @@ def protonw_terms(
         temperature: τ (App. A.1: 0.1).
         true_query_labels: [B] clean labels, for the ``clean_acc`` diagnostic only.
         bank_valid: optional [N] bool, False for a bank row not written yet (as :func:`cmsf_terms`).
+        batch_in_prototypes: the batch's targets count as instances too (the paper: the bank alone).
 
     Returns ``loss`` and detached diagnostics: ``acc`` (the nearest prototype's class is the
     training label), ``clean_acc`` (… is the clean label, with ``true_query_labels``) and ``classes``
@@ -333,9 +338,16 @@ def protonw_terms(
     v = F.normalize(pred, dim=-1)  # [B, D]
     u = F.normalize(target.detach(), dim=-1)
     with torch.no_grad():
-        cand = cmsf_candidates(u, F.normalize(bank.detach().to(u.dtype), dim=-1), global_batch=global_batch)  # [C', D]
-        cand_labels = cmsf_candidates(query_labels, bank_labels, global_batch=global_batch)  # [C']
-        c = int(cand_labels.max()) + 1 if num_classes is None else int(num_classes)
+        m = F.normalize(bank.detach().to(u.dtype), dim=-1)
+        if batch_in_prototypes:
+            cand = cmsf_candidates(u, m, global_batch=global_batch)  # [C', D]: the batch's targets, then M
+            cand_labels = cmsf_candidates(query_labels, bank_labels, global_batch=global_batch)  # [C']
+        else:
+            cand, cand_labels = m, bank_labels
+        if num_classes is None:  # a host read: the trainer passes the run's label space
+            c = int(torch.cat([cand_labels, query_labels]).max()) + 1
+        else:
+            c = int(num_classes)
         valid = (cand_labels >= 0) & (cand_labels < c)  # no boolean indexing: no host sync on the step
         if bank_valid is not None:
             valid[valid.shape[0] - bank.shape[0]:].logical_and_(bank_valid.to(valid.device))
@@ -345,7 +357,9 @@ def protonw_terms(
         present = counts > 0
         protos = F.normalize(sums / counts.clamp(min=1)[:, None], dim=-1)  # [C, D]: p_c / ||p_c||
     logits = (v @ protos.to(v.dtype).T / temperature).masked_fill(~present, float("-inf"))  # [B, C]
-    loss = F.cross_entropy(logits, query_labels)
+    has_proto = present[query_labels.clamp(0, c - 1)] & (query_labels >= 0) & (query_labels < c)  # [B]
+    safe = logits.masked_fill(~has_proto[:, None], 0.0)  # a row without its prototype: no -inf target
+    loss = (F.cross_entropy(safe, query_labels.clamp(0, c - 1), reduction="none") * has_proto).sum() / b
     terms = {"loss": loss, **class_accuracies(logits.argmax(1), query_labels, true_query_labels)}
     terms["classes"] = present.sum().float()
     return terms
