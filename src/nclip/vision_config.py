@@ -50,9 +50,15 @@ class VisionConfig(BaseModel):
     # last N layers (blocks; stages for the conv towers) trained (nclip.models.locking, docs/locking.md)
     lock: bool = False
     unlocked_layers: int | None = Field(None, ge=1)
+    # resnet, convnet, clip_resnet: the tower's normalisation, "batch" as built, or one without batch
+    # statistics ("group": GroupNorm, "frozen_batch": BatchNorm on its running statistics), with which
+    # exact accumulation is exact in the tower too (nclip.models.tower_norm)
+    norm: Literal["batch", "group", "frozen_batch"] = "batch"
 
     @model_validator(mode="after")
     def _divisible(self):
+        if self.norm != "batch" and self.kind not in CONV_KINDS:
+            raise ValueError(f"norm {self.norm} needs a conv kind ({', '.join(CONV_KINDS)}; got {self.kind})")
         if self.patch_dropout and self.kind != "vit":
             raise ValueError(f"patch_dropout needs kind vit (got {self.kind})")
         if self.pool_dim is not None and self.kind != "clip_resnet":

@@ -35,6 +35,7 @@ from nclip.errors import NclipError
 from nclip.models import checkpointing, pixel_stats
 from nclip.models.clip_resnet import ClipResNetTower
 from nclip.models.patch_dropout import drop_patches
+from nclip.models.tower_norm import set_tower_norm
 
 
 def vision_config(cfg: VisionConfig, image_size: int) -> CLIPVisionConfig:
@@ -285,11 +286,11 @@ VISION_TOWERS = {"vit": VisionTower, "resnet": ResNetTower, "convnet": ConvNetTo
 
 def build_vision_tower(cfg: VisionConfig, image_size: int) -> nn.Module:
     if cfg.kind == "resnet":
-        return ResNetTower(resnet_config(cfg))
+        return set_tower_norm(ResNetTower(resnet_config(cfg)), cfg.norm)
     if cfg.kind == "convnet":
-        return ConvNetTower(cfg, image_size)
+        return set_tower_norm(ConvNetTower(cfg, image_size), cfg.norm)
     if cfg.kind == "clip_resnet":
-        return ClipResNetTower(cfg, image_size)
+        return set_tower_norm(ClipResNetTower(cfg, image_size), cfg.norm)
     return VisionTower(vision_config(cfg, image_size), cfg.pixel_mean, cfg.pixel_std, cfg.patch_dropout)
 
 

@@ -82,4 +82,14 @@ def cached_step(towers: nn.Module, heads: nn.Module, batch: tuple, k: int, tower
             if pairs:
                 torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
     _set_rng_state(after_heads, device)
+    _count_one_step(tower_buffers.module, k)
     return terms
+
+
+def _count_one_step(towers: nn.Module, k: int) -> None:
+    """A tower BatchNorm's ``num_batches_tracked`` advances once per optimizer step, as without
+    accumulation, not once per micro-batch (pass 2 ran k forwards in training mode)."""
+    if k > 1:
+        for m in towers.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training and m.num_batches_tracked is not None:
+                m.num_batches_tracked.sub_(k - 1)

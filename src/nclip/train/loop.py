@@ -239,7 +239,7 @@ def _note_tower_statistics(run: _Run) -> None:
     """Exact accumulation cannot make BatchNorm inside a tower whole-batch: say so, once (rank 0)."""
     t = run.cfg.train
     towers = [name for name, tower in online_towers(run.model).items()
-              if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in tower.modules())]
+              if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training for m in tower.modules())]
     if towers and run.ctx.is_main:
         _note(f"nclip: note: train.accumulation {t.accumulation} (exact): the heads and the objective see the whole "
               f"batch, but BatchNorm inside the {' and '.join(towers)} tower computes its statistics per "
