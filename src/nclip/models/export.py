@@ -15,6 +15,7 @@ features (the pixels agree to float rounding, ~1e-7, at every image size and asp
 
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,7 +26,8 @@ from transformers import CLIPConfig, CLIPModel
 from nclip import fileperm
 from nclip.errors import NclipError
 from nclip.jsonio import writing
-from nclip.models.io import CONFIG, load_model
+from nclip.models.io import CONFIG, atomic_dir, load_model
+from nclip.runlock import LOCK_NAME
 
 
 def model_dir(path: Path) -> Path:
@@ -54,12 +56,8 @@ def to_hf(model) -> CLIPModel:
         projection_dim=model.image_clip_head.out_features,
     )
     hf = CLIPModel(config).eval()
-    state = {}
-    # CLIPVisionModel/CLIPTextModel name their tensors with or without the vision_model./text_model.
-    # prefix depending on the transformers version; CLIPModel always uses it.
-    for prefix, tower in (("vision_model.", model.vision.model), ("text_model.", model.text.model)):
-        for k, v in tower.state_dict().items():
-            state[k if k.startswith(prefix) else prefix + k] = v
+    state = {**clip_model_names("vision_model.", model.vision.model),
+             **clip_model_names("text_model.", model.text.model)}
     state["visual_projection.weight"] = model.image_clip_head.weight
     state["text_projection.weight"] = model.text_clip_head.weight
     state["logit_scale"] = model.logit_scale.detach().clamp(max=model.LOGIT_SCALE_MAX)
@@ -68,6 +66,46 @@ def to_hf(model) -> CLIPModel:
     if missing or unexpected:
         raise NclipError(f"export mismatch: missing {missing[:3]}, unexpected {unexpected[:3]}")
     return hf
+
+
+def clip_model_names(prefix: str, tower) -> dict:
+    """A CLIPVisionModel's or CLIPTextModel's tensors under CLIPModel's names: they come with or
+    without the vision_model./text_model. ``prefix`` depending on the transformers version."""
+    return {k if k.startswith(prefix) else prefix + k: v for k, v in tower.state_dict().items()}
+
+
+@contextmanager
+def atomic_export(out: Path):
+    """A temporary folder beside ``out`` to write the export into, which replaces ``out`` when the
+    block ends without error (:func:`nclip.models.io.atomic_dir`): a failed or interrupted export
+    leaves ``out`` as it was, never half written. The run lock that ``nclip export`` holds,
+    ``out/.nclip.lock``, is hard-linked into the new folder first, so that the locked file is still
+    at its path after the rename (a filesystem without hard links: the lock leaves with the old folder)."""
+    with writing(out), atomic_dir(out) as tmp:
+        yield tmp
+        lock = Path(out) / LOCK_NAME
+        if lock.is_file():
+            try:
+                os.link(lock, tmp / LOCK_NAME)
+            except OSError:
+                pass
+
+
+FORMATS = {"hf": "--hf", "open_clip": "--open-clip", "onnx": "--onnx"}  # export's argparse dests → options
+
+
+def export(fmt: str, checkpoint: Path, out: Path) -> str:
+    """Export the model of ``checkpoint`` in format ``fmt`` (a key of :data:`FORMATS`) to ``out``;
+    the line to print."""
+    if fmt == "open_clip":
+        from nclip.models.export_openclip import export_openclip
+
+        return export_openclip(checkpoint, out)
+    if fmt == "onnx":
+        from nclip.models.export_onnx import export_onnx
+
+        return export_onnx(checkpoint, out)
+    return export_hf(checkpoint, out)
 
 
 def save_tokenizer(cfg, out: Path) -> None:
