@@ -224,7 +224,8 @@ def _cmd_presets(args) -> int:
 
 
 def _cmd_export(args) -> int:
-    from nclip.models.export import FORMATS, export, model_dir
+    from nclip.models.export import model_dir
+    from nclip.models.exporters import FORMATS, export
     from nclip.runlock import DirLock
     from nclip.train.rundir import check_export_target
 

@@ -91,23 +91,6 @@ def atomic_export(out: Path):
                 pass
 
 
-FORMATS = {"hf": "--hf", "open_clip": "--open-clip", "onnx": "--onnx"}  # export's argparse dests → options
-
-
-def export(fmt: str, checkpoint: Path, out: Path) -> str:
-    """Export the model of ``checkpoint`` in format ``fmt`` (a key of :data:`FORMATS`) to ``out``;
-    the line to print."""
-    if fmt == "open_clip":
-        from nclip.models.export_openclip import export_openclip
-
-        return export_openclip(checkpoint, out)
-    if fmt == "onnx":
-        from nclip.models.export_onnx import export_onnx
-
-        return export_onnx(checkpoint, out)
-    return export_hf(checkpoint, out)
-
-
 def save_tokenizer(cfg, out: Path) -> None:
     """The run's caption tokenizer (:class:`nclip.data.tokenization.CaptionTokenizer`: the bundled
     WordPiece tokenizer) as transformers tokenizer files, ``model_max_length`` = the run's text
