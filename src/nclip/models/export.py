@@ -16,14 +16,13 @@ features (the pixels agree to float rounding, ~1e-7, at every image size and asp
 from __future__ import annotations
 
 import os
-import time
+import stat
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from transformers import CLIPConfig, CLIPModel
 
-from nclip import fileperm
 from nclip.errors import NclipError
 from nclip.jsonio import writing
 from nclip.models.io import CONFIG, atomic_dir, load_model
@@ -80,15 +79,20 @@ def atomic_export(out: Path):
     block ends without error (:func:`nclip.models.io.atomic_dir`): a failed or interrupted export
     leaves ``out`` as it was, never half written. The run lock that ``nclip export`` holds,
     ``out/.nclip.lock``, is hard-linked into the new folder first, so that the locked file is still
-    at its path after the rename (a filesystem without hard links: the lock leaves with the old folder)."""
-    with writing(out), atomic_dir(out) as tmp:
-        yield tmp
-        lock = Path(out) / LOCK_NAME
-        if lock.is_file():
-            try:
-                os.link(lock, tmp / LOCK_NAME)
-            except OSError:
-                pass
+    at its path after the rename (a filesystem without hard links: the lock leaves with the old folder).
+    The files get the umask's modes, the folder keeps the mode it had (a user's 0700 folder stays 0700)."""
+    out = Path(out)
+    mode = stat.S_IMODE(out.stat().st_mode) if out.is_dir() else None
+    with writing(out):
+        with atomic_dir(out) as tmp:
+            yield tmp
+            if (out / LOCK_NAME).is_file():
+                try:
+                    os.link(out / LOCK_NAME, tmp / LOCK_NAME)
+                except OSError:
+                    pass
+        if mode is not None:
+            os.chmod(out, mode)
 
 
 def save_tokenizer(cfg, out: Path) -> None:
@@ -123,15 +127,13 @@ def export_hf(checkpoint: Path, out: Path) -> str:
     """Write the model of ``checkpoint`` (a run or model directory) to ``out`` as a CLIPModel with
     its tokenizer and image processor (``nclip export`` first refuses targets that would overwrite
     a run: :func:`nclip.train.rundir.check_export_target`)."""
-    started = time.time()
     model, cfg = load_model(model_dir(checkpoint))
     with torch.no_grad():
         hf = to_hf(model)
-    with writing(out), _no_progress_bars():  # a full disk: one line naming OUT
-        hf.save_pretrained(str(out), safe_serialization=True)
-        save_tokenizer(cfg, Path(out))
-        image_processor(cfg).save_pretrained(str(out))
-    fileperm.settle_tree(out, since=started - 1)  # safetensors writes 0600: what we wrote gets the umask's modes
+    with atomic_export(out) as tmp, _no_progress_bars():  # a full disk: one line naming OUT
+        hf.save_pretrained(str(tmp), safe_serialization=True)
+        save_tokenizer(cfg, tmp)
+        image_processor(cfg).save_pretrained(str(tmp))
     return f"wrote a transformers CLIPModel with its tokenizer and image processor to {out}"
 
 
