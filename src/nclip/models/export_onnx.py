@@ -120,16 +120,18 @@ def config(model, cfg, score: str | None, key: str, normalise: bool, bpe: bool) 
     width = int(model.encode_image(torch.zeros(1, 3, size, size))[key].shape[-1])
     output = {"embedding": {"dtype": "float32", "shape": ["batch", width], "l2_normalised": normalise}}
     tok = model.tokenizer
+    tokens = {"dtype": "int64", "shape": ["batch", length]}
+    text = None if score is None else {"file": TEXT, "inputs": {"input_ids": tokens, "attention_mask": tokens},
+                                       "outputs": output}
     return {
         "image_encoder": {"file": IMAGE, "inputs": {"pixels": {"dtype": "float32", "shape": ["batch", 3, size, size]}},
                           "outputs": output},
-        "text_encoder": None if score is None else {
-            "file": TEXT, "outputs": output,
-            "inputs": {n: {"dtype": "int64", "shape": ["batch", length]} for n in ("input_ids", "attention_mask")}},
+        "text_encoder": text,
         "embedding": {"output": key, "score": score, "logit_scale": float(model.scale()),
                       **({"nclip_score": cfg.eval.nclip_score} if score == "nclip" else {})},
         "image": {"size": size, "resize": cfg.data.eval_resize, "interpolation": cfg.data.eval_interpolation,
-                  "crop": "center", "rescale": 1 / 255, "mean": CLIP_MEAN.tolist(), "std": CLIP_STD.tolist()},
+                  "crop": "center", "rescale": 1 / 255,
+                  "mean": [round(float(x), 8) for x in CLIP_MEAN], "std": [round(float(x), 8) for x in CLIP_STD]},
         "tokenizer": {"kind": "clip_bpe" if bpe else "wordpiece", "path": TOKENIZER,
                       "text_length": length, "pad_id": tok.pad_id, "bos_id": tok.cls_id, "eos_id": tok.eos_id},
         "opset": OPSET,
