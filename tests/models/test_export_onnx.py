@@ -30,6 +30,9 @@ CASES = {
     "clip_resnet-minilm": ['model.vision={"kind": "clip_resnet", "embedding_size": 8, "depths": [1, 1, 1, 1], '
                            '"hidden_sizes": [32, 64, 128, 256], "heads": 4}', "data.image_size=32",
                            "model.text.kind=pretrained", "objective.name=clip"],
+    "convnet": ['model.vision={"kind": "convnet", "embedding_size": 8, "depths": [1, 1], "hidden_sizes": [16, 32], '
+                '"heads": 2}', "objective.name=clip"],
+    "cmsf-image-only": ["objective.name=cmsf", "model.cmsf_hidden=64", "model.cmsf_dim=32"],
 }
 
 
@@ -68,12 +71,15 @@ def test_onnxruntime_gives_nclip_loads_embeddings(tmp_path, micro_overrides, nam
     np.testing.assert_allclose(config["image"]["mean"], CLIP_MEAN, rtol=1e-7)
     np.testing.assert_allclose(config["image"]["std"], CLIP_STD, rtol=1e-7)
     assert config["embedding"]["score"] == ours.head
-    assert config["image_encoder"]["outputs"]["embedding"]["l2_normalised"] == (ours.head == "clip")
+    assert config["image_encoder"]["outputs"]["embedding"]["l2_normalised"] == (ours.head in ("clip", None))
     image = ort.InferenceSession(str(tmp_path / "onnx" / config["image_encoder"]["file"]))
-    text = ort.InferenceSession(str(tmp_path / "onnx" / config["text_encoder"]["file"]))
     assert [i.name for i in image.get_inputs()] == list(config["image_encoder"]["inputs"]) == ["pixels"]
-    assert [i.name for i in text.get_inputs()] == list(config["text_encoder"]["inputs"]) == ["input_ids",
-                                                                                              "attention_mask"]
+    if ours.head is None:  # an image-only objective: no text embedding to export
+        assert config["text_encoder"] is None and not (tmp_path / "onnx" / "text_encoder.onnx").exists()
+    else:
+        text = ort.InferenceSession(str(tmp_path / "onnx" / config["text_encoder"]["file"]))
+        assert [i.name for i in text.get_inputs()] == list(config["text_encoder"]["inputs"]) == ["input_ids",
+                                                                                                  "attention_mask"]
     # the tokenizer beside the graphs gives nclip's ids and mask
     tok = CaptionTokenizer(config["tokenizer"]["text_length"], tmp_path / "onnx" / config["tokenizer"]["path"])
     torch.manual_seed(1)
@@ -81,6 +87,8 @@ def test_onnxruntime_gives_nclip_loads_embeddings(tmp_path, micro_overrides, nam
         pixels = torch.randn(batch, 3, size, size)
         got = image.run(None, {"pixels": pixels.numpy()})[0]
         np.testing.assert_allclose(got, ours.encode_image(pixels).numpy(), rtol=0, atol=1e-4)
+        if ours.head is None:
+            continue
         ids, mask = tok(CAPTIONS[:batch])
         want_ids, want_mask = ours.tokenizer(CAPTIONS[:batch])
         assert torch.equal(ids, want_ids) and torch.equal(mask, want_mask)
@@ -149,3 +157,25 @@ def test_export_into_the_run_is_refused(tmp_path, micro_overrides, capsys):
     run = saved(tmp_path, micro_overrides)
     assert main(["export", "--checkpoint", str(run), "--open-clip", str(run / "model"), "--force"]) == 2
     assert one_line(capsys).startswith(f"nclip: error: --open-clip {run / 'model'} would write into a run")
+
+
+def test_the_docs_onnxruntime_snippet_runs_and_gives_nclip_loads_scores(tmp_path, micro_overrides, monkeypatch,
+                                                                         capsys):
+    import re
+    from pathlib import Path
+
+    from PIL import Image
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "export.md").read_text()
+    snippet = next(b for b in re.findall(r"```python\n(.*?)```", docs, flags=re.S) if "onnxruntime" in b)
+    run = saved(tmp_path, micro_overrides)
+    assert export(run, tmp_path / "runs" / "micro-onnx") == 0
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path)
+    names: dict = {}
+    exec(snippet, names)  # the documentation's own code
+    ours = nclip.load(run, device="cpu")
+    want = ours.encode_image([Image.new("RGB", (64, 48), "red")]) @ ours.encode_text(["a red circle",
+                                                                                       "a blue square"]).T
+    np.testing.assert_allclose(names["img"] @ names["txt"].T, want.numpy(), rtol=0, atol=1e-5)
+    assert capsys.readouterr().out.startswith("[[")
