@@ -114,6 +114,8 @@ def test_a_missing_onnx_package_is_one_line(tmp_path, micro_overrides, monkeypat
 @pytest.mark.parametrize("argv, says", [
     ([], "one of the arguments --hf --open-clip --onnx is required"),
     (["--hf", "A", "--onnx", "B"], "not allowed with argument"),
+    (["--onnx", "B"], "no nclip model found"),
+    (["--open-clip", "B"], "no nclip model found"),
 ])
 def test_exactly_one_format(tmp_path, capsys, argv, says):
     assert main(["export", "--checkpoint", str(tmp_path), *argv]) == 2
@@ -151,6 +153,23 @@ def test_a_failed_export_leaves_the_folder_as_it_was(tmp_path, micro_overrides, 
     assert one_line(capsys) == f"nclip: error: cannot write {out}: No space left on device"
     assert sorted(p.name for p in out.iterdir()) == ["old.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["onnx", "run"]
+
+
+def test_the_lock_is_held_across_the_rename(tmp_path):
+    """atomic_export renames a new folder over OUT: the lock file nclip export holds comes along (a
+    hard link of the locked file), so a second export is still refused until the first ends."""
+    from nclip.errors import NclipError
+    from nclip.models.export import atomic_export
+    from nclip.runlock import LOCK_NAME, DirLock
+
+    out = tmp_path / "out"
+    with DirLock(out, "nclip export", "--onnx") as lock:
+        with atomic_export(out) as tmp:
+            (tmp / "a.txt").write_text("a\n")
+        assert os.fstat(lock.fd).st_ino == os.stat(out / LOCK_NAME).st_ino
+        with pytest.raises(NclipError, match="in use by another nclip process"):
+            DirLock(out, "nclip export", "--onnx").acquire()
+    assert sorted(p.name for p in out.iterdir()) == ["a.txt"]
 
 
 def test_export_into_the_run_is_refused(tmp_path, micro_overrides, capsys):
