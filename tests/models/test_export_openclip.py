@@ -15,6 +15,7 @@ import nclip
 from nclip.cli import main
 from nclip.config import resolve
 from nclip.data import clip_bpe
+from nclip.data.transforms import CLIP_MEAN, CLIP_STD
 from nclip.models import build_model
 from nclip.models.export_openclip import resnet_state
 from nclip.models.io import save_model
@@ -118,26 +119,14 @@ def test_open_clip_loads_the_export(tmp_path, micro_overrides, vocabulary):
     pixels = torch.randn(3, 3, ours.image_size, ours.image_size)
     # open_clip normalises with the tower's own statistics (preprocess_cfg): nclip's pixels are CLIP's
     v = ours.cfg.model.vision
-    theirs_pixels = (pixels * torch.tensor(clip_std()).view(1, 3, 1, 1) + torch.tensor(clip_mean()).view(1, 3, 1, 1)
-                     - torch.tensor(v.pixel_mean).view(1, 3, 1, 1)) / torch.tensor(v.pixel_std).view(1, 3, 1, 1)
+    raw = pixels * torch.from_numpy(CLIP_STD).view(1, 3, 1, 1) + torch.from_numpy(CLIP_MEAN).view(1, 3, 1, 1)
+    theirs_pixels = (raw - torch.tensor(v.pixel_mean).view(1, 3, 1, 1)) / torch.tensor(v.pixel_std).view(1, 3, 1, 1)
     with torch.no_grad():
         image = model.eval().encode_image(theirs_pixels, normalize=True)
         text = model.encode_text(tokenizer(CAPTIONS), normalize=True)
     assert cosines(image, ours.encode_image(pixels)) >= 0.9999
     assert cosines(text, ours.encode_text(CAPTIONS)) >= 0.9999
-    assert preprocess is not None
-
-
-def clip_mean():
-    from nclip.data.transforms import CLIP_MEAN
-
-    return CLIP_MEAN.tolist()
-
-
-def clip_std():
-    from nclip.data.transforms import CLIP_STD
-
-    return CLIP_STD.tolist()
+    assert preprocess is not None  # open_clip built its eval transform from preprocess_cfg
 
 
 REFUSED = [
