@@ -72,11 +72,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("presets", help="list the shipped presets, one line each")
 
-    p = sub.add_parser("export", help="export a trained model")
+    p = sub.add_parser("export", help="export a trained model (docs/export.md)")
     p.add_argument("--checkpoint", required=True, type=Path, help="run directory or model directory")
-    p.add_argument("--hf", required=True, type=Path, help="write a transformers CLIPModel directory here "
-                   "(a new or empty one; never a run directory)")
-    p.add_argument("--force", action="store_true", help="write over a non-empty --hf directory")
+    out = p.add_mutually_exclusive_group(required=True)  # one format per export, each to a new or empty folder
+    out.add_argument("--hf", type=Path, help="write a transformers CLIPModel directory here")
+    out.add_argument("--open-clip", type=Path, help="write open_clip's hub layout here (open_clip_config.json, "
+                     "open_clip_model.safetensors)")
+    out.add_argument("--onnx", type=Path, help="write image_encoder.onnx, text_encoder.onnx and onnx_config.json "
+                     "here (needs nclip[onnx])")
+    p.add_argument("--force", action="store_true", help="write over a non-empty export directory (never a run)")
 
     p = sub.add_parser("data", help="export built-in data to shards, inspect a data source")
     data = p.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
@@ -226,14 +230,17 @@ def _cmd_presets(args) -> int:
 
 
 def _cmd_export(args) -> int:
-    from nclip.models.export import export_hf, model_dir
+    from nclip.models.export import model_dir
+    from nclip.models.exporters import FORMATS, export
     from nclip.runlock import DirLock
     from nclip.train.rundir import check_export_target
 
-    check_export_target(model_dir(args.checkpoint), args.hf, args.force)
-    with DirLock(args.hf, "nclip export", "--hf"):  # one writer; checked again under the lock
-        check_export_target(model_dir(args.checkpoint), args.hf, args.force)
-        print(export_hf(args.checkpoint, args.hf))
+    fmt = next(f for f in FORMATS if getattr(args, f) is not None)  # argparse lets exactly one through
+    out, option = getattr(args, fmt), FORMATS[fmt]
+    check_export_target(model_dir(args.checkpoint), out, args.force, option)
+    with DirLock(out, "nclip export", option):  # one writer; checked again under the lock
+        check_export_target(model_dir(args.checkpoint), out, args.force, option)
+        print(export(fmt, args.checkpoint, out))
     return 0
 
 

@@ -15,17 +15,18 @@ features (the pixels agree to float rounding, ~1e-7, at every image size and asp
 
 from __future__ import annotations
 
-import time
+import os
+import stat
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from transformers import CLIPConfig, CLIPModel
 
-from nclip import fileperm
 from nclip.errors import NclipError
 from nclip.jsonio import writing
-from nclip.models.io import CONFIG, load_model
+from nclip.models.io import CONFIG, atomic_dir, load_model
+from nclip.runlock import LOCK_NAME
 
 
 def model_dir(path: Path) -> Path:
@@ -54,12 +55,8 @@ def to_hf(model) -> CLIPModel:
         projection_dim=model.image_clip_head.out_features,
     )
     hf = CLIPModel(config).eval()
-    state = {}
-    # CLIPVisionModel/CLIPTextModel name their tensors with or without the vision_model./text_model.
-    # prefix depending on the transformers version; CLIPModel always uses it.
-    for prefix, tower in (("vision_model.", model.vision.model), ("text_model.", model.text.model)):
-        for k, v in tower.state_dict().items():
-            state[k if k.startswith(prefix) else prefix + k] = v
+    state = {**clip_model_names("vision_model.", model.vision.model),
+             **clip_model_names("text_model.", model.text.model)}
     state["visual_projection.weight"] = model.image_clip_head.weight
     state["text_projection.weight"] = model.text_clip_head.weight
     state["logit_scale"] = model.logit_scale.detach().clamp(max=model.LOGIT_SCALE_MAX)
@@ -68,6 +65,34 @@ def to_hf(model) -> CLIPModel:
     if missing or unexpected:
         raise NclipError(f"export mismatch: missing {missing[:3]}, unexpected {unexpected[:3]}")
     return hf
+
+
+def clip_model_names(prefix: str, tower) -> dict:
+    """A CLIPVisionModel's or CLIPTextModel's tensors under CLIPModel's names: they come with or
+    without the vision_model./text_model. ``prefix`` depending on the transformers version."""
+    return {k if k.startswith(prefix) else prefix + k: v for k, v in tower.state_dict().items()}
+
+
+@contextmanager
+def atomic_export(out: Path):
+    """A temporary folder beside ``out`` to write the export into, which replaces ``out`` when the
+    block ends without error (:func:`nclip.models.io.atomic_dir`): a failed or interrupted export
+    leaves ``out`` as it was, never half written. The run lock that ``nclip export`` holds,
+    ``out/.nclip.lock``, is hard-linked into the new folder first, so that the locked file is still
+    at its path after the rename (a filesystem without hard links: the lock leaves with the old folder).
+    The files get the umask's modes, the folder keeps the mode it had (a user's 0700 folder stays 0700)."""
+    out = Path(out)
+    mode = stat.S_IMODE(out.stat().st_mode) if out.is_dir() else None
+    with writing(out):
+        with atomic_dir(out) as tmp:
+            yield tmp
+            if (out / LOCK_NAME).is_file():
+                try:
+                    os.link(out / LOCK_NAME, tmp / LOCK_NAME)
+                except OSError:
+                    pass
+        if mode is not None:
+            os.chmod(out, mode)
 
 
 def save_tokenizer(cfg, out: Path) -> None:
@@ -102,15 +127,13 @@ def export_hf(checkpoint: Path, out: Path) -> str:
     """Write the model of ``checkpoint`` (a run or model directory) to ``out`` as a CLIPModel with
     its tokenizer and image processor (``nclip export`` first refuses targets that would overwrite
     a run: :func:`nclip.train.rundir.check_export_target`)."""
-    started = time.time()
     model, cfg = load_model(model_dir(checkpoint))
     with torch.no_grad():
         hf = to_hf(model)
-    with writing(out), _no_progress_bars():  # a full disk: one line naming OUT
-        hf.save_pretrained(str(out), safe_serialization=True)
-        save_tokenizer(cfg, Path(out))
-        image_processor(cfg).save_pretrained(str(out))
-    fileperm.settle_tree(out, since=started - 1)  # safetensors writes 0600: what we wrote gets the umask's modes
+    with atomic_export(out) as tmp, _no_progress_bars():  # a full disk: one line naming OUT
+        hf.save_pretrained(str(tmp), safe_serialization=True)
+        save_tokenizer(cfg, tmp)
+        image_processor(cfg).save_pretrained(str(tmp))
     return f"wrote a transformers CLIPModel with its tokenizer and image processor to {out}"
 
 

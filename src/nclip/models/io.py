@@ -65,18 +65,24 @@ def save_model(model, cfg: RunConfig, directory: str | Path) -> Path:
         save_file(state, str(tmp / WEIGHTS), metadata={"format": "nclip"})
         (tmp / CONFIG).write_text(json.dumps(cfg.model_dump(mode="json"), indent=2))
         if cfg.model.text.tokenizer is not None:
-            source = Path(cfg.model.text.tokenizer).expanduser()
-            (tmp / TOKENIZER_DIR).mkdir()
-            if clip_bpe.bpe_file(source) is not None:  # CLIP's BPE vocabulary, under its own name
-                files = {clip_bpe.BPE_FILE: clip_bpe.bpe_file(source)}
-            elif source.is_file():
-                files = {TOKENIZER_FILES[0]: source}
-            else:
-                files = {n: source / n for n in TOKENIZER_FILES}
-            for name, file in files.items():
-                if file.is_file():
-                    shutil.copyfile(file, tmp / TOKENIZER_DIR / name)
+            copy_tokenizer(Path(cfg.model.text.tokenizer).expanduser(), tmp / TOKENIZER_DIR)
     return directory
+
+
+def copy_tokenizer(source: Path, dest: Path) -> None:
+    """The tokenizer files of ``source`` (model.text.tokenizer: CLIP's BPE vocabulary, a tokenizer.json,
+    or a directory of tokenizer files) copied into the new folder ``dest``, which
+    :class:`~nclip.data.tokenization.CaptionTokenizer` then reads as it read ``source``."""
+    dest.mkdir()
+    if clip_bpe.bpe_file(source) is not None:  # CLIP's BPE vocabulary, under its own name
+        files = {clip_bpe.BPE_FILE: clip_bpe.bpe_file(source)}
+    elif source.is_file():
+        files = {TOKENIZER_FILES[0]: source}
+    else:
+        files = {n: source / n for n in TOKENIZER_FILES}
+    for name, file in files.items():
+        if file.is_file():
+            shutil.copyfile(file, dest / name)
 
 
 def read_config(directory: str | Path) -> RunConfig:

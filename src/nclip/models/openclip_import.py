@@ -146,6 +146,17 @@ def _pixels(pre: dict, where) -> dict:
 # the weights
 # ---------------------------------------------------------------------------------------------
 
+# open_clip's names → a transformers CLIPModel's (a name without suffix also renames its .weight and .bias);
+# nclip.models.export_openclip maps them back
+VIT_RENAMES = {"visual.class_embedding": "vision_model.embeddings.class_embedding",
+               "visual.conv1": "vision_model.embeddings.patch_embedding",
+               "visual.positional_embedding": "vision_model.embeddings.position_embedding.weight",
+               "visual.ln_pre": "vision_model.pre_layrnorm", "visual.ln_post": "vision_model.post_layernorm"}
+TEXT_RENAMES = {"token_embedding": "text_model.embeddings.token_embedding",
+                "positional_embedding": "text_model.embeddings.position_embedding.weight",
+                "ln_final": "text_model.final_layer_norm"}
+TRANSPOSED = {"visual.proj": "visual_projection.weight", "text_projection": "text_projection.weight"}  # [in, out]
+BLOCKS = {"visual": ("visual.transformer", "vision_model.encoder"), "text": ("transformer", "text_model.encoder")}
 HF_LAYER = {"ln_1": "layer_norm1", "ln_2": "layer_norm2", "mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2",
             "attn.out_proj": "self_attn.out_proj"}
 
@@ -182,29 +193,27 @@ def transformers_names(state: dict[str, torch.Tensor], embed_dim: int) -> dict[s
         out.update(resnet_names(state))
         out["visual_projection.weight"] = torch.eye(embed_dim)  # the attention pool projects already
     else:
-        v = "vision_model."
-        _renamed(state, {"visual.class_embedding": v + "embeddings.class_embedding",
-                         "visual.conv1": v + "embeddings.patch_embedding",
-                         "visual.ln_pre": v + "pre_layrnorm", "visual.ln_post": v + "post_layernorm"}, out)
-        if "visual.positional_embedding" in state:
-            out[v + "embeddings.position_embedding.weight"] = state["visual.positional_embedding"]
+        _renamed(state, VIT_RENAMES, out)
         if "visual.proj" in state:
-            out["visual_projection.weight"] = state["visual.proj"].t()
-        _blocks(state, "visual.transformer", v + "encoder", out)
-    t = "text_model."
-    _renamed(state, {"token_embedding": t + "embeddings.token_embedding", "ln_final": t + "final_layer_norm"}, out)
-    if "positional_embedding" in state:
-        out[t + "embeddings.position_embedding.weight"] = state["positional_embedding"]
+            out[TRANSPOSED["visual.proj"]] = state["visual.proj"].t()
+        _blocks(state, *BLOCKS["visual"], out)
+    _renamed(state, TEXT_RENAMES, out)
     if "text_projection" in state:
-        out["text_projection.weight"] = state["text_projection"].t()
+        out[TRANSPOSED["text_projection"]] = state["text_projection"].t()
     if "logit_scale" in state:
         out["logit_scale"] = state["logit_scale"].reshape(())
-    _blocks(state, "transformer", t + "encoder", out)
+    _blocks(state, *BLOCKS["text"], out)
     return {k: v.contiguous() for k, v in out.items()}
 
 
 STEM = {"conv1": 0, "bn1": 1, "conv2": 3, "bn2": 4, "conv3": 6, "bn3": 7}  # → ClipResNetTower.stem.N
 POOL = {"positional_embedding": "position", "q_proj": "query", "k_proj": "key", "v_proj": "value", "c_proj": "proj"}
+
+
+def branch_slots(pooled: bool) -> dict[str, int]:
+    """open_clip Bottleneck's layers → their slots in :class:`~nclip.models.clip_resnet.Bottleneck`'s
+    branch (a block that halves the map has its average pool before the last convolution)."""
+    return {"conv1": 0, "bn1": 1, "conv2": 3, "bn2": 4, "conv3": 6 + pooled, "bn3": 7 + pooled}
 
 
 def resnet_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -223,7 +232,7 @@ def resnet_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         elif parts[1].startswith("layer") and parts[1][5:].isdigit():
             stage, block = int(parts[1][5:]) - 1, int(parts[2])
             pooled = stage > 0 and block == 0
-            slots = {"conv1": 0, "bn1": 1, "conv2": 3, "bn2": 4, "conv3": 6 + pooled, "bn3": 7 + pooled}
+            slots = branch_slots(pooled)
             base = f"vision.stages.{stage}.{block}."
             if parts[3] in slots:
                 out[f"{base}branch.{slots[parts[3]]}.{'.'.join(parts[4:])}"] = value

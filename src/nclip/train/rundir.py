@@ -278,16 +278,16 @@ def _show(value) -> str:
     return value if value is _ABSENT else json.dumps(value)
 
 
-def check_export_target(source: Path, out: Path, force: bool) -> None:
+def check_export_target(source: Path, out: Path, force: bool, option: str = "--hf") -> None:
     """Refuse an ``out`` that would overwrite a run or the model being exported (even with
-    ``force``), and a non-empty ``out`` unless ``force``."""
+    ``force``), and a non-empty ``out`` unless ``force``. ``option`` names ``out`` in the errors."""
     out, source = Path(out), Path(source)
     if out.exists() and not out.is_dir():
-        raise NclipError(f"--hf {out} is a file, not a directory")
+        raise NclipError(f"{option} {out} is a file, not a directory")
     inside_run = out.name in RUN_FILES and bool(run_files(out.parent))  # e.g. RUN/model
     if out.resolve() == source.resolve() or run_files(out) or inside_run:
-        raise NclipError(f"--hf {out} would write into a run or over the model being exported; export to "
+        raise NclipError(f"{option} {out} would write into a run or over the model being exported; export to "
                          "a new directory (--force never writes into runs)")
     if out.is_dir() and any(p.name != LOCK_NAME for p in out.iterdir()) and not force:
-        raise NclipError(f"--hf {out} already exists and is not empty; choose a new directory, "
+        raise NclipError(f"{option} {out} already exists and is not empty; choose a new directory, "
                          "or pass --force to write over it")

@@ -1,0 +1,138 @@
+"""Export to ONNX: ``image_encoder.onnx``, ``text_encoder.onnx`` and ``onnx_config.json``.
+
+Each graph returns the embedding of the model's zero-shot space, as :func:`nclip.load`'s
+``encode_image`` / ``encode_text`` define it (:meth:`nclip.api.LoadedModel._embedding`): the CLIP
+head's output ℓ2-normalised (the score is the dot product); the nCLIP head's logits as they are
+(nCLIP, yCLIP: their scores read the softmax, which normalising would change); an image-only
+objective's probe features ℓ2-normalised, and no text encoder. The image encoder takes pixels
+[N, 3, S, S] float32 as nclip's evaluation transform makes them (shorter side to S, centre crop,
+/255, CLIP's mean and std; a tower trained with other statistics re-normalises inside the graph);
+the text encoder takes token ids and attention mask [N, L] int64 from the model's tokenizer, copied
+into ``tokenizer/``. N is a dynamic axis. ``onnx_config.json`` names all of it.
+
+The exporter is torch's TorchScript-based one (``dynamo=False``): it traces these towers in a
+fraction of a second, offline, and needs only ``onnx``; the dynamo exporter (torch 2.13's default)
+takes seconds per tower through torch.export and, on these graphs, wrote an invalid model (an output
+name defined twice). The CLIP text transformer reads no mask (causal, pooled at the end-of-text
+token: :class:`nclip.models.towers.ClipTextTower`), so the tracer drops that input; it is put back
+as an unused graph input, so that every text encoder takes the same two inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nclip.data import clip_bpe
+from nclip.data.tokenization import bundled_model_dir
+from nclip.data.transforms import CLIP_MEAN, CLIP_STD
+from nclip.defaults import PROBE_FEATURES
+from nclip.errors import NclipError
+from nclip.models.export import atomic_export, model_dir
+from nclip.models.io import copy_tokenizer, load_model
+
+IMAGE, TEXT, CONFIG, TOKENIZER = "image_encoder.onnx", "text_encoder.onnx", "onnx_config.json", "tokenizer"
+OPSET = 17
+HEAD_OUTPUT = {"clip": "emb", "nclip": "logits", "yclip": "logits"}  # zero-shot score → encode_* key
+EXAMPLE_BATCH = 2  # traced at this batch size; the batch axis is dynamic
+
+
+class Embedding(nn.Module):
+    """``model``'s ``encode_image`` or ``encode_text`` output ``key``, ℓ2-normalised or not."""
+
+    def __init__(self, model, modality: str, key: str, normalise: bool):
+        super().__init__()
+        self.model, self.modality, self.key, self.normalise = model, modality, key, normalise
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        out = (self.model.encode_image if self.modality == "image" else self.model.encode_text)(*inputs)[self.key]
+        return F.normalize(out, dim=-1) if self.normalise else out
+
+
+def embedding_space(cfg) -> tuple[str | None, str, bool]:
+    """(the zero-shot score or None, the encode_* output key, whether it is ℓ2-normalised)."""
+    from nclip.objectives import REGISTRY
+
+    objective = REGISTRY[cfg.objective.name][1]
+    head = objective.zero_shot_head
+    if head is None:
+        return None, PROBE_FEATURES[objective.probe_features], True
+    return head, HEAD_OUTPUT[head], HEAD_OUTPUT[head] == "emb"
+
+
+def export_onnx(checkpoint: Path, out: Path) -> str:
+    """Write the model of ``checkpoint`` (a run or model directory) to ``out`` as ONNX graphs with
+    their config and tokenizer, atomically (:func:`nclip.models.export.atomic_export`)."""
+    try:
+        import onnx
+    except ImportError:
+        raise NclipError("export --onnx needs the onnx package: pip install 'nclip[onnx]'") from None
+    model, cfg = load_model(model_dir(checkpoint))
+    score, key, normalise = embedding_space(cfg)
+    size, length = cfg.data.image_size, cfg.data.text_length
+    pixels = torch.zeros(EXAMPLE_BATCH, 3, size, size)
+    # captions of different lengths: the traced attention masks have padding, as most will
+    ids, mask = model.tokenizer(["a photo", "a photo of two red circles left of a blue square"][:EXAMPLE_BATCH])
+    with atomic_export(out) as tmp:
+        _export(Embedding(model, "image", key, normalise), (pixels,), ["pixels"], tmp / IMAGE)
+        if score is not None:
+            _export(Embedding(model, "text", key, normalise), (ids, mask), ["input_ids", "attention_mask"],
+                    tmp / TEXT)
+            if model.cfg_text_kind == "transformer":  # the CLIP text tower reads no mask (module docstring)
+                _keep_input(onnx, tmp / TEXT, "attention_mask", 1, length)
+        source = Path(cfg.model.text.tokenizer).expanduser() if cfg.model.text.tokenizer else bundled_model_dir()
+        copy_tokenizer(source, tmp / TOKENIZER)
+        with torch.no_grad():
+            description = config(model, cfg, score, key, normalise, bpe=clip_bpe.bpe_file(source) is not None)
+        (tmp / CONFIG).write_text(json.dumps(description, indent=2) + "\n")
+    files = f"{IMAGE}, {TEXT}" if score is not None else f"{IMAGE} (image-only objective: no text encoder)"
+    return f"wrote {files}, {CONFIG} and the tokenizer to {out}"
+
+
+def _export(module: nn.Module, args: tuple, names: list[str], path: Path) -> None:
+    with warnings.catch_warnings(), torch.no_grad():
+        # the tracer's warnings about Python conditions on shapes: they test the text length and the
+        # image size, which are fixed, or the mask's padding, where the traced branch is the general one
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module.eval(), args, str(path), input_names=names, output_names=["embedding"],
+                          dynamic_axes={n: {0: "batch"} for n in [*names, "embedding"]}, opset_version=OPSET,
+                          dynamo=False)
+
+
+def _keep_input(onnx, path: Path, name: str, index: int, length: int) -> None:
+    """Put back the int64 [batch, length] input ``name`` where the tracer dropped it as unused."""
+    graph_model = onnx.load(str(path))
+    if all(i.name != name for i in graph_model.graph.input):
+        graph_model.graph.input.insert(index, onnx.helper.make_tensor_value_info(
+            name, onnx.TensorProto.INT64, ["batch", length]))
+        onnx.save(graph_model, str(path))
+
+
+def config(model, cfg, score: str | None, key: str, normalise: bool, bpe: bool) -> dict:
+    """What onnx_config.json says: the graphs' inputs and outputs, the image preprocessing, the
+    tokenizer and the score that compares the embeddings."""
+    size, length = cfg.data.image_size, cfg.data.text_length
+    width = int(model.encode_image(torch.zeros(1, 3, size, size))[key].shape[-1])
+    output = {"embedding": {"dtype": "float32", "shape": ["batch", width], "l2_normalised": normalise}}
+    tok = model.tokenizer
+    tokens = {"dtype": "int64", "shape": ["batch", length]}
+    text = None if score is None else {"file": TEXT, "inputs": {"input_ids": tokens, "attention_mask": tokens},
+                                       "outputs": output}
+    return {
+        "image_encoder": {"file": IMAGE, "inputs": {"pixels": {"dtype": "float32", "shape": ["batch", 3, size, size]}},
+                          "outputs": output},
+        "text_encoder": text,
+        "embedding": {"output": key, "score": score, "logit_scale": float(model.scale()),
+                      **({"nclip_score": cfg.eval.nclip_score} if score == "nclip" else {})},
+        "image": {"size": size, "resize": cfg.data.eval_resize, "interpolation": cfg.data.eval_interpolation,
+                  "crop": "center", "rescale": 1 / 255,
+                  "mean": [round(float(x), 8) for x in CLIP_MEAN], "std": [round(float(x), 8) for x in CLIP_STD]},
+        "tokenizer": {"kind": "clip_bpe" if bpe else "wordpiece", "path": TOKENIZER,
+                      "text_length": length, "pad_id": tok.pad_id, "bos_id": tok.cls_id, "eos_id": tok.eos_id},
+        "opset": OPSET,
+    }
