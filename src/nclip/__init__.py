@@ -19,3 +19,12 @@ def load(path, device=None, arch=None):
     from nclip.api import load as _load
 
     return _load(path, device, arch)
+
+
+def merge(a, b, alpha, out, force=False):
+    """WiSE-FT weight interpolation: write (1 − α)·A + α·B (two run or model directories of one
+    architecture) as the nclip model directory ``out`` and return its path (see
+    :func:`nclip.models.merge.merge`). Imported lazily, as :func:`load`."""
+    from nclip.models.merge import merge as _merge
+
+    return _merge(a, b, alpha, out, force)

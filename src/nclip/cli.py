@@ -143,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     from nclip.finetune.command import add_finetune_parser  # light, as eval's
 
     add_finetune_parser(sub)
+    from nclip.merge_command import add_merge_parser  # light, as eval's
+
+    add_merge_parser(sub)
     return parser
 
 
@@ -334,6 +337,15 @@ def _cmd_finetune(args) -> int:
 
 
 COMMANDS["finetune"] = _cmd_finetune
+
+
+def _cmd_merge(args) -> int:
+    from nclip.merge_command import run_merge_command
+
+    return run_merge_command(args)
+
+
+COMMANDS["merge"] = _cmd_merge
 
 
 def _check_outputs(args) -> None:
