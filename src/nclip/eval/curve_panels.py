@@ -32,7 +32,12 @@ _OWN = {"loss": ("total loss", "loss (nats)"), "logit_scale": ("logit scale 1/σ
         "lr": ("learning rate", "lr (per step)"), "grad_norm": ("gradient norm", "‖g‖₂ (before clipping)")}
 # shown elsewhere or not a curve: throughput, host wait and the non-finite count are the run's
 # health (the logbook prints them); nclip/loss is L_nCLIP's weighted sum of the L_* terms drawn
-NOT_DRAWN = frozenset({"step", "samples_per_s", "data_wait_s", "nonfinite_steps", "nclip/loss"})
+# (eval_s: the wall-clock seconds of an evaluation while training)
+NOT_DRAWN = frozenset({"step", "samples_per_s", "data_wait_s", "eval_s", "nonfinite_steps", "nclip/loss"})
+# the evaluation while training's metrics (train.eval_every: "eval/<task>/<dataset>/<metric>"), all
+# fractions: accuracies, recalls, mean average precision, clustering agreement
+EVAL_FRACTIONS = ("top1", "top5", "mean_per_class", "mean_recall", "map", "ari", "ami", "nmi")
+EVAL_FRACTION_PREFIXES = ("i2t@", "t2i@", "f1@", "precision@", "recall@")
 
 _PREFIX_NAMES = {"clip": "CLIP", "nclip": "nCLIP", "cmsf": "CMSF", "siglip": "SigLIP", "proto": "ProtoCLIP",
                  "yclip": "yCLIP", "xent": "classifier", "supcon": "SupCon", "unified": "unified", "data": "data"}
@@ -43,6 +48,9 @@ _TITLES = {("clip", "loss"): "InfoNCE (CLIP head)", ("nclip", "loss"): "nCLIP te
            ("nclip", "prob_std"): "nCLIP head: row / column std of P",
            ("nclip", "logit_std"): "nCLIP head: row / column std of logits",
            ("nclip", "coefficient"): "nCLIP weight λ", ("data", "count"): "skipped data samples"}
+# the evaluation while training's tasks (nclip.train.periodic_eval), as panel titles name them
+_EVAL_TASKS = {"zeroshot": "zero-shot classification", "retrieval": "image-text retrieval", "knn": "k-NN",
+               "linear": "linear probe"}
 # panel order: the total loss, the CLIP and nCLIP heads, the run's own series, then the rest by name
 _FIRST = ("clip", "nclip")
 
@@ -62,7 +70,8 @@ def series_kind(key: str) -> str:
         return "logit_std" if name.startswith("logit") else "prob_std"
     if name.startswith("logit"):
         return "logit"
-    if name.startswith("acc") or name.endswith(("_acc", "fill", "usage", "purity", "fraction", "share")):
+    if (name.startswith("acc") or name.endswith(("_acc", "fill", "usage", "purity", "fraction", "share"))
+            or name in EVAL_FRACTIONS or name.startswith(EVAL_FRACTION_PREFIXES)):
         return "fraction"
     if name.startswith(("lambda", "tau", "t_", "temperature", "momentum", "weight")):
         return "coefficient"
@@ -95,11 +104,15 @@ def curve_panels(rows: list[dict]) -> tuple[list[Panel], list[str]]:
         if k in _OWN:
             continue
         prefix = k.split("/", 1)[0] if "/" in k else "other"
+        if prefix == "eval" and k.count("/") >= 2:  # a panel per task: zero-shot top-1 apart from retrieval R@k
+            prefix = "/".join(k.split("/")[:2])
         groups.setdefault((prefix, series_kind(k)), []).append(k)
     kind_order = list(KINDS)
 
     def group_panel(prefix: str, kind: str) -> Panel:
         title = _TITLES.get((prefix, kind), f"{_PREFIX_NAMES.get(prefix, prefix)} {KINDS[kind][1]}")
+        if prefix.startswith("eval/"):
+            title = f"evaluation while training: {_EVAL_TASKS.get(prefix[5:], prefix[5:])}"
         return Panel(title, groups[(prefix, kind)], KINDS[kind][0])
 
     first = [g for p in _FIRST for g in sorted(groups, key=lambda g: kind_order.index(g[1])) if g[0] == p]
