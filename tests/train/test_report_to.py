@@ -22,6 +22,16 @@ OVERRIDES = micro_sizes() + ["train.steps=4", "train.batch_size=8", "train.warmu
                              "train.eval_every=4", "train.eval_samples=16"]
 
 
+@pytest.fixture(autouse=True)
+def _fresh_wandb():
+    """W&B reads its environment once per process (wandb.setup): each test starts it afresh."""
+    yield
+    import sys
+
+    if "wandb" in sys.modules:
+        sys.modules["wandb"].teardown()
+
+
 def _train(out, *extra):
     args = ["train", "--preset", "micro", "--out", str(out), "--no-progress", "--no-eval"]
     return main(args + [x for o in OVERRIDES + list(extra) for x in ("--set", o)])
@@ -190,3 +200,16 @@ def test_a_resumed_run_continues_its_wandb_run_and_a_new_one_starts_another(tmp_
         reporter.close()
         ids.append((tmp_path / "run" / "wandb" / WANDB_ID).read_text().strip())
     assert ids[0] == ids[1] != ids[2]
+
+
+@pytest.mark.slow
+def test_wandb_without_a_login_is_one_line(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("wandb")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    for name, value in (("WANDB_MODE", "online"), ("WANDB_SILENT", "true"),  # no key: W&B refuses before any network
+                        ("WANDB_CONFIG_DIR", str(tmp_path / "cfg")), ("WANDB_CACHE_DIR", str(tmp_path / "cache")),
+                        ("HOME", str(tmp_path)), ("NETRC", str(tmp_path / "netrc"))):  # no login found anywhere
+        monkeypatch.setenv(name, value)
+    assert _train(tmp_path / "run", "train.report_to=[wandb]") == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("nclip: error")]
+    assert len(err) == 1 and "cannot start a W&B run" in err[0] and "WANDB_MODE=offline" in err[0], err

@@ -22,6 +22,8 @@ import os
 import secrets
 from pathlib import Path
 
+from nclip.errors import NclipError
+
 TENSORBOARD = "tensorboard"  # RUN/tensorboard/: the event files of train.report_to tensorboard
 WANDB = "wandb"  # RUN/wandb/: the W&B run's files (W&B's `dir`)
 WANDB_ID = "nclip-run-id"  # RUN/wandb/nclip-run-id: the W&B run id, for a resumed run
@@ -63,10 +65,15 @@ class WandbReporter:
             tmp = id_file.with_name(f".{WANDB_ID}.tmp")
             tmp.write_text(run_id + "\n")
             os.replace(tmp, id_file)
-        self.run = wandb.init(dir=str(run_dir), config=config, name=Path(run_dir).resolve().name, id=run_id,
-                              resume="allow", project=os.environ.get("WANDB_PROJECT", "nclip"),
-                              reinit="finish_previous",  # a second run in one process (tests, sweeps)
-                              settings=wandb.Settings(console="off"))  # nclip's stdout and stderr left as they are
+        try:
+            self.run = wandb.init(dir=str(run_dir), config=config, name=Path(run_dir).resolve().name, id=run_id,
+                                  resume="allow", project=os.environ.get("WANDB_PROJECT", "nclip"),
+                                  reinit="finish_previous",  # a second run in one process (tests, sweeps)
+                                  settings=wandb.Settings(console="off"))  # nclip's stdout and stderr as they are
+        except Exception as e:  # no login, no network, a bad WANDB_* setting: W&B's own error types
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise NclipError(f"train.report_to wandb: cannot start a W&B run ({reason}); log in with `wandb login`, "
+                             "or set WANDB_MODE=offline and `wandb sync` later") from None
 
     def log(self, row: dict, step: int) -> None:
         self.run.log(scalars(row), step=step)
