@@ -186,4 +186,7 @@ def _carry_lock(out: Path, tmp: Path) -> None:
 
 def describe(out: Path) -> str:
     record = read_json(Path(out) / RECORD)
-    return f"wrote {out}: (1 - {record['alpha']:g}) * {record['a']} + {record['alpha']:g} * {record['b']}"
+    ints = len(record["integer_tensors_from_a"])
+    return (f"wrote {out}: (1 - {record['alpha']:g}) * {record['a']} + {record['alpha']:g} * {record['b']} "
+            f"(floating-point tensors; config and {ints} integer tensor{'s' * (ints != 1)}, e.g. BatchNorm's "
+            "num_batches_tracked, from A)")
