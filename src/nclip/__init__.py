@@ -30,3 +30,12 @@ def __getattr__(name: str):
 
         return Index
     raise AttributeError(f"module 'nclip' has no attribute {name!r}")
+
+
+def merge(a, b, alpha, out, force=False):
+    """WiSE-FT weight interpolation: write (1 − α)·A + α·B (two run or model directories of one
+    architecture) as the nclip model directory ``out`` and return its path (see
+    :func:`nclip.models.merge.merge`). Imported lazily, as :func:`load`."""
+    from nclip.models.merge import merge as _merge
+
+    return _merge(a, b, alpha, out, force)

@@ -153,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_embed_parser(sub)
     add_search_parser(sub)
+    from nclip.merge_command import add_merge_parser  # light, as eval's
+
+    add_merge_parser(sub)
     return parser
 
 
@@ -356,6 +359,15 @@ def _cmd_embed(args) -> int:
 
 
 COMMANDS["embed"] = COMMANDS["search"] = _cmd_embed
+
+
+def _cmd_merge(args) -> int:
+    from nclip.merge_command import run_merge_command
+
+    return run_merge_command(args)
+
+
+COMMANDS["merge"] = _cmd_merge
 
 
 def _check_outputs(args) -> None:

@@ -277,8 +277,9 @@ class TrainConfig(_Section):
     # estimate the step's memory before the first step and refuse a batch that cannot fit (nclip.train.memory_check)
     memory_check: bool = True
     unmasked_steps: int = Field(0, ge=0, description="FLIP's unmasked tuning: the last N steps keep every patch")
-    # the scalars of metrics.jsonl also as TensorBoard events in RUN/tensorboard/ (rank 0); needs the
-    # optional tensorboard package (pip install nclip[tensorboard])
+    # where metrics.jsonl's scalars also go (rank 0; nclip.train.report_to): tensorboard (RUN/tensorboard/),
+    # wandb (RUN/wandb/). tensorboard: true is the older spelling of [tensorboard], kept in step with it
+    report_to: list[Literal["tensorboard", "wandb"]] = []
     tensorboard: bool = False
     # an exponential moving average of the weights with this decay (e.g. 0.999; 0: off), exported as
     # RUN/model (the raw weights in RUN/model-raw) and evaluated beside them (nclip.train.ema)
@@ -300,6 +301,23 @@ class TrainConfig(_Section):
         if on:
             _require_package("tensorboard", "the tensorboard package is not installed: pip install nclip[tensorboard]")
         return on
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tensorboard_alias(cls, data):
+        """``tensorboard: true`` ⇔ "tensorboard" in ``report_to`` (either spelling turns it on)."""
+        if isinstance(data, dict) and isinstance(data.get("report_to", []), list):
+            on = data.get("tensorboard") is True or "tensorboard" in data.get("report_to", [])
+            report_to = list(dict.fromkeys([*data.get("report_to", []), *["tensorboard"] * on]))  # each once
+            data = {**data, "report_to": report_to, **({"tensorboard": True} if on else {})}
+        return data
+
+    @field_validator("report_to")
+    @classmethod
+    def _wandb_installed(cls, report_to: list[str]) -> list[str]:
+        if "wandb" in report_to:
+            _require_package("wandb", "report_to wandb needs the wandb package: pip install 'nclip[wandb]'")
+        return report_to
 
     @field_validator("optimizer")
     @classmethod

@@ -108,8 +108,9 @@ def test_a_full_disk_at_a_metrics_row_is_one_line(tmp_path, monkeypatch, capsys)
 def test_a_failed_tensorboard_write_is_one_line(tmp_path, monkeypatch, capsys):
     """Issue 36.1: TensorBoard's writer re-raises its thread's failed write at the next scalar."""
     import importlib.util
+    from pathlib import Path
 
-    import nclip.train.logbook as logbook
+    import nclip.train.report_to as report_to
 
     real = importlib.util.find_spec  # the config asks whether the optional package is installed
     monkeypatch.setattr(importlib.util, "find_spec",
@@ -125,7 +126,10 @@ def test_a_failed_tensorboard_write_is_one_line(tmp_path, monkeypatch, capsys):
         def close(self):
             pass
 
-    monkeypatch.setattr(logbook, "tensorboard_writer", lambda run_dir: FullDisk())
+    def writer_on_a_full_disk(self, run_dir):
+        self.folder, self.writer = Path(run_dir) / report_to.TENSORBOARD, FullDisk()
+
+    monkeypatch.setattr(report_to.TensorBoardReporter, "__init__", writer_on_a_full_disk)
     run = tmp_path / "R"
     assert main(_train(run, "--set", "train.tensorboard=true")) == 2
     line = _one_line(capsys)

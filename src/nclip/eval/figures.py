@@ -264,28 +264,57 @@ def realms_figure(per: dict[str, dict], baseline: dict[str, float] | None, datas
 
 
 def curves_figure(rows: list[dict], panels: list) -> str:
-    """The training curves of metrics.jsonl ``rows``: one subplot per
-    :class:`nclip.eval.curve_panels.Panel`, under its title and unit."""
-    import matplotlib.pyplot as plt
+    """The training curves of metrics.jsonl ``rows`` as a base64 PNG (see :func:`curves_plot`)."""
+    return png(curves_plot(rows, panels))
 
-    cols = 3
-    nrows = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(12, 2.7 * nrows), squeeze=False)
+
+def series_label(key: str, keys: list[str]) -> str:
+    """A series' name in its panel's legend: its key without the "/"-segments every key of the
+    panel shares ("eval/zeroshot/synthetic-shape/top1" beside other zero-shot keys:
+    "synthetic-shape/top1"); a panel's only series drops its first segment ("clip/loss": "loss")."""
+    parts = [k.split("/") for k in keys]
+    shared = 0
+    while all(len(p) > shared + 1 and p[shared] == parts[0][shared] for p in parts):
+        shared += 1
+    if len(keys) == 1:
+        shared = min(1, len(parts[0]) - 1)
+    return "/".join(key.split("/")[shared:])
+
+
+def curves_plot(rows: list[dict], panels: list, cols: int = 3, title: str | None = None, tight: bool = True):
+    """The training curves of metrics.jsonl ``rows``: one subplot per
+    :class:`nclip.eval.curve_panels.Panel`, under its title and unit, every series named in a
+    legend. A bare matplotlib ``Figure`` (Agg when saved): no pyplot state, no backend switched.
+    ``tight=False``: fixed margins instead of ``tight_layout``, which measures every label and
+    takes about a third of the drawing (RUN/curves.png, redrawn while a run trains)."""
+    from matplotlib.figure import Figure
+
+    cols = max(1, min(cols, len(panels)))
+    nrows = max(1, math.ceil(len(panels) / cols))
+    fig = Figure(figsize=(4 * cols, 2.7 * nrows + 0.4 * bool(title)))
+    if title:
+        fig.suptitle(title, fontsize=10)
+    axes = fig.subplots(nrows, cols, squeeze=False)
     for ax, panel in zip(axes.flat, panels):
         for i, k in enumerate(panel.keys):
             pts = [(r["step"], r[k]) for r in rows if isinstance(r.get(k), (int, float)) and math.isfinite(r[k])]
             if pts:
                 xs, ys = zip(*pts)
-                label = panel.labels[i] if getattr(panel, "labels", None) else k.split("/")[-1]
+                label = panel.labels[i] if getattr(panel, "labels", None) else series_label(k, panel.keys)
                 ax.plot(xs, ys, marker="." if len(xs) < 30 else None, lw=1.4, label=label)
         ax.set_title(panel.title, fontsize=9)
         ax.set_xlabel("step (optimizer steps)", fontsize=8)
         ax.set_ylabel(panel.ylabel, fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-        if len(panel.keys) > 1:
+        if ax.lines:
             ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    fig.tight_layout()
-    return png(fig)
+    if tight:
+        fig.tight_layout()
+    else:  # in inches: 0.45 below each row for the x label, 0.3 above for the title, 0.6 left for the y label
+        height = fig.get_figheight()
+        fig.subplots_adjust(left=0.6 / fig.get_figwidth() * cols / 1.2, right=0.98, bottom=0.5 / height,
+                            top=1 - (0.3 + 0.4 * bool(title)) / height, wspace=0.35, hspace=0.8 / 1.95)
+    return fig

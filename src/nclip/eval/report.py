@@ -71,7 +71,14 @@ def _finetune_note(config: dict) -> str:
             f"training labels ({config.get('train_images', '?')} images); lr {config['lr']:g} and epoch "
             f"{config.get('best_epoch', '?')} of {config['epochs']} chosen on {config.get('val_images', '?')} "
             f"validation images; layer decay {config['layer_decay']:g}, weight decay {config['weight_decay']:g}, "
-            f"drop path {config.get('drop_path_applied', config['drop_path'])}.")
+            f"drop path {config.get('drop_path_applied', config['drop_path'])}." + _wise_note(config))
+
+
+def _wise_note(config: dict) -> str:
+    """The WiSE-FT mixes of ``nclip finetune --wise`` (test top-1 per α), or ""."""
+    rows = config.get("wise") or []
+    shown = ", ".join(f"α {r['alpha']:g}: {100 * r['top1']:.1f}" for r in rows)
+    return (f" WiSE-FT, test top-1 of (1 − α)·zero-shot + α·fine-tuned weights: {shown}." if rows else "")
 
 
 def _is_percent(metric: str) -> bool:

@@ -2,14 +2,15 @@
 
     nclip finetune --checkpoint RUN --dataset digits|synthetic|folder:DIR --out DIR
                    [--fraction 0.01|0.1|1] [--epochs N] [--lrs 3e-4,1e-3,3e-3]
-                   [--classifier auto|linear|cosine] [--resume auto]
+                   [--classifier auto|linear|cosine] [--resume auto] [--wise 0,0.25,0.5,0.75,1]
 
 OUT holds ``finetune.json`` (the settings, to refuse a resume with others), ``sweep/lr_<i>/`` (per
 learning rate: per-epoch checkpoints and ``best/``), ``model/`` (the best validation epoch of the
 chosen learning rate: ``model.safetensors`` + ``finetune.json``), ``results.json`` and
 ``report.html``, the documents of ``nclip eval`` (so ``nclip eval compare`` tabulates them): keys
 ``finetune/<dataset>-<kind>/top1`` (top5, mean_per_class, chance, val_top1), and in ``config``
-the settings with the chosen ``lr``, the ``fraction`` and the per-class label counts.
+the settings with the chosen ``lr``, the ``fraction`` and the per-class label counts (with ``--wise``:
+``config.wise``, the metrics of each WiSE-FT mix, :mod:`nclip.finetune.wise`).
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ def add_finetune_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=d.device)
     p.add_argument("--resume", choices=["auto", "never"], default="never",
                    help="auto: continue the fine-tuning in --out from its newest checkpoints")
+    p.add_argument("--wise", default="", metavar="ALPHAS",
+                   help="WiSE-FT: evaluate these mixes of the zero-shot start (0) and the fine-tuned weights (1), "
+                        "e.g. 0,0.25,0.5,0.75,1 (needs the cosine classifier)")
     p.add_argument("--no-report", action="store_true", help="write results.json only")
     p.add_argument("--force", action="store_true", help="write into an --out that holds other files, such as an "
                    "evaluation's results.json (a fine-tuning run there continues with --resume auto)")
@@ -71,11 +75,15 @@ def run_finetune_command(args) -> int:
         lrs = tuple(float(v) for v in args.lrs.split(",") if v.strip())
     except ValueError:
         raise NclipError(f"finetune: --lrs: expected comma-separated numbers, got {args.lrs!r}") from None
+    try:
+        wise = tuple(float(v) for v in args.wise.split(",") if v.strip())
+    except ValueError:
+        raise NclipError(f"finetune: --wise: expected comma-separated numbers in [0, 1], got {args.wise!r}") from None
     settings = validated(dict(
         dataset=args.dataset, fraction=args.fraction, classifier=args.classifier, epochs=args.epochs, lrs=lrs,
         layer_decay=args.layer_decay, weight_decay=args.weight_decay, drop_path=args.drop_path,
         batch_size=args.batch_size, val_fraction=args.val_fraction, test_samples=args.samples,
-        train_samples=args.train_samples, seed=args.seed, device=args.device))
+        train_samples=args.train_samples, seed=args.seed, device=args.device, wise=wise))
     log = (lambda msg: None) if args.quiet else (lambda msg: print(f"finetune: {msg}", file=sys.stderr, flush=True))
     doc = run_finetune(args.checkpoint, args.out, settings, resume=args.resume == "auto",
                        report=not args.no_report, log=log, force=args.force)
@@ -83,6 +91,10 @@ def run_finetune_command(args) -> int:
     key = next(k for k in r if k.endswith("/top1"))
     print(f"{key}  {100 * r[key]:.1f}  (lr {doc['config']['lr']:g}, epoch {doc['config']['best_epoch']}, "
           f"{doc['config']['train_images']} labelled images)\nresults  {Path(args.out) / 'results.json'}")
+    if doc["config"].get("wise"):
+        from nclip.finetune.wise import table_text
+
+        print(table_text(doc["config"]["wise"]))
     return 0
 
 
@@ -108,11 +120,13 @@ def _run_finetune(checkpoint, out: Path, settings: FinetuneSettings, resume: boo
     from nclip.finetune.layers import layer_count, lr_scale
     from nclip.finetune.loop import load_best, predict, run_lr
     from nclip.finetune.network import build_net, resolve_classifier
+    from nclip.finetune.wise import check_wise, wise_table
     from nclip.models.io import atomic_dir
 
     t0 = time.perf_counter()
     ck = resolve_checkpoint(checkpoint)
     classifier = resolve_classifier(settings.classifier, ck.cfg, settings.fraction)
+    check_wise(settings.wise, classifier)
     device = _device(settings.device)
     prep = prepare(ck.cfg, settings)  # before OUT is claimed: bad data leaves nothing to resume
     _plan(out, settings, ck.sha256, resume, force)
@@ -130,6 +144,7 @@ def _run_finetune(checkpoint, out: Path, settings: FinetuneSettings, resume: boo
     chosen = max(sweep, key=lambda r: r.best_val)  # ties: the first (max keeps the first maximum)
     net = load_best(make_net(), chosen.best_dir)
     metrics, _ = zeroshot.evaluate(predict(net, prep.test_pixels), prep.test_labels)
+    wise = wise_table(make_net, net, settings.wise, prep, log) if settings.wise else None
     with writing(out / "model"), atomic_dir(out / "model") as tmp:  # a full disk: one line naming it
         shutil.copyfile(chosen.best_dir / "model.safetensors", tmp / "model.safetensors")
         (tmp / STATE).write_text(json.dumps({"classifier": classifier, "classes": list(prep.space.names),
@@ -148,6 +163,8 @@ def _run_finetune(checkpoint, out: Path, settings: FinetuneSettings, resume: boo
               else f"backbone: {ck.vision_tower.feature}",
               "sweep": [{"lr": r.lr, "best_val_top1": r.best_val, "best_epoch": r.best_epoch, "history": r.history}
                         for r in sweep]}
+    if wise:
+        config["wise"] = wise
     doc = _document(ck, classifier, config, results, time.perf_counter() - t0)
     _write(out, doc, ck, report)
     return doc
@@ -159,7 +176,7 @@ def _plan(out: Path, settings: FinetuneSettings, sha: str, resume: bool, force: 
     files (an evaluation's results.json and report.html, which ours would replace) only with
     ``force``."""
     state = out / STATE
-    mine = {"settings": settings.model_dump(mode="json", exclude={"device"}), "checkpoint_sha256": sha}
+    mine = {"settings": settings.model_dump(mode="json", exclude={"device", "wise"}), "checkpoint_sha256": sha}
     if state.is_file():
         if not resume:
             raise NclipError(f"{out} already holds a fine-tuning run: continue it with --resume auto "

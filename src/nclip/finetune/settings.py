@@ -49,6 +49,9 @@ class FinetuneSettings(BaseModel):
     test_samples: int = Field(1000, ge=10, description="synthetic test scenes")
     train_samples: int = Field(2000, ge=10, description="synthetic training scenes")
     seed: int = 0
+    # WiSE-FT after fine-tuning: evaluate these mixes of the zero-shot start (0) and the fine-tuned
+    # network (1) (nclip.finetune.wise; changes no training, so a resume may change it)
+    wise: tuple[Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)], ...] = ()
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
     @field_validator("dataset")

@@ -1,8 +1,8 @@
 """What a training run tells its user while it runs (rank 0): the start-up block, metrics.jsonl,
 one line per log step (with ``--no-progress``) or the progress bar, the collapse monitor's
 warnings, the figures of the evaluation while training (``train.eval_every``:
-:mod:`nclip.train.periodic_eval`), and optionally the same scalars as TensorBoard events
-(``train.tensorboard``).
+:mod:`nclip.train.periodic_eval`), RUN/curves.png (:mod:`nclip.train.curves_png`), and optionally the
+same scalars in TensorBoard and W&B (``train.report_to``: :mod:`nclip.train.report_to`).
 
 The start-up block and the log lines go to stderr, like the progress bar and the warnings: stdout
 holds only the end-of-run summary, which scripts read.
@@ -13,18 +13,18 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from nclip.jsonio import writing
+from nclip.train.curves_png import CurvesPng
 from nclip.train.monitors import CollapseMonitor
 from nclip.train.periodic_eval import describe, headline
+from nclip.train.report_to import reporters
 
 METRICS = "metrics.jsonl"
 # metrics.jsonl's wall-clock fields: they differ between runs of the same steps (resume tests drop them)
 WALL_CLOCK = ("samples_per_s", "data_wait_s", "eval_s")  # eval_s: only on the rows of evaluated steps
-TENSORBOARD = "tensorboard"  # RUN/tensorboard/: the event files of train.tensorboard
 
 
 def _count(module) -> str:
@@ -124,17 +124,9 @@ def step_line(row: dict, total: int) -> str:
             + f"  lr {row['lr']:.3g}  {row['samples_per_s']:.0f} samples/s" + took + wait + evals)
 
 
-def tensorboard_writer(run_dir: Path):
-    """A SummaryWriter into RUN/tensorboard/ (``train.tensorboard``; the config checked that the
-    optional ``tensorboard`` package is installed)."""
-    from torch.utils.tensorboard import SummaryWriter
-
-    return SummaryWriter(log_dir=str(run_dir / TENSORBOARD))
-
-
 class Log:
     """metrics.jsonl (rank 0), the collapse monitor's warnings, the progress bar or one line per log
-    step, and TensorBoard scalars (rank 0, with ``train.tensorboard``)."""
+    step, RUN/curves.png, and the scalars of ``train.report_to`` (rank 0)."""
 
     def __init__(self, run, progress: bool):
         self.run, self.window_t, self.window_samples, self.last = run, time.perf_counter(), 0, {}
@@ -146,7 +138,9 @@ class Log:
                         disable=not (progress and main), dynamic_ncols=True)
         with writing(run.run_dir / METRICS):
             self.file = (run.run_dir / METRICS).open("a") if main else None
-        self.board = tensorboard_writer(run.run_dir) if main and run.cfg.train.tensorboard else None
+        self.reporters = reporters(run.run_dir, run.cfg, run.start > 0) if main else []  # train.report_to
+        self.curves = (CurvesPng(run.run_dir, run.run_dir / METRICS, run.cfg.train.checkpoint_every,
+                                 run.cfg.train.steps, run.start) if main and getattr(run, "save", True) else None)
 
     def step(self, done: int, result, evaluation: dict | None = None) -> None:
         """Count the step; write a row when the loop read one (``result``: its log steps, every
@@ -155,6 +149,8 @@ class Log:
         self.window_samples += self.run.cfg.train.batch_size
         if result is not None:
             self._write(done, result, evaluation or {})
+        if self.curves is not None:
+            self.curves.after_step(done, result is not None)
         self.bar.update(1)
 
     def _write(self, done: int, result, evaluation: dict) -> None:
@@ -174,12 +170,8 @@ class Log:
             with writing(self.file.name):
                 self.file.write(json.dumps(row) + "\n")
                 self.file.flush()
-        if self.board is not None:  # the same scalars as metrics.jsonl, at the same step
-            with writing(self.run.run_dir / TENSORBOARD):  # the writer's thread re-raises its failure here
-                for key, value in row.items():
-                    if key != "step" and isinstance(value, (int, float)):
-                        self.board.add_scalar(key, value, done)
-                self.board.flush()
+        for reporter in self.reporters:  # the same scalars as metrics.jsonl, at the same step
+            reporter.log(row, done)
         if self.lines:
             print(step_line(row, self.run.cfg.train.steps), file=sys.stderr, flush=True)
         self.window_t, self.window_samples, self.last = now, 0, row
@@ -197,6 +189,8 @@ class Log:
                 self.file.close()
             except OSError:  # the flush of a row that failed to write: already said
                 pass
-        if self.board is not None:
-            self.board.close()
+        if self.curves is not None:
+            self.curves.close()
+        for reporter in self.reporters:
+            reporter.close()
         self.bar.close()

@@ -47,7 +47,7 @@ RESUME_MAY_CHANGE = (
     "model.grad_checkpointing",  # the same ops, some run again in the backward: the same numbers
     "train.max_nonfinite_steps",  # when to stop on non-finite steps, not what a step does
     "train.memory_check",  # a check before the first step; it leaves the run as it found it
-    "train.tensorboard",  # a copy of metrics.jsonl's scalars
+    "train.tensorboard", "train.report_to",  # copies of metrics.jsonl's scalars
     "data.max_bad_fraction", "data.bad_window",  # when to stop on bad samples, not which are skipped
     "data.num_workers",  # map-style sources: a sample is a pure function of (seed, index)...
     "objective.ext_cache_dir",  # where ProtoCLIP's teacher features are cached (keyed by identity)
