@@ -9,6 +9,7 @@ built from the objective registry, so each objective validates its own keys.
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Union
 
@@ -170,8 +171,11 @@ class TextConfig(_Section):
     # kind=transformer: where the feature is read, the final-norm state of the first end-of-text
     # token ("token") or of the largest token id ("argmax", OpenAI CLIP's, whose end-of-text id is
     # the largest of its vocabulary; transformers' CLIPTextModel does so for eos_token_id 2)
-    eos_pooling: Literal["token", "argmax"] = "token"
-    hidden_act: Literal["gelu", "quick_gelu"] = "gelu"  # kind=transformer; OpenAI CLIP: quick_gelu
+    # "last": SigLIP's text transformer (bidirectional, no padding mask, the final-norm last position
+    # through its Linear head; transformers' SiglipTextModel, nclip.models.siglip_towers)
+    eos_pooling: Literal["token", "argmax", "last"] = "token"
+    # kind=transformer; OpenAI CLIP: quick_gelu; SigLIP: gelu_pytorch_tanh
+    hidden_act: Literal["gelu", "quick_gelu", "gelu_pytorch_tanh"] = "gelu"
     # kind=transformer: a directory with a tokenizer.json (special tokens from its
     # tokenizer_config.json / special_tokens_map.json); None: the bundled WordPiece tokenizer
     tokenizer: str | None = None
@@ -197,6 +201,9 @@ class ModelConfig(_Section):
     vision: VisionConfig = VisionConfig()
     text: TextConfig = TextConfig()
     embed_dim: int = Field(512, ge=1, description="CLIP head output (Sec. 3.2: 512)")
+    # the cap of the learnable logit scale s (exp(s) <= exp(cap)); CLIP's ln 100. model.init of a SigLIP
+    # model lifts it to the model's own s where that is larger (SigLIP's ~4.76: docs/transfer.md)
+    logit_scale_max: float = Field(math.log(100.0), gt=0)
     nclip_hidden: int = Field(4096, ge=1, description="nCLIP head hidden width (Sec. 3.2: 4096)")
     nclip_dim: int = Field(32768, ge=2, title="dim", description="nCLIP head output K (Sec. 3.2: 32768)")
     # Tab. 9c/9d ablations of the nCLIP head (nclip.models.heads.NclipHead); the defaults are Sec. 3.2's

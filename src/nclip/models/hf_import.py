@@ -1,5 +1,6 @@
 """Start from a pretrained model (``model.init``): a local transformers ``CLIPModel`` directory (what
-``CLIPModel.save_pretrained`` and ``nclip export --hf`` write), an nclip run/model directory, or an
+``CLIPModel.save_pretrained`` and ``nclip export --hf`` write), a ``SiglipModel`` directory
+(:mod:`nclip.models.siglip_import`), an nclip run/model directory, or an
 OpenCLIP/OpenAI checkpoint (:mod:`nclip.models.openclip_files`: an open_clip directory, a state dict
 with ``model.init_arch``, OpenAI's TorchScript archive; renamed by :mod:`nclip.models.openclip_import`).
 
@@ -74,8 +75,8 @@ def _nclip_model_dir(path: Path) -> Path:
     for candidate in (path, path / "model"):
         if (candidate / CONFIG).is_file() and (candidate / WEIGHTS).is_file():
             return candidate
-    raise NclipError(f"model.init: {path} holds neither a transformers CLIPModel (config.json with model_type "
-                     f"clip) nor an nclip model ({CONFIG} and {WEIGHTS}, or model/ with them)")
+    raise NclipError(f"model.init: {path} holds neither a transformers CLIPModel or SiglipModel (config.json with "
+                     f"model_type clip or siglip) nor an nclip model ({CONFIG} and {WEIGHTS}, or model/ with them)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -91,8 +92,13 @@ def init_config(cfg: RunConfig, required: bool = True, note=None) -> RunConfig:
         return cfg
     arch = cfg.model.init_arch
     path = init_dir(cfg.model.init, arch)
+    from nclip.models import siglip_import  # lazily: it builds on this module
+
+    siglip = siglip_import.is_siglip_dir(path)
     if openclip_files.is_openclip(path, arch):
         vision, text, data, embed_dim, source = _openclip_architecture(path, arch)
+    elif siglip:
+        vision, text, data, embed_dim, source = siglip_import.architecture(path)
     elif is_hf_clip_dir(path):
         vision, text, data, embed_dim, source = _hf_architecture(path)
     else:
@@ -102,6 +108,8 @@ def init_config(cfg: RunConfig, required: bool = True, note=None) -> RunConfig:
         arch.update({k: raw["model"][section][k] for k in ("lock", "unlocked_layers")})
     raw["model"].update(vision=vision, text=text, embed_dim=embed_dim)
     raw["data"].update(data)
+    if siglip:  # its logit scale kept exactly (the cap lifted), its bias the SigLIP objective's start
+        siglip_import.carry_scalars(raw, path)
     out = validate(raw)
     v, t = out.model.vision, out.model.text
     line = (f"nclip: model.init {path} ({source}): its architecture replaces the config's towers -- image "
@@ -201,8 +209,12 @@ def _nclip_architecture(path: Path):
 def load_init_weights(model, init: str | Path, arch: str | None = None) -> str:
     """Copy the towers and, where the shapes match, the CLIP head and logit scale of ``init`` into
     ``model`` (built from :func:`init_config`'s config); returns one line saying what was loaded."""
+    from nclip.models import siglip_import  # lazily: it builds on this module
+
     path = init_dir(init, arch)
     hf = True
+    if siglip_import.is_siglip_dir(path):
+        return siglip_import.load_weights(model, path)
     if openclip_files.is_openclip(path, arch):  # renamed to a CLIPModel's names (the modified ResNet: nclip's)
         state = openclip_files.read_state(openclip_files.source(path, arch))
         source = openclip_import.transformers_names(state, model.vision.width)

@@ -35,6 +35,7 @@ from nclip.errors import NclipError
 from nclip.models import checkpointing, pixel_stats
 from nclip.models.clip_resnet import ClipResNetTower
 from nclip.models.patch_dropout import drop_patches
+from nclip.models.siglip_towers import SiglipTextTower, SiglipVisionTower, siglip_text_config, siglip_vision_config
 
 
 def vision_config(cfg: VisionConfig, image_size: int) -> CLIPVisionConfig:
@@ -280,6 +281,11 @@ class ConvNetTower(nn.Module):
         return att.reshape(*att.shape[:2], h, w).float().cpu()
 
 
+def vision_tower_class(cfg: VisionConfig) -> type:
+    """The class :func:`build_vision_tower` builds for ``cfg`` (its ``feature`` and ``saliency``)."""
+    return SiglipVisionTower if cfg.kind == "vit" and cfg.pooling == "map" else VISION_TOWERS[cfg.kind]
+
+
 VISION_TOWERS = {"vit": VisionTower, "resnet": ResNetTower, "convnet": ConvNetTower, "clip_resnet": ClipResNetTower}
 
 
@@ -290,6 +296,8 @@ def build_vision_tower(cfg: VisionConfig, image_size: int) -> nn.Module:
         return ConvNetTower(cfg, image_size)
     if cfg.kind == "clip_resnet":
         return ClipResNetTower(cfg, image_size)
+    if cfg.pooling == "map":  # SigLIP's ViT with its attention-pooling head
+        return SiglipVisionTower(siglip_vision_config(cfg, image_size), cfg.pixel_mean, cfg.pixel_std)
     return VisionTower(vision_config(cfg, image_size), cfg.pixel_mean, cfg.pixel_std, cfg.patch_dropout)
 
 
@@ -374,6 +382,8 @@ def build_text_tower(cfg: ModelConfig, tokenizer, length: int, pretrained: bool 
     if vocab < tokenizer.vocab_size:
         raise NclipError(f"model.text.vocab_size {vocab} is smaller than the tokenizer's vocabulary "
                          f"({tokenizer.vocab_size} tokens)")
+    if cfg.text.eos_pooling == "last":  # SigLIP's text transformer
+        return SiglipTextTower(siglip_text_config(cfg.text, vocab, length, tokenizer.pad_id, tokenizer.eos_id))
     return ClipTextTower(
         text_config(cfg.text, vocab, length, tokenizer.pad_id, tokenizer.cls_id, tokenizer.eos_id)
     )
