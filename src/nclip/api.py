@@ -64,7 +64,7 @@ class LoadedModel(nn.Module):
     def logit_scale(self) -> float:
         """CLIP's learned multiplier 1/σ (clamped to 100): ``(logit_scale * scores).softmax(-1)``
         turns CLIP-head cosines into CLIP's class probabilities."""
-        return float(self.model.scale())
+        return float(self.model.scale().detach())
 
     @property
     def logit_bias(self) -> float | None:

@@ -56,10 +56,12 @@ def save_tiny_siglip(directory: Path, seed: int = 0, bin_weights: bool = False):
         for p in model.parameters():  # transformers initialises some tensors to constants: make them vary
             if p.ndim >= 1 and p.numel() > 1 and p.std() == 0:
                 p.add_(0.02 * torch.randn_like(p))
-    if bin_weights:
-        model.save_pretrained(str(directory), safe_serialization=False)
-    else:
-        model.save_pretrained(str(directory))
+    model.save_pretrained(str(directory))
+    if bin_weights:  # transformers 5 writes safetensors only: the older layout, as its torch.save wrote it
+        from safetensors.torch import load_file
+
+        torch.save(load_file(str(directory / "model.safetensors")), directory / "pytorch_model.bin")
+        (directory / "model.safetensors").unlink()
     tok.save_pretrained(str(directory))
     (directory / "preprocessor_config.json").write_text(json.dumps({
         "image_processor_type": "SiglipImageProcessor", "size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE},

@@ -27,7 +27,7 @@ from safetensors import safe_open
 from nclip.data.tokenization import SENTENCEPIECE_FILE, CaptionTokenizer
 from nclip.errors import NclipError
 from nclip.jsonio import read_json
-from nclip.models.hf_import import PREPROCESSOR, SHARD_INDEX, copy_weights, hf_weights_file, read_hf_weights
+from nclip.models.hf_weights import PREPROCESSOR, SHARD_INDEX, copy_weights, hf_weights_file, read_hf_weights
 from nclip.models.io import CONFIG, WEIGHTS
 from nclip.models.siglip_towers import LAYER_NORM_EPS
 
@@ -49,11 +49,16 @@ def is_siglip_dir(path: Path) -> bool:
 def architecture(path: Path):
     """(vision, text, data, embed_dim, source) of nclip's config for the SigLIP model in ``path``."""
     from transformers import SiglipConfig
+    from transformers.utils import logging as hf_logging
 
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its default sub-configs warn of their own token ids (CLIP's, not SigLIP's)
     try:
         hf = SiglipConfig.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError, TypeError) as e:
         raise NclipError(f"model.init: cannot read {path / CONFIG}: {str(e).splitlines()[0]}") from None
+    finally:
+        hf_logging.set_verbosity(before)
     vc, tc = hf.vision_config, hf.text_config
     if not getattr(vc, "vision_use_head", True):
         raise NclipError(f"model.init: {path} has vision_use_head false: nclip's SigLIP image tower needs its "

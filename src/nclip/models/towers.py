@@ -4,7 +4,8 @@ The image tower is a CLIP vision transformer (feature = final-norm [CLS] token),
 modified ResNet (:mod:`nclip.models.clip_resnet`) or a small conv net with attention pooling. The
 text tower is either a CLIP text transformer from scratch (causal, feature = final-norm [EOS], here
 the WordPiece [SEP]) or a local pretrained encoder such as the bundled MiniLM (feature = its pooled
-output, or the mean/[CLS] token).
+output, or the mean/[CLS] token). SigLIP's towers (``model.vision.pooling: map``, ``model.text.eos_pooling:
+last``) are in :mod:`nclip.models.siglip_towers`.
 
 Each image tower class says in ``feature`` what its feature is (the evaluation report quotes it)
 and in ``saliency`` which attention over image positions its ``attention_maps`` returns -- or
