@@ -131,6 +131,14 @@ def _edit_config(directory, section, key, value):
     path.write_text(json.dumps(data))
 
 
+def _drop_bias(directory):
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(directory / "model.safetensors"))
+    del state["logit_bias"]
+    save_file(state, str(directory / "model.safetensors"))
+
+
 BROKEN = [  # (what, how to break a copy of the directory, words the one line must hold)
     ("no attention-pool head", lambda d: _edit_config(d, "vision_config", "vision_use_head", False), "vision_use_head"),
     ("CLIP's LayerNorm eps", lambda d: _edit_config(d, "text_config", "layer_norm_eps", 1e-5), "layer_norm_eps"),
@@ -141,6 +149,7 @@ BROKEN = [  # (what, how to break a copy of the directory, words the one line mu
     ("corrupt tokenizer", lambda d: (d / "spiece.model").write_bytes(b"not a model"), "SentencePiece"),
     ("corrupt safetensors", lambda d: (d / "model.safetensors").write_bytes(b"\x00" * 64), "cannot read"),
     ("no weights", lambda d: (d / "model.safetensors").unlink(), "missing weights"),
+    ("no logit bias", _drop_bias, "lacks SigLIP's logit_bias"),
 ]
 
 

@@ -135,13 +135,13 @@ def scale_and_bias(path: Path) -> tuple[float, float]:
         files = ({k: path / v for k, v in read_json(found).get("weight_map", {}).items() if k in SCALARS}
                  if found.name == SHARD_INDEX else dict.fromkeys(SCALARS, found))
         state = {}
-        for key in SCALARS:
+        for key, file in files.items():  # a key the shard index does not name: "lacks" below
             try:
-                with safe_open(str(files.get(key, found)), framework="pt") as f:
+                with safe_open(str(file), framework="pt") as f:
                     if key in f.keys():
                         state[key] = f.get_tensor(key)
             except Exception as e:  # safetensors raises its own error types for corrupt files
-                raise NclipError(f"cannot read {files.get(key, found)}: {str(e).splitlines()[0]}") from None
+                raise NclipError(f"cannot read {file}: {str(e).splitlines()[0]}") from None
     else:
         state = read_hf_weights(path)
     return tuple(_scalar(state, key, path) for key in SCALARS)
