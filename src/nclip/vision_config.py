@@ -112,7 +112,9 @@ def clip_resnet_grid(image_size: int, stages: int) -> int:
 
 def image_size_problem(vision: VisionConfig, image_size: int) -> str | None:
     """Why images of ``image_size`` px do not fit the tower (one line, naming both keys), or None."""
-    if vision.kind == "vit" and image_size % vision.patch_size:
+    # SigLIP's ViT ("map") drops the last image_size % patch_size rows and columns, as its patch convolution
+    # does (so400m-patch14-384: 27² patches of 384 px); CLIP's position embeddings want the exact grid
+    if vision.kind == "vit" and vision.pooling == "cls" and image_size % vision.patch_size:
         return f"data.image_size {image_size} is not divisible by model.vision.patch_size {vision.patch_size}"
     stages = len(vision.depths)
     if vision.kind == "convnet" and -(-image_size // 2) < 2 ** (stages - 1):

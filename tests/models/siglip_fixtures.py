@@ -34,9 +34,10 @@ def sentencepiece_model() -> bytes:
     return out.getvalue()
 
 
-def save_tiny_siglip(directory: Path, seed: int = 0, bin_weights: bool = False):
+def save_tiny_siglip(directory: Path, seed: int = 0, bin_weights: bool = False, image_size: int = IMAGE_SIZE):
     """Write a tiny SiglipModel, its tokenizer and its image processor config to ``directory``;
-    returns (model, tokenizer). ``bin_weights``: pytorch_model.bin instead of model.safetensors."""
+    returns (model, tokenizer). ``bin_weights``: pytorch_model.bin instead of model.safetensors;
+    ``image_size`` need not be a multiple of the patch size 8 (SigLIP's patch convolution drops the rest)."""
     from transformers import SiglipConfig, SiglipModel, SiglipTokenizer
 
     directory = Path(directory)
@@ -47,7 +48,7 @@ def save_tiny_siglip(directory: Path, seed: int = 0, bin_weights: bool = False):
                 num_attention_heads=2, max_position_embeddings=TEXT_LENGTH, pad_token_id=tok.pad_token_id,
                 eos_token_id=tok.eos_token_id, bos_token_id=None)
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                  image_size=IMAGE_SIZE, patch_size=8)
+                  image_size=image_size, patch_size=8)
     torch.manual_seed(seed)
     model = SiglipModel(SiglipConfig(text_config=text, vision_config=vision)).eval()
     with torch.no_grad():
@@ -64,7 +65,7 @@ def save_tiny_siglip(directory: Path, seed: int = 0, bin_weights: bool = False):
         (directory / "model.safetensors").unlink()
     tok.save_pretrained(str(directory))
     (directory / "preprocessor_config.json").write_text(json.dumps({
-        "image_processor_type": "SiglipImageProcessor", "size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        "image_processor_type": "SiglipImageProcessor", "size": {"height": image_size, "width": image_size},
         "resample": 3, "image_mean": SIGLIP_MEAN, "image_std": SIGLIP_STD}))
     return model, tok
 

@@ -69,6 +69,18 @@ def test_load_gives_the_siglip_embeddings(siglip):
     assert not torch.allclose(F.normalize(masked, dim=-1), want[:1], atol=1e-3)
 
 
+def test_an_image_size_that_is_no_multiple_of_the_patch(tmp_path):
+    import nclip
+
+    model, _ = save_tiny_siglip(tmp_path / "odd", image_size=36)  # 4² patches of 8 px, 4 px dropped
+    loaded = nclip.load(tmp_path / "odd", device="cpu")
+    assert loaded.cfg.data.image_size == 36
+    raw = torch.rand(2, 3, 36, 36, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = F.normalize(model.get_image_features(pixel_values=hf_pixels(raw)).pooler_output, dim=-1)
+    _assert_same_embeddings(loaded.encode_image(nclip_pixels(raw)), want)
+
+
 def test_zero_shot_scores_are_the_models_own_logits(siglip):
     import nclip
 
@@ -237,3 +249,24 @@ def test_the_attention_pool_needs_a_vit_without_patch_dropout():
     for bad in ({"kind": "resnet", "pooling": "map"}, {"pooling": "map", "patch_dropout": 0.5}):
         with pytest.raises(Exception, match="pooling map needs kind vit"):
             validate({"model": {"vision": bad}})
+
+
+@pytest.mark.parametrize("objective", ["siglip", "xsiglip", "clip"])
+def test_init_config_carries_scale_cap_and_bias(siglip, objective):
+    from nclip.config import validate
+    from nclip.models.dual_encoder import build_model
+    from nclip.models.hf_import import init_config, load_init_weights
+
+    notes = []
+    cfg = init_config(validate({"model": {"init": str(siglip[0])}, "objective": {"name": objective}}),
+                      note=notes.append)
+    assert "a transformers SiglipModel" in notes[0]
+    assert cfg.model.logit_scale_max == float(torch.tensor(LOGIT_SCALE)) > math.log(100)
+    if objective == "clip":
+        assert "bias_init" not in type(cfg.objective).model_fields
+    else:
+        assert cfg.objective.bias_init == pytest.approx(LOGIT_BIAS, abs=1e-6)
+    model = build_model(cfg)
+    load_init_weights(model, cfg.model.init)
+    assert float(model.scale().detach()) == pytest.approx(math.exp(LOGIT_SCALE), rel=1e-6)  # not cut to 100
+    assert torch.equal(model.text_clip_head.weight, torch.eye(32))
