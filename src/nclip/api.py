@@ -41,12 +41,12 @@ class LoadedModel(nn.Module):
     Attributes: ``model`` (the :class:`~nclip.models.dual_encoder.DualEncoder`), ``cfg`` (its run
     config), ``tokenizer`` (list of captions → (ids, mask) [N, L]), ``head`` (the objective's
     zero-shot score: ``clip``, ``nclip``, ``yclip``, or None for an image-only objective),
-    ``nclip_score`` (the direction of nCLIP's −L_CE, the run's ``eval.nclip_score``), ``device``.
+    ``nclip_score`` (the direction of nCLIP's −L_CE, the run's ``eval.nclip_score``), ``device``,
+    ``logit_bias`` (a transformers SiglipModel's b, else None).
     """
 
     def __init__(self, model, cfg, device: torch.device, path: Path | None = None, logit_bias: float | None = None):
         super().__init__()
-        self._logit_bias = logit_bias
         from nclip.objectives import REGISTRY
 
         self.model = model.eval()
@@ -59,10 +59,12 @@ class LoadedModel(nn.Module):
         self.head = objective.zero_shot_head
         self.probe_features = objective.probe_features
         self.nclip_score = cfg.eval.nclip_score
+        self._logit_bias = logit_bias  # a SiglipModel's b (load): its logits exp(s)·cos + b
 
     @property
     def logit_scale(self) -> float:
-        """CLIP's learned multiplier 1/σ (clamped to 100): ``(logit_scale * scores).softmax(-1)``
+        """CLIP's learned multiplier 1/σ (clamped to exp(``model.logit_scale_max``): 100, or a SigLIP
+        model's own t ≈ 117): ``(logit_scale * scores).softmax(-1)``
         turns CLIP-head cosines into CLIP's class probabilities."""
         return float(self.model.scale().detach())
 
