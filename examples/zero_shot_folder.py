@@ -54,6 +54,8 @@ def run(args) -> int:
     model = nclip.load(args.run, device=args.device)
     images = [Image.open(f) for f in paths]
     scores = model.zero_shot(images, classes, templates=args.templates)  # [N, C], higher is better
+    if model.logit_bias is not None:  # a SigLIP model's logits: its probabilities are their sigmoid
+        scores = scores.sigmoid()
     predicted = [classes[int(row.argmax())] for row in scores]
     for path, best, row in zip(paths, predicted, scores):
         others = "  ".join(f"{name}={s:.3f}" for name, s in zip(classes, row.tolist()))

@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from nclip.data.folders import FOLDER_TEMPLATES
 from nclip.data.loader import eval_tensor
@@ -37,10 +38,11 @@ class LoadedModel(nn.Module):
     Attributes: ``model`` (the :class:`~nclip.models.dual_encoder.DualEncoder`), ``cfg`` (its run
     config), ``tokenizer`` (list of captions → (ids, mask) [N, L]), ``head`` (the objective's
     zero-shot score: ``clip``, ``nclip``, ``yclip``, or None for an image-only objective),
-    ``nclip_score`` (the direction of nCLIP's −L_CE, the run's ``eval.nclip_score``), ``device``.
+    ``nclip_score`` (the direction of nCLIP's −L_CE, the run's ``eval.nclip_score``), ``device``,
+    ``logit_bias`` (a transformers SiglipModel's b, else None).
     """
 
-    def __init__(self, model, cfg, device: torch.device, path: Path | None = None):
+    def __init__(self, model, cfg, device: torch.device, path: Path | None = None, logit_bias: float | None = None):
         super().__init__()
         from nclip.objectives import REGISTRY
 
@@ -54,12 +56,39 @@ class LoadedModel(nn.Module):
         self.head = objective.zero_shot_head
         self.probe_features = objective.probe_features
         self.nclip_score = cfg.eval.nclip_score
+        self._logit_bias = logit_bias  # a SiglipModel's b (load): its logits exp(s)·cos + b
 
     @property
     def logit_scale(self) -> float:
-        """CLIP's learned multiplier 1/σ (clamped to 100): ``(logit_scale * scores).softmax(-1)``
+        """CLIP's learned multiplier 1/σ (clamped to exp(``model.logit_scale_max``): 100, or a SigLIP
+        model's own t ≈ 117): ``(logit_scale * scores).softmax(-1)``
         turns CLIP-head cosines into CLIP's class probabilities."""
-        return float(self.model.scale())
+        return float(self.model.scale().detach())
+
+    @property
+    def logit_bias(self) -> float | None:
+        """SigLIP's learned bias b of a transformers SiglipModel (its logits are exp(s)·cos + b, its
+        probabilities their sigmoid); None for other models (CLIP's logits have no bias)."""
+        return self._logit_bias
+
+    def logits(self, image_emb: torch.Tensor, text_emb: torch.Tensor) -> torch.Tensor:
+        """[N, M] the model's logits of :meth:`encode_image` against :meth:`encode_text` embeddings:
+        :attr:`logit_scale` · cosine, plus :attr:`logit_bias` for SigLIP (transformers'
+        ``logits_per_image``)."""
+        cos = F.normalize(image_emb.float(), dim=-1) @ F.normalize(text_emb.float(), dim=-1).T
+        return self._scaled(cos)
+
+    def probabilities(self, image_emb: torch.Tensor, text_emb: torch.Tensor) -> torch.Tensor:
+        """[N, M] SigLIP: the sigmoid of :meth:`logits`, each image–text pair on its own; CLIP: their
+        softmax over the M texts."""
+        logits = self.logits(image_emb, text_emb)
+        return logits.sigmoid() if self.logit_bias is not None else logits.softmax(dim=-1)
+
+    def _scaled(self, cos: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            scale = self.model.scale().float().cpu()
+        out = cos * scale.to(cos.device)
+        return out + self.logit_bias if self.logit_bias is not None else out
 
     def transform(self, image) -> torch.Tensor:
         """The run's eval pre-processing of one image (a PIL image or uint8 [H, W, 3] array) →
@@ -136,7 +165,8 @@ class LoadedModel(nn.Module):
         of its prompts (``templates``, each with one ``{}``; default: the generic ones ``nclip eval``
         uses for a user's class folders), scored with the objective's zero-shot head — CLIP's cosine
         (CLIP, xCLIP, SigLIP, ProtoCLIP), nCLIP's −L_CE symmetrised (xCLIP Sec. 3.1, Eq. 2; the
-        run's ``eval.nclip_score``) or yCLIP's S."""
+        run's ``eval.nclip_score``) or yCLIP's S. A transformers SiglipModel scores with its own
+        logits exp(s)·cos + b (:meth:`logits`; ``.sigmoid()`` gives its probabilities)."""
         self._need_text("zero_shot")
         names = _as_list(classnames, "classnames")
         templates = tuple(templates) if templates is not None else FOLDER_TEMPLATES
@@ -146,7 +176,9 @@ class LoadedModel(nn.Module):
         prompts = encode_texts(self.model, [p for c in range(len(space)) for p in space.prompts(c)],
                                self.device, batch_size)
         classes = ensemble(prompts, len(space))
-        return zeroshot.scores(self.image_outputs(images, batch_size), classes, self.head, self.nclip_score)
+        scores = zeroshot.scores(self.image_outputs(images, batch_size), classes, self.head, self.nclip_score)
+        # SigLIP's own logits exp(s)·cos + b (a monotone map: the same ranking; sigmoid: its probabilities)
+        return self._scaled(scores) if self.logit_bias is not None else scores
 
     def _embedding(self, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """The zero-shot head's output (:func:`nclip.eval.features.zero_shot_embedding`): the CLIP
@@ -175,7 +207,7 @@ def load(path: str | Path, device: str | torch.device | None = None, arch: str |
     config.json), a training checkpoint (RUN/checkpoints/step_N) or a ``model.safetensors`` file
     in one of those, ready for inference on ``device`` (None: CUDA when available, else the CPU).
 
-    Also a model nclip did not train (docs/transfer.md): a transformers CLIPModel directory, an
+    Also a model nclip did not train (docs/transfer.md): a transformers CLIPModel or SiglipModel directory, an
     open_clip directory (open_clip_config.json), an open_clip or OpenAI state-dict file with
     ``arch`` naming its open_clip config (e.g. "ViT-B-32"), or OpenAI's TorchScript ``.pt``."""
     from nclip.models.io import WEIGHTS
@@ -190,4 +222,7 @@ def load(path: str | Path, device: str | torch.device | None = None, arch: str |
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise NclipError(f"device {str(device)!r} requested but no CUDA device is available")
-    return LoadedModel(ck.load(device), ck.cfg, device, ck.path).eval()
+    from nclip.models.siglip_import import FORMAT as SIGLIP
+
+    bias = float(ck.cfg.objective.bias_init) if ck.format == SIGLIP else None  # the model's own (siglip_import)
+    return LoadedModel(ck.load(device), ck.cfg, device, ck.path, logit_bias=bias).eval()

@@ -9,13 +9,14 @@ built from the objective registry, so each objective validates its own keys.
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
-from nclip.config_files import apply_overrides, preset_dir, preset_names  # noqa: F401 (re-exported)
+from nclip.config_files import apply_overrides, preset_dir, preset_names, synthetic_settings_give_way  # noqa: F401 (re-exported)
 from nclip.defaults import EVAL_BATCH_SIZE, PROBE_FEATURES, USER_LABEL, has_labels
 from nclip.errors import NclipError
 from nclip.eval_while_training_config import DEFAULT_EVAL_EVERY, DEFAULT_EVAL_SAMPLES, check_eval_datasets
@@ -170,8 +171,11 @@ class TextConfig(_Section):
     # kind=transformer: where the feature is read, the final-norm state of the first end-of-text
     # token ("token") or of the largest token id ("argmax", OpenAI CLIP's, whose end-of-text id is
     # the largest of its vocabulary; transformers' CLIPTextModel does so for eos_token_id 2)
-    eos_pooling: Literal["token", "argmax"] = "token"
-    hidden_act: Literal["gelu", "quick_gelu"] = "gelu"  # kind=transformer; OpenAI CLIP: quick_gelu
+    # "last": SigLIP's text transformer (bidirectional, no padding mask, the final-norm last position
+    # through its Linear head; transformers' SiglipTextModel, nclip.models.siglip_towers)
+    eos_pooling: Literal["token", "argmax", "last"] = "token"
+    # kind=transformer; OpenAI CLIP: quick_gelu; SigLIP: gelu_pytorch_tanh
+    hidden_act: Literal["gelu", "quick_gelu", "gelu_pytorch_tanh"] = "gelu"
     # kind=transformer: a directory with a tokenizer.json (special tokens from its
     # tokenizer_config.json / special_tokens_map.json); None: the bundled WordPiece tokenizer
     tokenizer: str | None = None
@@ -197,6 +201,9 @@ class ModelConfig(_Section):
     vision: VisionConfig = VisionConfig()
     text: TextConfig = TextConfig()
     embed_dim: int = Field(512, ge=1, description="CLIP head output (Sec. 3.2: 512)")
+    # the cap of the learnable logit scale s (exp(s) <= exp(cap)); CLIP's ln 100. model.init of a SigLIP
+    # model lifts it to the model's own s where that is larger (SigLIP's ~4.76: docs/transfer.md)
+    logit_scale_max: float = Field(math.log(100.0), gt=0)
     nclip_hidden: int = Field(4096, ge=1, description="nCLIP head hidden width (Sec. 3.2: 4096)")
     nclip_dim: int = Field(32768, ge=2, title="dim", description="nCLIP head output K (Sec. 3.2: 32768)")
     # Tab. 9c/9d ablations of the nCLIP head (nclip.models.heads.NclipHead); the defaults are Sec. 3.2's
@@ -295,13 +302,6 @@ class TrainConfig(_Section):
     def _eval_datasets(cls, specs):
         return check_eval_datasets(specs)
 
-    @field_validator("tensorboard")
-    @classmethod
-    def _tensorboard_installed(cls, on: bool) -> bool:
-        if on:
-            _require_package("tensorboard", "the tensorboard package is not installed: pip install nclip[tensorboard]")
-        return on
-
     @model_validator(mode="before")
     @classmethod
     def _tensorboard_alias(cls, data):
@@ -312,19 +312,20 @@ class TrainConfig(_Section):
             data = {**data, "report_to": report_to, **({"tensorboard": True} if on else {})}
         return data
 
-    @field_validator("report_to")
+    @field_validator("tensorboard", "report_to", "optimizer")
     @classmethod
-    def _wandb_installed(cls, report_to: list[str]) -> list[str]:
-        if "wandb" in report_to:
-            _require_package("wandb", "report_to wandb needs the wandb package: pip install 'nclip[wandb]'")
-        return report_to
-
-    @field_validator("optimizer")
-    @classmethod
-    def _lowbit_installed(cls, name: str) -> str:
-        if name == "adamw8bit":
-            _require_package("torchao", "optimizer adamw8bit needs the torchao package: pip install nclip[lowmem]")
-        return name
+    def _packages_installed(cls, value, info):
+        """The optional package a setting needs, named with its extra when it is missing."""
+        field, need = info.field_name, None
+        if field == "tensorboard" and value is True:
+            need = ("tensorboard", "the tensorboard package is not installed: pip install nclip[tensorboard]")
+        elif field == "report_to" and "wandb" in value:
+            need = ("wandb", "report_to wandb needs the wandb package: pip install 'nclip[wandb]'")
+        elif field == "optimizer" and value == "adamw8bit":
+            need = ("torchao", "optimizer adamw8bit needs the torchao package: pip install nclip[lowmem]")
+        if need:
+            _require_package(*need)
+        return value
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -482,34 +483,6 @@ def describe_validation_error(e: ValidationError, subject: str = "config",
 def resolve(preset: str, overrides: list[str] | None = None) -> RunConfig:
     raw = apply_overrides(load_preset(preset), overrides or [])
     return validate(synthetic_settings_give_way(raw, overrides or []))
-
-
-# settings a preset makes for its built-in synthetic scenes that no other source has
-SYNTHETIC_ONLY = {"hard_negative_group": 1}
-
-
-def synthetic_settings_give_way(raw: dict, overrides: list[str]) -> dict:
-    """A preset's synthetic-scene settings give way to a user's data source: ``--preset tiny --set
-    data.source=csv`` trains on the CSV instead of failing on tiny's hard-negative groups (issue 36.5);
-    the start-up block says so (:func:`gave_way`). A setting the user gave stays, and is checked."""
-    data = raw.get("data") or {}
-    if data.get("source", "synthetic") == "synthetic":
-        return raw
-    given = {item.partition("=")[0].strip() for item in overrides}
-    for key, default in SYNTHETIC_ONLY.items():
-        if key in data and f"data.{key}" not in given:
-            data[key] = default
-    return raw
-
-
-def gave_way(preset_raw: dict, cfg: RunConfig) -> list[str]:
-    """The preset's synthetic-scene settings this config set back for its data source, as
-    ``key preset_value -> value`` strings (for the start-up block)."""
-    data = preset_raw.get("data") or {}
-    if cfg.data.source == "synthetic":
-        return []
-    return [f"data.{k} {data[k]} -> {getattr(cfg.data, k)}" for k in SYNTHETIC_ONLY
-            if k in data and data[k] != getattr(cfg.data, k)]
 
 
 def to_yaml(cfg: RunConfig) -> str:

@@ -60,3 +60,31 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             node = child
         node[parts[-1]] = parsed
     return out
+
+
+# settings a preset makes for its built-in synthetic scenes that no other source has
+SYNTHETIC_ONLY = {"hard_negative_group": 1}
+
+
+def synthetic_settings_give_way(raw: dict, overrides: list[str]) -> dict:
+    """A preset's synthetic-scene settings give way to a user's data source: ``--preset tiny --set
+    data.source=csv`` trains on the CSV instead of failing on tiny's hard-negative groups (issue 36.5);
+    the start-up block says so (:func:`gave_way`). A setting the user gave stays, and is checked."""
+    data = raw.get("data") or {}
+    if data.get("source", "synthetic") == "synthetic":
+        return raw
+    given = {item.partition("=")[0].strip() for item in overrides}
+    for key, default in SYNTHETIC_ONLY.items():
+        if key in data and f"data.{key}" not in given:
+            data[key] = default
+    return raw
+
+
+def gave_way(preset_raw: dict, cfg) -> list[str]:
+    """The preset's synthetic-scene settings this config set back for its data source, as
+    ``key preset_value -> value`` strings (for the start-up block)."""
+    data = preset_raw.get("data") or {}
+    if cfg.data.source == "synthetic":
+        return []
+    return [f"data.{k} {data[k]} -> {getattr(cfg.data, k)}" for k in SYNTHETIC_ONLY
+            if k in data and data[k] != getattr(cfg.data, k)]

@@ -38,7 +38,11 @@ class VisionConfig(BaseModel):
     # clip_resnet: the attention pool's output projection (CLIP's RN50: 1024, its embedding
     # dimension); None: the last stage's width
     pool_dim: int | None = Field(None, ge=1)
-    hidden_act: Literal["gelu", "quick_gelu"] = "gelu"  # vit: OpenAI CLIP's towers use quick_gelu
+    # vit: OpenAI CLIP's towers use quick_gelu, SigLIP's gelu_pytorch_tanh
+    hidden_act: Literal["gelu", "quick_gelu", "gelu_pytorch_tanh"] = "gelu"
+    # vit: "cls" the final-norm class token (CLIP); "map" SigLIP's ViT: no class token, no pre-norm, the
+    # post-norm patch tokens pooled by a multi-head attention-pooling head (nclip.models.siglip_towers)
+    pooling: Literal["cls", "map"] = "cls"
     # vit, clip_resnet: the mean/std the tower expects its pixels normalised with; None: CLIP's, the data layer's
     # own (a tower started from a model trained with other statistics re-normalises its input)
     pixel_mean: tuple[float, float, float] | None = None
@@ -61,6 +65,8 @@ class VisionConfig(BaseModel):
             raise ValueError(f"norm {self.norm} needs a conv kind ({', '.join(CONV_KINDS)}; got {self.kind})")
         if self.patch_dropout and self.kind != "vit":
             raise ValueError(f"patch_dropout needs kind vit (got {self.kind})")
+        if self.pooling != "cls" and (self.kind != "vit" or self.patch_dropout):
+            raise ValueError(f"pooling {self.pooling} needs kind vit without patch_dropout (got {self.kind})")
         if self.pool_dim is not None and self.kind != "clip_resnet":
             raise ValueError(f"pool_dim needs kind clip_resnet (got {self.kind})")
         if self.kind in CONV_KINDS and (len(self.depths) != len(self.hidden_sizes) or not self.depths
@@ -112,7 +118,9 @@ def clip_resnet_grid(image_size: int, stages: int) -> int:
 
 def image_size_problem(vision: VisionConfig, image_size: int) -> str | None:
     """Why images of ``image_size`` px do not fit the tower (one line, naming both keys), or None."""
-    if vision.kind == "vit" and image_size % vision.patch_size:
+    # SigLIP's ViT ("map") drops the last image_size % patch_size rows and columns, as its patch convolution
+    # does (so400m-patch14-384: 27² patches of 384 px); CLIP's position embeddings want the exact grid
+    if vision.kind == "vit" and vision.pooling == "cls" and image_size % vision.patch_size:
         return f"data.image_size {image_size} is not divisible by model.vision.patch_size {vision.patch_size}"
     stages = len(vision.depths)
     if vision.kind == "convnet" and -(-image_size // 2) < 2 ** (stages - 1):

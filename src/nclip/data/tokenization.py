@@ -6,7 +6,9 @@ never from a hub. ``model.text.tokenizer`` naming CLIP's ``bpe_simple_vocab_16e6
 directory holding it) gives CLIP's own BPE tokenizer, with OpenCLIP's ids (:mod:`nclip.data.clip_bpe`).
 Captions become ``[CLS] tokens [SEP] [PAD]...`` of a fixed length (a CLIP tokenizer:
 ``<|startoftext|> tokens <|endoftext|>...``); the [SEP] position is the "end of text" token whose
-final-norm feature the CLIP-style text tower pools.
+final-norm feature the CLIP-style text tower pools. A directory with a SentencePiece ``spiece.model``
+(a SigLIP checkpoint's) gives transformers' ``SiglipTokenizer`` (lower-cased, punctuation removed,
+``tokens </s>`` padded with ``</s>`` to the length), which needs ``pip install nclip[siglip]``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,12 @@ TOKENIZER_FILE = "tokenizer.json"
 # where transformers' save_pretrained names the special tokens (the first file that names one wins)
 SPECIALS_FILES = ("special_tokens_map.json", "tokenizer_config.json")
 WORDPIECE_SPECIALS = {"pad_token": "[PAD]", "bos_token": "[CLS]", "eos_token": "[SEP]"}
+SENTENCEPIECE_FILE = "spiece.model"  # SigLIP's tokenizer (transformers' SiglipTokenizer)
+
+
+def sentencepiece_dir(path: Path) -> Path | None:
+    """``path`` where it is a directory holding a SentencePiece ``spiece.model``, else None."""
+    return path if path.is_dir() and (path / SENTENCEPIECE_FILE).is_file() else None
 
 
 def bundled_model_dir() -> Path:
@@ -61,6 +69,10 @@ class CaptionTokenizer:
     def __init__(self, length: int = 32, path: str | Path | None = None):
         path = Path(path).expanduser() if path else bundled_model_dir() / TOKENIZER_FILE
         self._split = None  # CLIP's BPE: captions are cleaned and split into words in Python
+        self._spm = None  # SigLIP's SentencePiece tokenizer (transformers', in Python)
+        if sentencepiece_dir(path) is not None:
+            self._init_spm(path, length)
+            return
         if (bpe := clip_bpe.bpe_file(path)) is not None:
             self._init_bpe(bpe, length)
             return
@@ -86,12 +98,34 @@ class CaptionTokenizer:
         self.pad_id, self.cls_id, self.eos_id = (clip_bpe.PAD_ID, self._tok.token_to_id(clip_bpe.SOT),
                                                  self._tok.token_to_id(clip_bpe.EOT))
 
+    def _init_spm(self, path: Path, length: int) -> None:
+        """transformers' SiglipTokenizer of the directory (its tokenizer_config.json: lower-casing, the
+        special tokens), called as SigLIP's processor is: padding to ``length``, truncation."""
+        try:
+            from transformers import SiglipTokenizer
+
+            self._spm = SiglipTokenizer.from_pretrained(str(path), local_files_only=True)
+        except (ImportError, OSError, ValueError, RuntimeError) as e:  # sentencepiece missing, a bad file
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise NclipError(f"cannot read the SentencePiece tokenizer of {path} (pip install nclip[siglip] "
+                             f"for the sentencepiece package): {first}") from None
+        self._tok, self.length, self.vocab_size = self._spm, length, len(self._spm)
+        # SigLIP has no start token: cls_id (a CLIP text config's bos) is its end-of-text too
+        self.pad_id, self.eos_id = self._spm.pad_token_id, self._spm.eos_token_id
+        self.cls_id = self._spm.bos_token_id if self._spm.bos_token_id is not None else self.eos_id
+        if self.pad_id is None or self.eos_id is None:
+            raise NclipError(f"the SentencePiece tokenizer of {path} has no padding or end-of-text token")
+
     def same_vocabulary(self, other: CaptionTokenizer) -> bool:
         """Whether ``other`` maps every token, and the pad/bos/eos tokens, to the same ids."""
         return ((self.pad_id, self.cls_id, self.eos_id) == (other.pad_id, other.cls_id, other.eos_id)
                 and self._tok.get_vocab() == other._tok.get_vocab())
 
     def __call__(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._spm is not None:
+            enc = self._spm(list(texts), padding="max_length", truncation=True, max_length=self.length)
+            return (torch.tensor(enc["input_ids"], dtype=torch.int64).reshape(len(texts), self.length),
+                    torch.tensor(enc["attention_mask"], dtype=torch.int64).reshape(len(texts), self.length))
         if self._split is not None:  # without offsets (encode_batch_fast): 3-4x faster on long captions
             encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
             enc = encode([self._split(t) for t in texts], is_pretokenized=True)

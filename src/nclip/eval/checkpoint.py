@@ -5,7 +5,8 @@
 config of RUN/config.yaml) or a model nclip did not train: a local transformers ``CLIPModel``
 directory, an open_clip directory, an open_clip/OpenAI state-dict file (with ``--arch``) or OpenAI's
 TorchScript archive (each evaluated as a CLIP-objective model with its own architecture, tokenizer
-and pixel statistics, via :mod:`nclip.models.hf_import`); :func:`resolve_checkpoint` tells them apart.
+and pixel statistics, via :mod:`nclip.models.hf_import`), or a ``SiglipModel`` directory (a
+SigLIP-objective model, :mod:`nclip.models.siglip_import`); :func:`resolve_checkpoint` tells them apart.
 """
 
 from __future__ import annotations
@@ -52,9 +53,9 @@ class Checkpoint:
     @property
     def vision_tower(self):
         """The image tower class of the config (its ``feature`` and ``saliency`` descriptions)."""
-        from nclip.models.towers import VISION_TOWERS
+        from nclip.models.towers import vision_tower_class
 
-        return VISION_TOWERS[self.cfg.model.vision.kind]
+        return vision_tower_class(self.cfg.model.vision)
 
 
 def resolve_checkpoint(path: str | Path, arch: str | None = None) -> Checkpoint:
@@ -124,16 +125,23 @@ def _openclip_checkpoint(p: Path, arch: str | None) -> Checkpoint | None:
 
 
 def _hf_checkpoint(p: Path) -> Checkpoint | None:
-    """A transformers CLIPModel directory as a checkpoint of the CLIP objective (None: not one)."""
+    """A transformers CLIPModel directory as a checkpoint of the CLIP objective, a SiglipModel one as a
+    checkpoint of the SigLIP objective (None: neither)."""
     from nclip.config import validate
     from nclip.models.hf_import import PT_WEIGHTS, hf_weights_file, init_config, is_hf_clip_dir
     from nclip.models.io import WEIGHTS
+    from nclip.models.siglip_import import FORMAT as SIGLIP
+    from nclip.models.siglip_import import is_siglip_dir
 
-    if not p.is_dir() or not is_hf_clip_dir(p):
+    siglip = p.is_dir() and is_siglip_dir(p)
+    if not siglip and (not p.is_dir() or not is_hf_clip_dir(p)):
         return None
-    cfg = init_config(validate({"objective": {"name": "clip"}, "model": {"init": str(p.resolve())}}),
-                      note=lambda line: None)
     weights = hf_weights_file(p)
     if weights is None:
         raise NclipError(f"missing weights file: {p / WEIGHTS} (or {PT_WEIGHTS})")
-    return Checkpoint(p, weights, None, cfg, file_sha256(weights), format="transformers CLIPModel")
+    # a SiglipModel is a checkpoint of the SigLIP objective: its logit bias is the objective's (bias_init)
+    objective = "siglip" if siglip else "clip"
+    cfg = init_config(validate({"objective": {"name": objective}, "model": {"init": str(p.resolve())}}),
+                      note=lambda line: None)
+    return Checkpoint(p, weights, None, cfg, file_sha256(weights),
+                      format=SIGLIP if siglip else "transformers CLIPModel")

@@ -44,6 +44,7 @@ class FinetuneNet(nn.Module):
             self.head = model.image_clip_head
             self.classifier = nn.Parameter(F.normalize(class_emb.detach().float(), dim=-1).clone())  # [C, D]
             self.logit_scale = nn.Parameter(model.logit_scale.detach().float().clone())
+            self.logit_scale_max = getattr(model, "LOGIT_SCALE_MAX", LOGIT_SCALE_MAX)  # the model's cap (SigLIP's)
         else:
             self.classifier = nn.Linear(model.vision.width, num_classes)
             nn.init.zeros_(self.classifier.weight)
@@ -55,7 +56,7 @@ class FinetuneNet(nn.Module):
         if self.kind == "linear":
             return to_float32(self.classifier(f))
         g = to_float32(self.head(self.shared(f)))  # [B, D]
-        scale = self.logit_scale.float().clamp(max=LOGIT_SCALE_MAX).exp()
+        scale = self.logit_scale.float().clamp(max=self.logit_scale_max).exp()
         return scale * F.normalize(g, dim=-1) @ F.normalize(self.classifier.float(), dim=-1).T
 
 

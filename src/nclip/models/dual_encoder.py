@@ -107,15 +107,17 @@ class DualEncoder(nn.Module):
             from nclip.data.loader import label_classes
 
             self.image_xent_head = nn.Linear(self.vision.width, label_classes(cfg))
-        # learnable s with σ = exp(-s), initialised to ln(1/0.07) and clamped to ln(100) (CLIP)
+        # learnable s with σ = exp(-s), initialised to ln(1/0.07) and clamped to ln(100) (CLIP), or to
+        # model.logit_scale_max (raised by model.init of a SigLIP model to keep its own s, ~4.76)
         self.logit_scale = nn.Parameter(torch.tensor(LOGIT_SCALE_INIT))
+        self.LOGIT_SCALE_MAX = float(m.logit_scale_max)
         self.uses_text = bool(self.heads & TEXT_HEADS)
         if not self.uses_text:
             self.text.requires_grad_(False)
             self.logit_scale.requires_grad_(False)
 
     def scale(self) -> torch.Tensor:
-        return self.logit_scale.clamp(max=LOGIT_SCALE_MAX).exp()
+        return self.logit_scale.clamp(max=self.LOGIT_SCALE_MAX).exp()
 
     def encode_image(self, pixels: torch.Tensor) -> dict[str, torch.Tensor]:
         """pixels [B, 3, H, W] → {"features": f [B, d], "emb": g [B, D], "logits": h [B, K],

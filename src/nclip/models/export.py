@@ -26,6 +26,7 @@ from transformers import CLIPConfig, CLIPModel
 from nclip.errors import NclipError
 from nclip.jsonio import writing
 from nclip.models.io import CONFIG, atomic_dir, load_model
+from nclip.models.siglip_towers import SiglipTextTower, SiglipVisionTower
 from nclip.runlock import LOCK_NAME
 
 
@@ -44,6 +45,9 @@ def to_hf(model) -> CLIPModel:
         raise NclipError("export --hf needs a ViT image tower, a CLIP text transformer and a CLIP head "
                          f"(this model: image tower {model.vision.kind!r}, text tower {model.cfg_text_kind!r}, "
                          f"heads {sorted(model.heads)})")
+    if isinstance(model.vision, SiglipVisionTower) or isinstance(model.text, SiglipTextTower):
+        raise NclipError("export --hf writes a CLIPModel: a SigLIP tower (model.vision.pooling map, "
+                         "model.text.eos_pooling last) has no place in one")
     if model.shared_layers:  # the CLIP projection is then an MLP, which HF's CLIPModel has no place for
         raise NclipError(f"export --hf needs a linear CLIP head; this model shares {model.shared_layers} hidden "
                          "layer(s) between its CLIP and nCLIP heads (model.nclip_shared_layers)")

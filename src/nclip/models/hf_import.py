@@ -1,5 +1,6 @@
 """Start from a pretrained model (``model.init``): a local transformers ``CLIPModel`` directory (what
-``CLIPModel.save_pretrained`` and ``nclip export --hf`` write), an nclip run/model directory, or an
+``CLIPModel.save_pretrained`` and ``nclip export --hf`` write), a ``SiglipModel`` directory
+(:mod:`nclip.models.siglip_import`), an nclip run/model directory, or an
 OpenCLIP/OpenAI checkpoint (:mod:`nclip.models.openclip_files`: an open_clip directory, a state dict
 with ``model.init_arch``, OpenAI's TorchScript archive; renamed by :mod:`nclip.models.openclip_import`).
 
@@ -12,7 +13,7 @@ transformers' CLIPVisionModel / CLIPTextModel, so the weights are a renaming.
 
 Nothing downloads: anything but an existing local directory (a hub name such as
 ``openai/clip-vit-base-patch32``) is a one-line error. Weights are read from safetensors, or from a
-CLIPModel's ``pytorch_model.bin`` with ``torch.load(weights_only=True)``.
+CLIPModel's ``pytorch_model.bin`` with ``torch.load(weights_only=True)`` (:mod:`nclip.models.hf_weights`).
 """
 
 from __future__ import annotations
@@ -21,28 +22,24 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import torch
-from safetensors.torch import load_file
 
 from nclip.config import RunConfig, validate
 from nclip.data.tokenization import TOKENIZER_FILE, CaptionTokenizer
 from nclip.data.transforms import CLIP_MEAN, CLIP_STD
 from nclip.errors import NclipError
 from nclip.jsonio import read_json
-from nclip.models import openclip_files, openclip_import
+from nclip.models import openclip_files, openclip_import, siglip_import
+from nclip.models.hf_weights import (  # noqa: F401 (PT_WEIGHTS, hf_weights_file, copy_weights: re-exported)
+    PREPROCESSOR,
+    PT_WEIGHTS,
+    copy_weights,
+    hf_weights_file,
+    read_hf_weights,
+    read_safetensors,
+)
 from nclip.models.io import CONFIG, WEIGHTS, read_config
 
-PREPROCESSOR = "preprocessor_config.json"
-SHARD_INDEX = "model.safetensors.index.json"
-PT_WEIGHTS = "pytorch_model.bin"  # transformers' pickled weights, read with torch.load(weights_only=True)
-PT_SHARD_INDEX = "pytorch_model.bin.index.json"
 ACTIVATIONS = ("gelu", "quick_gelu")  # the ones nclip's config offers
-# nclip tower prefix in the model's state dict → CLIPModel's prefix
-HF_TOWERS = {"vision.model.": "vision_model.", "text.model.": "text_model."}
-# the CLIP head: nclip key → CLIPModel key (loaded where the model has it and the shapes match)
-HF_HEAD = {"image_clip_head.weight": "visual_projection.weight", "text_clip_head.weight": "text_projection.weight",
-           "logit_scale": "logit_scale"}
-NCLIP_TOWERS = ("vision.", "text.")
 
 
 def init_dir(value: str | Path, arch: str | None = None) -> Path:
@@ -74,8 +71,8 @@ def _nclip_model_dir(path: Path) -> Path:
     for candidate in (path, path / "model"):
         if (candidate / CONFIG).is_file() and (candidate / WEIGHTS).is_file():
             return candidate
-    raise NclipError(f"model.init: {path} holds neither a transformers CLIPModel (config.json with model_type "
-                     f"clip) nor an nclip model ({CONFIG} and {WEIGHTS}, or model/ with them)")
+    raise NclipError(f"model.init: {path} holds neither a transformers CLIPModel or SiglipModel (config.json with "
+                     f"model_type clip or siglip) nor an nclip model ({CONFIG} and {WEIGHTS}, or model/ with them)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -91,8 +88,11 @@ def init_config(cfg: RunConfig, required: bool = True, note=None) -> RunConfig:
         return cfg
     arch = cfg.model.init_arch
     path = init_dir(cfg.model.init, arch)
+    siglip = siglip_import.is_siglip_dir(path)
     if openclip_files.is_openclip(path, arch):
         vision, text, data, embed_dim, source = _openclip_architecture(path, arch)
+    elif siglip:
+        vision, text, data, embed_dim, source = siglip_import.architecture(path)
     elif is_hf_clip_dir(path):
         vision, text, data, embed_dim, source = _hf_architecture(path)
     else:
@@ -102,6 +102,8 @@ def init_config(cfg: RunConfig, required: bool = True, note=None) -> RunConfig:
         arch.update({k: raw["model"][section][k] for k in ("lock", "unlocked_layers")})
     raw["model"].update(vision=vision, text=text, embed_dim=embed_dim)
     raw["data"].update(data)
+    if siglip:  # its logit scale kept exactly (the cap lifted), its bias the SigLIP objective's start
+        siglip_import.carry_scalars(raw, path)
     out = validate(raw)
     v, t = out.model.vision, out.model.text
     line = (f"nclip: model.init {path} ({source}): its architecture replaces the config's towers -- image "
@@ -203,103 +205,13 @@ def load_init_weights(model, init: str | Path, arch: str | None = None) -> str:
     ``model`` (built from :func:`init_config`'s config); returns one line saying what was loaded."""
     path = init_dir(init, arch)
     hf = True
+    if siglip_import.is_siglip_dir(path):
+        return siglip_import.load_weights(model, path)
     if openclip_files.is_openclip(path, arch):  # renamed to a CLIPModel's names (the modified ResNet: nclip's)
         state = openclip_files.read_state(openclip_files.source(path, arch))
         source = openclip_import.transformers_names(state, model.vision.width)
     elif is_hf_clip_dir(path):
         source = read_hf_weights(path)
     else:
-        hf, source = False, _read_safetensors(_nclip_model_dir(path))
+        hf, source = False, read_safetensors(_nclip_model_dir(path))
     return copy_weights(model, source, hf, path)
-
-
-def copy_weights(model, source: dict[str, torch.Tensor], hf: bool, path: Path) -> str:
-    """Copy ``source`` -- a CLIPModel's tensors by its names (``hf``; a modified ResNet's under nclip's
-    own ``vision.*`` names) or an nclip model's -- into ``model``'s towers, CLIP head and logit scale."""
-    own = model.state_dict()
-    towers, heads = {}, {}
-    native = any(k.startswith("vision.") for k in source)  # the modified ResNet under nclip's own names
-    for key in own:
-        src = key if native and key.startswith("vision.") else _tower_key(key, hf)
-        if src is not None:
-            towers[key] = src
-        elif key in HF_HEAD:
-            heads[key] = HF_HEAD[key] if hf else key
-    state, missing = {}, []
-    for key, src in towers.items():
-        if src not in source:
-            if not key.endswith("position_ids"):  # a buffer some transformers versions do not save
-                missing.append(src)
-            continue
-        if source[src].shape != own[key].shape:
-            raise NclipError(f"model.init: {src} of {path} has shape {tuple(source[src].shape)}, the model "
-                             f"{tuple(own[key].shape)}")
-        state[key] = source[src]
-    if missing:
-        raise NclipError(f"model.init: {path} lacks tower weights {missing[:3]} ({len(missing)} in all)")
-    loaded_heads = [k for k, src in heads.items() if src in source and source[src].shape == own[k].shape]
-    state.update({k: source[heads[k]] for k in loaded_heads})
-    model.load_state_dict(state, strict=False)
-    if hasattr(model, "target_vision"):  # CMSF's target branch starts as a copy of the online tower
-        model.target_vision.load_state_dict(model.vision.state_dict())
-    head = "the CLIP head and logit scale" if len(loaded_heads) == len(HF_HEAD) else (
-        f"{', '.join(loaded_heads)} of the CLIP head" if loaded_heads else "no CLIP head")
-    return f"nclip: started from {path}: both towers and {head}; other heads freshly initialised"
-
-
-def _tower_key(key: str, hf: bool) -> str | None:
-    """The source's name for a tower tensor of the model (None: not a tower tensor)."""
-    if not hf:
-        return key if key.startswith(NCLIP_TOWERS) else None
-    for ours, theirs in HF_TOWERS.items():
-        if key.startswith(ours):
-            sub = key[len(ours):]  # CLIPVisionModel names it with or without vision_model., by version
-            return sub if sub.startswith(theirs) else theirs + sub
-    return None
-
-
-def hf_weights_file(directory: Path) -> Path | None:
-    """The file that names a transformers directory's weights: model.safetensors, its shard index,
-    pytorch_model.bin or its shard index (in that order of preference); None: none of them."""
-    for name in (WEIGHTS, SHARD_INDEX, PT_WEIGHTS, PT_SHARD_INDEX):
-        if (directory / name).is_file():
-            return directory / name
-    return None
-
-
-def read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
-    """A transformers directory's tensors: safetensors where it has them, else pytorch_model.bin
-    (or its shards) through ``torch.load(weights_only=True)``, which unpickles tensors and plain
-    containers only."""
-    found = hf_weights_file(directory)
-    if found is None or found.name in (WEIGHTS, SHARD_INDEX):
-        return _read_safetensors(directory)
-    files = [PT_WEIGHTS] if found.name == PT_WEIGHTS else sorted(set(read_json(found).get("weight_map", {}).values()))
-    state = {}
-    for name in files:
-        try:
-            part = torch.load(str(directory / name), map_location="cpu", weights_only=True)
-        except Exception as e:  # pickle, zip and weights_only errors alike
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise NclipError(f"cannot read {directory / name} (torch.load, weights_only=True): {first}") from None
-        if not isinstance(part, dict):
-            raise NclipError(f"{directory / name} holds a {type(part).__name__}, not a state dict")
-        state.update({k: v for k, v in part.items() if isinstance(v, torch.Tensor)})
-    return state
-
-
-def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
-    """The tensors of ``directory``/model.safetensors, or of the shards its index names."""
-    if (directory / SHARD_INDEX).is_file():
-        files = sorted(set(read_json(directory / SHARD_INDEX).get("weight_map", {}).values()))
-    elif (directory / WEIGHTS).is_file():
-        files = [WEIGHTS]
-    else:
-        raise NclipError(f"model.init: no {WEIGHTS} in {directory}")
-    state = {}
-    for name in files:
-        try:
-            state.update(load_file(str(directory / name), device="cpu"))
-        except Exception as e:  # safetensors raises its own error types for corrupt files
-            raise NclipError(f"cannot read {directory / name}: {str(e).splitlines()[0]}") from None
-    return state

@@ -13,13 +13,15 @@ from safetensors.torch import load_file, save_file
 from nclip import fileperm
 from nclip.config import RunConfig, validate
 from nclip.data import clip_bpe
+from nclip.data.tokenization import SENTENCEPIECE_FILE
 from nclip.errors import NclipError
 from nclip.jsonio import read_json
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 TOKENIZER_DIR = "tokenizer"  # a copy of model.text.tokenizer (model.init), so the directory stands alone
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# the first: a tokenizers file; the last: SigLIP's SentencePiece model (with its tokenizer_config.json)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", SENTENCEPIECE_FILE)
 
 
 def atomic_dir(final: Path):
@@ -92,8 +94,8 @@ def read_config(directory: str | Path) -> RunConfig:
         raise NclipError(f"not an nclip model directory (no {CONFIG}): {directory}")
     cfg = validate(read_json(path))
     copy = Path(directory) / TOKENIZER_DIR
-    if cfg.model.text.tokenizer is not None and any((copy / n).is_file() for n in (TOKENIZER_FILES[0],
-                                                                                  clip_bpe.BPE_FILE)):
+    saved = (TOKENIZER_FILES[0], clip_bpe.BPE_FILE, SENTENCEPIECE_FILE)  # the file that makes a tokenizer
+    if cfg.model.text.tokenizer is not None and any((copy / n).is_file() for n in saved):
         text = cfg.model.text.model_copy(update={"tokenizer": str(copy.resolve())})
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"text": text})})
     return cfg

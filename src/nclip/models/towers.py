@@ -4,7 +4,8 @@ The image tower is a CLIP vision transformer (feature = final-norm [CLS] token),
 modified ResNet (:mod:`nclip.models.clip_resnet`) or a small conv net with attention pooling. The
 text tower is either a CLIP text transformer from scratch (causal, feature = final-norm [EOS], here
 the WordPiece [SEP]) or a local pretrained encoder such as the bundled MiniLM (feature = its pooled
-output, or the mean/[CLS] token).
+output, or the mean/[CLS] token). SigLIP's towers (``model.vision.pooling: map``, ``model.text.eos_pooling:
+last``) are in :mod:`nclip.models.siglip_towers`.
 
 Each image tower class says in ``feature`` what its feature is (the evaluation report quotes it)
 and in ``saliency`` which attention over image positions its ``attention_maps`` returns -- or
@@ -35,6 +36,7 @@ from nclip.errors import NclipError
 from nclip.models import checkpointing, pixel_stats
 from nclip.models.clip_resnet import ClipResNetTower
 from nclip.models.patch_dropout import drop_patches
+from nclip.models.siglip_towers import SiglipTextTower, SiglipVisionTower, siglip_text_config, siglip_vision_config
 from nclip.models.tower_norm import set_tower_norm
 
 
@@ -281,6 +283,11 @@ class ConvNetTower(nn.Module):
         return att.reshape(*att.shape[:2], h, w).float().cpu()
 
 
+def vision_tower_class(cfg: VisionConfig) -> type:
+    """The class :func:`build_vision_tower` builds for ``cfg`` (its ``feature`` and ``saliency``)."""
+    return SiglipVisionTower if cfg.kind == "vit" and cfg.pooling == "map" else VISION_TOWERS[cfg.kind]
+
+
 VISION_TOWERS = {"vit": VisionTower, "resnet": ResNetTower, "convnet": ConvNetTower, "clip_resnet": ClipResNetTower}
 
 
@@ -291,6 +298,8 @@ def build_vision_tower(cfg: VisionConfig, image_size: int) -> nn.Module:
         return set_tower_norm(ConvNetTower(cfg, image_size), cfg.norm)
     if cfg.kind == "clip_resnet":
         return set_tower_norm(ClipResNetTower(cfg, image_size), cfg.norm)
+    if cfg.pooling == "map":  # SigLIP's ViT with its attention-pooling head
+        return SiglipVisionTower(siglip_vision_config(cfg, image_size), cfg.pixel_mean, cfg.pixel_std)
     return VisionTower(vision_config(cfg, image_size), cfg.pixel_mean, cfg.pixel_std, cfg.patch_dropout)
 
 
@@ -375,6 +384,8 @@ def build_text_tower(cfg: ModelConfig, tokenizer, length: int, pretrained: bool 
     if vocab < tokenizer.vocab_size:
         raise NclipError(f"model.text.vocab_size {vocab} is smaller than the tokenizer's vocabulary "
                          f"({tokenizer.vocab_size} tokens)")
+    if cfg.text.eos_pooling == "last":  # SigLIP's text transformer
+        return SiglipTextTower(siglip_text_config(cfg.text, vocab, length, tokenizer.pad_id, tokenizer.eos_id))
     return ClipTextTower(
         text_config(cfg.text, vocab, length, tokenizer.pad_id, tokenizer.cls_id, tokenizer.eos_id)
     )
