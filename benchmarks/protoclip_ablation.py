@@ -7,10 +7,13 @@ Runs (same data, towers, augmentation, batch and number of optimizer steps for e
     protoclip_noext   - w/o the external teacher (objective.w_ext=0)   ["ProtoCLIP w/o RoBERTa"]
     noext_nopbt       - w/o external teacher, w/o PBT                  ["- w/o PBT"]
     noext_hard        - w/o external teacher, hard targets (τ_y <= 0)  ["- w/o soft target"]
+    noext_nokmeans    - w/o external teacher, random prototypes        ["- w/o K-means"]
+    noext_noaug       - w/o external teacher, no augmentation          ["- w/o augmentation"]
 
 Every run uses the synthetic training set of ``--train-length`` pairs (the external teacher's
 features are computed once for it) and ProtoCLIP's light augmentation (crop scale (0.5, 1), colour
-jitter p = 0.2, grayscale p = 0.2), so the runs differ in the objective only.
+jitter p = 0.2, grayscale p = 0.2), so the runs differ in the objective only; ``noext_noaug`` alone
+turns the augmentation off, as its Tab. 1(a) row does.
 
 Evaluation by ``nclip eval``'s code path (:func:`evaluate` calls :func:`nclip.eval.run_eval`), for
 the label kinds ``shape`` (15 classes) and ``colour`` (10) of the main object: zero-shot top-1
@@ -45,6 +48,11 @@ RUNS = {
     "protoclip_noext": ("protoclip-tiny", ["objective.w_ext=0"]),
     "noext_nopbt": ("protoclip-tiny", ["objective.w_ext=0", "objective.pbt=false"]),
     "noext_hard": ("protoclip-tiny", ["objective.w_ext=0", "objective.t_target=0"]),
+    # Tab. 1(a)'s last two rows, not measured yet (docs/reproduction.md, claim 6): K random episode
+    # samples as the prototypes (no Lloyd iteration), and no augmentation (after COMMON, so these win)
+    "noext_nokmeans": ("protoclip-tiny", ["objective.w_ext=0", "objective.kmeans_iters=0"]),
+    "noext_noaug": ("protoclip-tiny", ["objective.w_ext=0", "data.augment.crop_scale=[1.0,1.0]",
+                                       "data.augment.color_jitter_prob=0", "data.augment.grayscale_prob=0"]),
 }
 KINDS = ("shape", "colour")
 
