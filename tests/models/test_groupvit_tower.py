@@ -92,3 +92,9 @@ def test_groupvit_trains_two_steps(tmp_path, objective):
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in rows if "loss" in r]
     assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
+
+
+def test_paper_scale_preset_shows_its_config(capsys):
+    assert main(["config", "--preset", "groupvit-s-xclip"]) == 0
+    out = capsys.readouterr().out
+    assert "kind: groupvit" in out and "lr: 0.0005" in out
