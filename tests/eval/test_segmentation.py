@@ -104,3 +104,50 @@ def test_task_is_skipped_for_other_towers(tmp_path, micro_overrides):
     assert doc["results"] == {}
     assert doc["skipped"] == {"segmentation": "the vit image tower has no grouping to segment with (needs "
                                               "model.vision.kind groupvit)"}
+
+
+def _voc(root, classes):
+    """One 16x16 VOC-layout image: its mask holds ``classes`` [16, 16] (0 background, 255 void)."""
+    import numpy as np
+    from PIL import Image
+
+    (root / "JPEGImages").mkdir(parents=True)
+    (root / "SegmentationClass").mkdir()
+    Image.fromarray(np.full((16, 16, 3), 90, np.uint8)).save(root / "JPEGImages" / "a.jpg")
+    Image.fromarray(classes.astype(np.uint8), mode="L").save(root / "SegmentationClass" / "a.png")
+    return root
+
+
+def test_voc_masks_are_segmented_by_class(tmp_path, micro_overrides):
+    import numpy as np
+
+    from nclip.eval.mask_folder import VOC_CLASSES, mask_folder
+    from nclip.eval.segmentation import truth_map
+
+    cls = np.zeros((16, 16), np.uint8)
+    cls[:, :4], cls[:, 4], cls[:, 8:] = 15, 255, 8  # person, void, cat
+    data = mask_folder(_voc(tmp_path / "voc", cls))
+    s = data.splits["test"][0]
+    assert s.mask_classes.tolist() == [7, 14] and s.masks.shape == (2, 16, 16)  # index − 1, sorted
+    assert VOC_CLASSES[7] == "cat" and VOC_CLASSES[14] == "person" and len(data.segment_space) == 20
+    assert truth_map(s, 16, 20)[0].tolist() == [15] * 4 + [0] * 4 + [8] * 8  # void: 0 here, left out by "ignore"
+    torch.manual_seed(0)
+    model = _model_dir(tmp_path, *micro_overrides, *GROUPVIT)
+    doc = runner.run_eval(model, None, tasks=["segmentation"], datasets=[f"masks:{tmp_path / 'voc'}"],
+                          settings=runner.EvalSettings(segment_threshold=0.0), cache_dir=None)
+    r = doc["results"]
+    assert 0.0 <= r["segmentation/voc/miou"] <= 1.0 and 0.0 <= r["segmentation/voc/macc"] <= 1.0
+
+
+def test_a_class_beyond_vocs_is_one_line(tmp_path, micro_overrides, capsys):
+    import numpy as np
+
+    from nclip.cli import main
+
+    cls = np.full((16, 16), 21, np.uint8)
+    voc = _voc(tmp_path / "voc", cls)
+    model = _model_dir(tmp_path, *micro_overrides, *GROUPVIT)
+    assert main(["eval", "--checkpoint", str(model), "--tasks", "segmentation", "--dataset", f"masks:{voc}",
+                 "--out", str(tmp_path / "ev"), "--no-cache", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "a mask holds class 21, beyond the 20 classes segmented" in err and len(err.splitlines()) == 1

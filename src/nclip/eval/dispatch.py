@@ -169,7 +169,7 @@ def eval_dataset(st: EvalState, data: EvalData) -> None:
         _eval_realms(st, data, test)
     if "masks" in tasks and data.masks:
         _eval_masks(st, data)
-    if "segmentation" in tasks and data.masks and "shape" in data.label_spaces:
+    if "segmentation" in tasks and data.segment_space is not None:
         _eval_segmentation(st, data)
     if "diagnostics" in tasks and text:
         st.put("diagnostics", data.name, diagnostics.evaluate(image, text, test["text_to_image"]))
@@ -316,23 +316,28 @@ def _eval_masks(st: EvalState, data: EvalData) -> None:
 
 
 def _eval_segmentation(st: EvalState, data: EvalData) -> None:
-    """Zero-shot segmentation by GroupViT's groups (:mod:`nclip.eval.segmentation`); classes: the shapes."""
+    """Zero-shot segmentation by GroupViT's groups (:mod:`nclip.eval.segmentation`) over the classes of
+    ``data.segment_space`` (synthetic: the shapes; masks:DIR: VOC's 20)."""
     reason = segmentation.unsupported(st.ck.cfg.model.vision.kind, st.model.heads)
     if reason:
         st.skipped["segmentation"] = reason
         return
     samples = data.splits["test"]
     n = min(st.settings.mask_samples, len(samples))
-    identity = {"data": data.identity, "n": n, "image_size": st.image_size}
+    identity = {"data": data.identity, "n": n, "image_size": st.image_size, "classes": len(data.segment_space)}
 
     def compute():
         st.log(f"extracting {data.name} GroupViT groups: {n} images")
         with _threads(st.extract_threads):
-            return segmentation.extract(st.model, samples[:n], st.image_size, st.device, st.settings.batch_size)
+            return segmentation.extract(st.model, samples[:n], st.image_size, st.device, len(data.segment_space),
+                                        st.settings.batch_size)
 
     f = st.cache.get(f"{data.name}-groups", identity, compute)
-    space = data.label_spaces["shape"]
-    classes = ensemble(_prompts(st, data, "shape"), len(space))["emb"]
+    space = data.segment_space
+    identity = st.identity(names=space.names, templates=space.templates, text_length=st.ck.cfg.data.text_length)
+    prompts = st.cache.get(f"{data.name}-prompts-segmentation", identity,
+                           lambda: prompt_outputs(st.model, space, st.device, st.autocast))
+    classes = ensemble(prompts, len(space))["emb"]
     r = segmentation.evaluate(f, classes, float(st.model.scale().detach()), st.settings.segment_threshold)
     st.put("segmentation", data.name, {"miou": r["miou"], "macc": r["macc"]})
     st.artifacts.setdefault("segmentation", {})[data.name] = {
@@ -350,7 +355,7 @@ _NEEDS = {
     "realms": "realm labels and a train split (synthetic, realms:DIR, or class labels with --hierarchy)",
     "sts": "sentence pairs (synthetic with --sts-pairs > 0, sts:FILE.csv)",
     "masks": "object masks (synthetic, masks:DIR)",
-    "segmentation": "object masks with their classes (synthetic)",
+    "segmentation": "object masks with their classes (synthetic, masks:DIR)",
     "diagnostics": "captions (synthetic, digits, captions:FILE)",
 }
 

@@ -16,7 +16,8 @@ following GroupViT, Xu et al. 2022, Sec. 3.3): mIoU and mAcc.
    classes that occur in the truth or the prediction, mAcc averages Acc over the classes in the
    truth (mmsegmentation's convention, which GroupViT reports).
 
-On the synthetic scenes the classes are the shapes (each object mask's shape, background elsewhere).
+On the synthetic scenes the classes are the shapes (each object mask's shape, background elsewhere);
+on ``masks:DIR`` (:mod:`nclip.eval.mask_folder`) PASCAL VOC's 20 classes, VOC's void pixels left out.
 Towers other than GroupViT have no grouping: :func:`unsupported` says so and the runner skips the task.
 """
 
@@ -83,23 +84,29 @@ def iou_and_accuracy(conf: torch.Tensor) -> dict:
     return {"miou": float(iou.nanmean()), "macc": float(acc.nanmean()), "iou": iou, "acc": acc}
 
 
-def truth_map(sample: Sample, size: int) -> np.ndarray:
-    """long [size, size]: 1 + the class of each object mask's pixels, 0 elsewhere, in the eval view."""
+def truth_map(sample: Sample, size: int, classes: int) -> np.ndarray:
+    """long [size, size]: 1 + the class of each object mask's pixels, 0 elsewhere, in the eval view;
+    a class outside the ``classes`` segmented is a one-line error."""
     if sample.masks is None or sample.mask_classes is None:
         raise NclipError("zero-shot segmentation needs samples with classed object masks")
     out = np.zeros((size, size), dtype=np.int64)
+    known = np.asarray(sample.mask_classes)
+    if len(known) and not (known.min() >= 0 and known.max() < classes):
+        raise NclipError(f"a mask holds class {int(np.max(sample.mask_classes)) + 1}, beyond the {classes} classes "
+                         "segmented (PASCAL VOC's 20 for masks:DIR)")
     for mask, cls in zip(np.asarray(sample.masks), np.asarray(sample.mask_classes)):
         out[fit_mask(mask, size)] = int(cls) + 1
     return out
 
 
 @torch.no_grad()
-def extract(model, samples: Sequence[Sample], image_size: int, device,
+def extract(model, samples: Sequence[Sample], image_size: int, device, classes: int,
             batch_size: int = EVAL_BATCH_SIZE) -> dict[str, torch.Tensor]:
     """{"groups": [N, G, h, w] soft assignments, "group_emb": [N, G, D] L2-normalised CLIP-head
-    embeddings of the last groups, "truth": long [N, S, S] class maps (0 background)}."""
+    embeddings of the last groups, "truth": long [N, S, S] class maps (0 background), "ignore": bool
+    [N, S, S] pixels left out of the scores (VOC's void; none for built-in scenes)}."""
     model.eval()
-    assigns, embs, truths = [], [], []
+    assigns, embs, truths, ignore = [], [], [], []
     for i in range(0, len(samples), batch_size):
         batch = [samples[j] for j in range(i, min(i + batch_size, len(samples)))]
         pixels = torch.stack([eval_tensor(s.image, image_size) for s in batch]).to(device)
@@ -107,9 +114,12 @@ def extract(model, samples: Sequence[Sample], image_size: int, device,
         emb = model._project(tokens.flatten(0, 1), "image")["emb"].unflatten(0, tokens.shape[:2])
         embs.append(F.normalize(emb.float(), dim=-1).cpu())
         assigns.append(assign.float().cpu())
-        truths.extend(truth_map(s, image_size) for s in batch)
+        for s in batch:
+            truths.append(truth_map(s, image_size, classes))
+            void = getattr(s, "ignore", None)
+            ignore.append(np.zeros(truths[-1].shape, bool) if void is None else fit_mask(np.asarray(void), image_size))
     return {"groups": torch.cat(assigns), "group_emb": torch.cat(embs),
-            "truth": torch.from_numpy(np.stack(truths))}
+            "truth": torch.from_numpy(np.stack(truths)), "ignore": torch.from_numpy(np.stack(ignore))}
 
 
 def evaluate(f: dict[str, torch.Tensor], class_emb: torch.Tensor, scale: float,
@@ -119,5 +129,5 @@ def evaluate(f: dict[str, torch.Tensor], class_emb: torch.Tensor, scale: float,
     size = f["truth"].shape[-1]
     labels = group_labels(f["group_emb"], F.normalize(class_emb.float(), dim=-1), scale, threshold)  # [N, G]
     pred = torch.gather(labels, 1, pixel_groups(f["groups"], size).flatten(1)).view_as(f["truth"])
-    r = iou_and_accuracy(confusion(pred, f["truth"], len(class_emb) + 1))
+    r = iou_and_accuracy(confusion(pred, f["truth"], len(class_emb) + 1, f.get("ignore")))
     return {**r, "pred": pred}
