@@ -15,6 +15,8 @@ CLIP_RN50 = ("clip_resnet", (3, 4, 6, 3), (256, 512, 1024, 2048), 64, 32, 1024)
 # which ResNet-50 a preset builds, in the words its header comment must use
 RN50_WORDS = {"rn50": "standard ResNet-50", "clip-rn50": "CLIP's modified ResNet-50"}
 VIT_B16 = ("vit", 16, 768, 12, 12)  # kind, patch, width, layers, heads
+# GroupViT-S (Xu et al. 2022): kind, patch, width, heads, layers per stage, group tokens, output groups
+GROUPVIT_S = ("groupvit", 16, 384, 6, (6, 3, 3), (64, 8, 0), (64, 8, 8))
 
 # preset -> what it configures. header: words its header comment must name (the method as the paper
 # calls it); heads: the heads the model builds (Objective.heads_for); tower: "rn50" (He et al.'s),
@@ -45,6 +47,10 @@ FACTS = {
                            episodic=True, clip_reduction="mean"),
     "protoclip-rn50-cc": dict(objective="protoclip", header=["ProtoCLIP", "ResNet-50"], heads={"clip", "proto"},
                               tower="clip-rn50", episodic=True, clip_reduction="mean"),
+    "groupvit-tiny": dict(objective="xclip", header=["xCLIP", "GroupViT"], heads={"clip", "nclip"},
+                          tower="groupvit", clip_reduction="mean"),
+    "groupvit-s-xclip": dict(objective="xclip", header=["xCLIP", "GroupViT-S", "App. D.2"], heads={"clip", "nclip"},
+                             tower="groupvit-s", clip_reduction="mean"),
     "supcon-tiny": dict(objective="supcon", header=["SupCon"], heads={"supcon"}, tower="convnet", labels=True),
 }
 
@@ -67,6 +73,9 @@ def _tower(vision) -> str:
         return "clip-rn50"
     if (vision.kind, vision.patch_size, vision.width, vision.layers, vision.heads) == VIT_B16:
         return "vit-b16"
+    if (vision.kind, vision.patch_size, vision.width, vision.heads, vision.depths, vision.group_tokens,
+            vision.output_groups) == GROUPVIT_S:
+        return "groupvit-s"
     return vision.kind
 
 
@@ -77,6 +86,8 @@ def _claimed_by_name(name: str) -> dict:
         claims["tower"] = tuple(RN50_WORDS)
     if "b16" in name:
         claims["tower"] = "vit-b16"
+    if name.startswith("groupvit"):
+        claims["tower"] = "groupvit-s" if name.startswith("groupvit-s-") else "groupvit"
     for prefix, objective in (("cmsf", "cmsf"), ("protoclip", "protoclip"), ("supcon", "supcon"),
                               ("nclip-", "nclip"), ("clip-", "clip")):
         if name.startswith(prefix):

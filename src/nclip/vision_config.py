@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 CONV_KINDS = ("resnet", "convnet", "clip_resnet")  # the towers built from depths and hidden_sizes
+GROUPVIT_GROUP_TOKENS = (64, 8, 0)  # GroupViT's (Xu et al. 2022, Sec. 4.1): 64 groups, then 8
+GROUPVIT_OUTPUT_GROUPS = (64, 8, 8)
 
 
 class VisionConfig(BaseModel):
@@ -25,16 +27,25 @@ class VisionConfig(BaseModel):
     # pooling with `heads` heads and output pool_dim (RN50: embedding_size 64, depths [3, 4, 6, 3],
     # hidden_sizes [256, 512, 1024, 2048], heads 32, pool_dim 1024); nclip.models.clip_resnet;
     # "convnet": a small conv net for small images (embedding_size, depths, hidden_sizes, heads of
-    # its attention pooling), see nclip.models.towers.ConvNetTower.
-    kind: Literal["vit", "resnet", "convnet", "clip_resnet"] = "vit"
+    # its attention pooling), see nclip.models.towers.ConvNetTower;
+    # "groupvit": GroupViT's grouping transformer (Xu et al. 2022; transformers' GroupViTVisionModel):
+    # patch_size, width, heads, mlp_ratio, and per stage depths (layers), group_tokens and output_groups;
+    # feature = the mean of the last stage's group tokens (nclip.models.groupvit_tower)
+    kind: Literal["vit", "resnet", "convnet", "clip_resnet", "groupvit"] = "vit"
     patch_size: int = Field(8, ge=1)
     width: int = Field(128, ge=8)
     layers: int = Field(4, ge=1)
     heads: int = Field(4, ge=1)
     mlp_ratio: float = Field(4.0, gt=0)
-    depths: tuple[int, ...] = (3, 4, 6, 3)  # resnet, clip_resnet: bottleneck blocks per stage
+    # resnet, clip_resnet: bottleneck blocks per stage; groupvit: transformer layers per stage (GroupViT's
+    # (6, 3, 3) when a groupvit section leaves it out)
+    depths: tuple[int, ...] = (3, 4, 6, 3)
     hidden_sizes: tuple[int, ...] = (256, 512, 1024, 2048)  # resnet, clip_resnet: output channels per stage
     embedding_size: int = Field(64, ge=8, description="resnet, clip_resnet: stem channels")
+    # groupvit: the learned group tokens of each stage (0: a last stage without grouping) and the groups
+    # each stage's grouping block outputs (GroupViT's 1-stage-per-grouping layout: (64, 8, 0), (64, 8, 8))
+    group_tokens: tuple[int, ...] = GROUPVIT_GROUP_TOKENS
+    output_groups: tuple[int, ...] = GROUPVIT_OUTPUT_GROUPS
     # clip_resnet: the attention pool's output projection (CLIP's RN50: 1024, its embedding
     # dimension); None: the last stage's width
     pool_dim: int | None = Field(None, ge=1)
@@ -59,6 +70,14 @@ class VisionConfig(BaseModel):
     # exact accumulation is exact in the tower too (nclip.models.tower_norm)
     norm: Literal["batch", "group", "frozen_batch"] = "batch"
 
+    @model_validator(mode="before")
+    @classmethod
+    def _groupvit_depths(cls, data):
+        """A groupvit section without depths gets GroupViT's (6, 3, 3), not the ResNet-50 default."""
+        if isinstance(data, dict) and data.get("kind") == "groupvit" and "depths" not in data:
+            data = {**data, "depths": (6, 3, 3)}
+        return data
+
     @model_validator(mode="after")
     def _divisible(self):
         if self.norm != "batch" and self.kind not in CONV_KINDS:
@@ -73,7 +92,11 @@ class VisionConfig(BaseModel):
                                         or min(self.depths) < 1):
             raise ValueError(f"{self.kind} depths {self.depths} and hidden_sizes {self.hidden_sizes} must be "
                              "non-empty, positive and of the same length")
-        if self.kind == "vit" and self.width % self.heads:
+        if self.kind == "groupvit":
+            _groupvit_stages(self)
+        elif (self.group_tokens, self.output_groups) != (GROUPVIT_GROUP_TOKENS, GROUPVIT_OUTPUT_GROUPS):
+            raise ValueError(f"group_tokens and output_groups need kind groupvit (got {self.kind})")
+        if self.kind in ("vit", "groupvit") and self.width % self.heads:
             raise ValueError(f"vision width {self.width} is not divisible by heads {self.heads}")
         if (self.pixel_mean is None) != (self.pixel_std is None) or min(self.pixel_std or (1,)) <= 0:
             raise ValueError("pixel_mean and pixel_std go together, with every std > 0")
@@ -83,7 +106,7 @@ class VisionConfig(BaseModel):
             raise ValueError(f"{self.kind} last width {self.hidden_sizes[-1]} is not divisible by heads {self.heads}")
         if self.kind == "clip_resnet":
             _clip_resnet_widths(self)
-        layers = self.layers if self.kind == "vit" else len(self.depths)
+        layers = self.layers if self.kind == "vit" else len(self.depths)  # groupvit: its stages
         lock_problem(self.lock, self.unlocked_layers, layers, "vision")
         return self
 
@@ -95,6 +118,22 @@ def lock_problem(lock: bool, unlocked_layers: int | None, layers: int | None, to
         raise ValueError(f"model.{tower}: give lock or unlocked_layers, not both")
     if unlocked_layers is not None and layers is not None and unlocked_layers > layers:
         raise ValueError(f"model.{tower}.unlocked_layers {unlocked_layers} exceeds the tower's {layers} layers")
+
+
+def _groupvit_stages(cfg: VisionConfig) -> None:
+    """GroupViT's stage layout: one entry per stage in depths, group_tokens and output_groups; every
+    stage but the last groups (a stage's group tokens are projected from the previous stage's
+    groups), and a last stage without group tokens keeps the groups it is given."""
+    stages = len(cfg.depths)
+    if not (stages == len(cfg.group_tokens) == len(cfg.output_groups)) or min(cfg.depths, default=0) < 1:
+        raise ValueError(f"groupvit depths {cfg.depths}, group_tokens {cfg.group_tokens} and output_groups "
+                         f"{cfg.output_groups} need one entry per stage, depths positive")
+    if min(cfg.group_tokens[:-1] or (1,)) < 1 or cfg.group_tokens[-1] < 0 or min(cfg.output_groups) < 1:
+        raise ValueError(f"groupvit group_tokens {cfg.group_tokens} must be positive (the last may be 0) and "
+                         f"output_groups {cfg.output_groups} positive")
+    if cfg.group_tokens[-1] == 0 and (stages < 2 or cfg.output_groups[-1] != cfg.output_groups[-2]):
+        raise ValueError(f"groupvit: a last stage without group tokens follows a grouping stage and keeps its "
+                         f"groups (output_groups {cfg.output_groups})")
 
 
 def _clip_resnet_widths(cfg: VisionConfig) -> None:
@@ -120,7 +159,7 @@ def image_size_problem(vision: VisionConfig, image_size: int) -> str | None:
     """Why images of ``image_size`` px do not fit the tower (one line, naming both keys), or None."""
     # SigLIP's ViT ("map") drops the last image_size % patch_size rows and columns, as its patch convolution
     # does (so400m-patch14-384: 27² patches of 384 px); CLIP's position embeddings want the exact grid
-    if vision.kind == "vit" and vision.pooling == "cls" and image_size % vision.patch_size:
+    if vision.kind in ("vit", "groupvit") and vision.pooling == "cls" and image_size % vision.patch_size:
         return f"data.image_size {image_size} is not divisible by model.vision.patch_size {vision.patch_size}"
     stages = len(vision.depths)
     if vision.kind == "convnet" and -(-image_size // 2) < 2 ** (stages - 1):

@@ -240,6 +240,8 @@ TOWERS = {
     "clip_resnet": (["model.vision.kind=clip_resnet", "model.vision.embedding_size=8", "model.vision.depths=[1,1]",
                      "model.vision.hidden_sizes=[16,32]"], []),
     "minilm-text": (["model.text.kind=pretrained"], ["--dataset", "synthetic"]),
+    "groupvit": (["model.vision.kind=groupvit", "model.vision.depths=[1,1]", "model.vision.group_tokens=[4,0]",
+                  "model.vision.output_groups=[4,4]"], []),
 }
 
 
@@ -264,13 +266,24 @@ def test_eval_runs_every_task_on_every_tower(tower, tmp_path, capsys):
     for task in TASKS:
         assert (task in done) != (task in doc["skipped"]), task
     page = (out / "report.html").read_text()
+    skipped = dict(doc["skipped"])
+    if tower == "groupvit":  # segmentation instead of mask probing
+        assert 0.0 <= doc["results"]["segmentation/synthetic/miou"] <= 1.0
+        assert 0.0 <= doc["results"]["segmentation/synthetic/macc"] <= 1.0
+        assert skipped == {"masks": "the groupvit image tower has no [CLS] or attention-pool map to probe (its "
+                                    "groups: --tasks segmentation)"}
+        assert 'id="segmentation-synthetic"' in page
+        return
+    kind = {"minilm-text": "vit"}.get(tower, tower)
+    assert skipped.pop("segmentation") == (f"the {kind} image tower has no grouping to segment with (needs "
+                                           "model.vision.kind groupvit)")
     if tower == "resnet":
         reason = "the resnet image tower pools without attention: no [CLS] or attention-pool map over image positions"
-        assert list(doc["skipped"]) == ["masks"] and doc["skipped"]["masks"].startswith(reason)
+        assert list(skipped) == ["masks"] and skipped["masks"].startswith(reason)
         assert re.search(r"^masks +skipped: the resnet image tower", printed.out, re.M)
         assert 'id="skipped"' in page and reason in page
     else:
-        assert doc["skipped"] == {} and 'id="skipped"' not in page
+        assert skipped == {}
         assert 0.0 <= doc["results"]["masks/synthetic/jaccard"] <= 1.0
         maps = {"convnet": "attention-pool query attention",
                 "clip_resnet": "attention-pool query attention"}.get(tower, "[CLS] attention")

@@ -294,7 +294,7 @@ def test_mask_probe_picks_the_head_that_sees_the_object():
 def test_mask_fit_keeps_geometry():
     m = np.zeros((8, 8), bool)
     m[2:4, 2:4] = True
-    out = masks._fit_mask(m, 16)
+    out = masks.fit_mask(m, 16)
     assert out.shape == (16, 16) and out[4:8, 4:8].all() and out.sum() == 16
 
 

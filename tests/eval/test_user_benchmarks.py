@@ -189,6 +189,7 @@ def test_voc_masks_reach_the_jaccard_with_void_pixels_left_out(tmp_path):
     assert data.masks and data.name == "voc" and len(data.splits["test"]) == 2 and not data.label_spaces
     s = data.splits["test"][0]
     assert s.masks.shape == (1, 8, 8) and s.masks[0, :, :3].all() and not s.masks[0, :, 3:].any()
+    assert s.mask_classes.tolist() == [0]  # VOC class 1 (aeroplane), for zero-shot segmentation
     assert s.ignore[:, 3].all() and s.ignore.sum() == 8
 
     class Vision:  # a 2x2 patch grid: head 0 attends to the left half, head 1 everywhere

@@ -49,11 +49,14 @@ def _net(model_dir, classifier="linear"):
 
 CLIP_RESNET = ["model.vision.kind=clip_resnet", "model.vision.embedding_size=8", "model.vision.depths=[1,2]",
                "model.vision.hidden_sizes=[8,16]"]
+GROUPVIT = ["model.vision.kind=groupvit", "model.vision.patch_size=4", "model.vision.width=32", "model.vision.heads=2",
+            "model.vision.depths=[1,1]", "model.vision.group_tokens=[4,0]", "model.vision.output_groups=[4,4]"]
 
 
 @pytest.mark.parametrize("tower", [[], ["model.vision.kind=convnet", "model.vision.embedding_size=8",
-                                        "model.vision.depths=[1,2]", "model.vision.hidden_sizes=[8,16]"], CLIP_RESNET],
-                         ids=["vit", "convnet", "clip_resnet"])
+                                        "model.vision.depths=[1,2]", "model.vision.hidden_sizes=[8,16]"], CLIP_RESNET,
+                                   GROUPVIT],
+                         ids=["vit", "convnet", "clip_resnet", "groupvit"])
 def test_layer_decay_gives_each_layer_its_learning_rate(tmp_path, tower):
     from nclip.finetune.loop import make_optimizer, set_lr
 
@@ -74,6 +77,12 @@ def test_layer_decay_gives_each_layer_its_learning_rate(tmp_path, tower):
                         "vision.stages.1.0.shortcut.1.weight": 2, "vision.stages.1.1.branch.3.weight": 2,
                         "vision.pool.position": 3, "vision.pool.query.weight": 3, "vision.pool.proj.bias": 3,
                         "head.weight": 3, "classifier": 3},
+        "groupvit": {"vision.model.vision_model.embeddings.patch_embeddings.projection.weight": 0,
+                     "vision.model.vision_model.embeddings.position_embeddings": 0,
+                     "vision.model.vision_model.encoder.stages.0.group_token": 1,
+                     "vision.model.vision_model.encoder.stages.0.downsample.assign.q_proj.weight": 1,
+                     "vision.model.vision_model.encoder.stages.1.layers.0.mlp.fc1.weight": 2,
+                     "vision.model.vision_model.layernorm.weight": 3, "head.weight": 3, "classifier": 3},
     }[vcfg.kind]
     assert n == 4
     names = dict(net.named_parameters())
@@ -106,6 +115,9 @@ def test_drop_path_is_honest_per_tower(tmp_path):
     assert add_drop_path(conv_net.vision, 0.1) == "none (convnet has no residual blocks)"
     _, clip_resnet = _net(_model_dir(tmp_path / "r", "xclip", *CLIP_RESNET))
     assert add_drop_path(clip_resnet.vision, 0.1) == "0.1 (linear 0 to 0.1 over 3 blocks, per bottleneck block)"
+    _, groupvit = _net(_model_dir(tmp_path / "g", "xclip", *GROUPVIT))
+    assert add_drop_path(groupvit.vision, 0.1) == ("0.1 (linear 0 to 0.1 over 2 blocks, per transformer layer of every "
+                                                   "stage, attention and MLP branches)")
 
 
 def test_cosine_classifier_at_step_0_is_zero_shot(tmp_path):

@@ -50,6 +50,14 @@ def _clip_resnet():
     return tower, (torch.randn(4, 3, 32, 32),)
 
 
+def _groupvit():  # in training mode its grouping draws Gumbel noise
+    from nclip.models.groupvit_tower import GroupViTTower, groupvit_config
+
+    cfg = VisionConfig(kind="groupvit", width=32, heads=2, patch_size=4, depths=(1, 1), group_tokens=(4, 0),
+                       output_groups=(4, 4))
+    return GroupViTTower(groupvit_config(cfg, 16)), (torch.randn(4, 3, 16, 16),)
+
+
 def _clip_text():
     tok = CaptionTokenizer(16)
     config = text_config(TextConfig(width=32, layers=2, heads=2), tok.vocab_size, 16, tok.pad_id, tok.cls_id,
@@ -63,7 +71,7 @@ def _minilm():  # BERT's hidden and attention dropout (0.1) are on in training m
 
 
 TOWERS = {"vit": _vit, "convnet": _convnet, "resnet": _resnet, "clip_resnet": _clip_resnet, "clip_text": _clip_text,
-          "minilm": _minilm}
+          "minilm": _minilm, "groupvit": _groupvit}
 
 
 def _count_layer_calls(tower: nn.Module, calls: list) -> list:

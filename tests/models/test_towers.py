@@ -77,7 +77,7 @@ def test_each_image_tower_says_whether_it_has_attention_maps():
 
     assert {kind: cls.saliency for kind, cls in VISION_TOWERS.items()} == {
         "vit": "[CLS] attention", "resnet": None, "convnet": "attention-pool query attention",
-        "clip_resnet": "attention-pool query attention"}
+        "clip_resnet": "attention-pool query attention", "groupvit": None}
     assert all(hasattr(cls, "attention_maps") == (cls.saliency is not None) for cls in VISION_TOWERS.values())
 
 

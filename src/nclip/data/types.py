@@ -40,6 +40,8 @@ class Sample:
                  each an index into the dataset's ``label_spaces[kind]``.
     multilabels: multi-hot targets by kind, e.g. {"shape": bool[n_shapes]} (set of shapes present).
     masks:       bool [n_objects, H, W] object masks, or None when the dataset has none.
+    mask_classes: int [n_objects]: each mask's class (synthetic scenes: its shape, an index into
+                 ``label_spaces["shape"]``), for zero-shot segmentation; None when unknown.
     """
 
     image: np.ndarray
@@ -48,3 +50,4 @@ class Sample:
     labels: dict[str, int] = field(default_factory=dict)
     multilabels: dict[str, np.ndarray] = field(default_factory=dict)
     masks: np.ndarray | None = None
+    mask_classes: np.ndarray | None = None

@@ -85,6 +85,9 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--train-samples", type=int, default=d.train_samples, help="synthetic scenes to train probes on")
     p.add_argument("--sts-pairs", type=int, default=d.sts_pairs, help="built-in STS sentence pairs")
     p.add_argument("--mask-samples", type=int, default=d.mask_samples, help="scenes for mask probing")
+    p.add_argument("--segment-threshold", type=float, default=d.segment_threshold,
+                   help="zero-shot segmentation: a group whose best class probability is below it is background "
+                        "(default: GroupViT's 0.95)")
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the evaluation data and the probes")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=d.device)
@@ -127,7 +130,8 @@ def run_eval_command(args) -> int:
         multilabel_topk=_ints(args.topk, "--topk"), baseline=args.baseline, arch=args.arch, hierarchy=args.hierarchy,
         image_key=args.image_key, caption_key=args.caption_key,
         test_samples=args.samples, train_samples=args.train_samples,
-        sts_pairs=args.sts_pairs, mask_samples=args.mask_samples, batch_size=args.batch_size, seed=args.seed,
+        sts_pairs=args.sts_pairs, mask_samples=args.mask_samples,
+        segment_threshold=args.segment_threshold, batch_size=args.batch_size, seed=args.seed,
         tsne_iters=args.tsne_iters,
         device=args.device, **({"nclip_score": args.nclip_score} if args.nclip_score else {}))
     if args.suite is not None:
@@ -189,7 +193,7 @@ def _option(location: str) -> str:
     return _OPTIONS.get(name, "--" + name.replace("_", "-")) if name else ""
 
 
-_SUMMARY = ("/top1", "/mean_recall", "/mAP", "/mean_top1", "/spearman", "/jaccard", "/ari")
+_SUMMARY = ("/top1", "/mean_recall", "/mAP", "/mean_top1", "/spearman", "/jaccard", "/ari", "/miou", "/macc")
 
 
 def _suite_rows(section: dict) -> list[tuple[str, str]]:

@@ -82,6 +82,7 @@ def synthetic(image_size: int, max_objects: int, seed: int, test_samples: int, t
         retrieval=True,
         multilabel_kinds=("shape", "colour"),
         masks=True,
+        segment_space=test.label_spaces["shape"],
         realm=("realm", "shape"),
     )
 

@@ -16,7 +16,7 @@ import torch
 
 from nclip.defaults import PROBE_FEATURES
 from nclip.errors import NclipError
-from nclip.eval import diagnostics, masks, multilabel, probe, realms, retrieval, sts, zeroshot
+from nclip.eval import diagnostics, masks, multilabel, probe, realms, retrieval, segmentation, sts, zeroshot
 from nclip.eval.cache import FeatureCache
 from nclip.eval.checkpoint import Checkpoint
 from nclip.eval.datasets import EvalData
@@ -169,6 +169,8 @@ def eval_dataset(st: EvalState, data: EvalData) -> None:
         _eval_realms(st, data, test)
     if "masks" in tasks and data.masks:
         _eval_masks(st, data)
+    if "segmentation" in tasks and data.segment_space is not None:
+        _eval_segmentation(st, data)
     if "diagnostics" in tasks and text:
         st.put("diagnostics", data.name, diagnostics.evaluate(image, text, test["text_to_image"]))
 
@@ -313,6 +315,35 @@ def _eval_masks(st: EvalState, data: EvalData) -> None:
                                                        "saliency": st.ck.vision_tower.saliency}
 
 
+def _eval_segmentation(st: EvalState, data: EvalData) -> None:
+    """Zero-shot segmentation by GroupViT's groups (:mod:`nclip.eval.segmentation`) over the classes of
+    ``data.segment_space`` (synthetic: the shapes; masks:DIR: VOC's 20)."""
+    reason = segmentation.unsupported(st.ck.cfg.model.vision.kind, st.model.heads)
+    if reason:
+        st.skipped["segmentation"] = reason
+        return
+    samples = data.splits["test"]
+    n = min(st.settings.mask_samples, len(samples))
+    identity = {"data": data.identity, "n": n, "image_size": st.image_size, "classes": len(data.segment_space)}
+
+    def compute():
+        st.log(f"extracting {data.name} GroupViT groups: {n} images")
+        with _threads(st.extract_threads):
+            return segmentation.extract(st.model, samples[:n], st.image_size, st.device, len(data.segment_space),
+                                        st.settings.batch_size)
+
+    f = st.cache.get(f"{data.name}-groups", identity, compute)
+    space = data.segment_space
+    identity = st.identity(names=space.names, templates=space.templates, text_length=st.ck.cfg.data.text_length)
+    prompts = st.cache.get(f"{data.name}-prompts-segmentation", identity,
+                           lambda: prompt_outputs(st.model, space, st.device, st.autocast))
+    classes = ensemble(prompts, len(space))["emb"]
+    r = segmentation.evaluate(f, classes, float(st.model.scale().detach()), st.settings.segment_threshold)
+    st.put("segmentation", data.name, {"miou": r["miou"], "macc": r["macc"]})
+    st.artifacts.setdefault("segmentation", {})[data.name] = {
+        "samples": samples, "pred": r["pred"], "truth": f["truth"], "classes": ["background", *space.names]}
+
+
 # what a selected task needs from the data, for the reason it is skipped when no dataset has it
 _NEEDS = {
     "zeroshot": "class labels",
@@ -324,6 +355,7 @@ _NEEDS = {
     "realms": "realm labels and a train split (synthetic, realms:DIR, or class labels with --hierarchy)",
     "sts": "sentence pairs (synthetic with --sts-pairs > 0, sts:FILE.csv)",
     "masks": "object masks (synthetic, masks:DIR)",
+    "segmentation": "object masks with their classes (synthetic, masks:DIR)",
     "diagnostics": "captions (synthetic, digits, captions:FILE)",
 }
 

@@ -23,6 +23,7 @@ class EvalData:
     retrieval: whether captions are real descriptions (image-text retrieval makes sense).
     multilabel_kinds: kinds with a multi-hot target (zero-shot multi-label).
     masks: whether samples carry object masks (mask probing).
+    segment_space: the classes of the samples' ``mask_classes`` (zero-shot segmentation), or None.
     realm: (realm kind, class kind) for realm-wise probing, or None.
     realm_hierarchy: (class kind, Hierarchy) whose realms label the samples for realm-wise probing
         instead of ``realm`` (``nclip eval --hierarchy``, :func:`nclip.eval.realms.attach_hierarchies`).
@@ -38,6 +39,7 @@ class EvalData:
     retrieval: bool = False
     multilabel_kinds: tuple[str, ...] = ()
     masks: bool = False
+    segment_space: LabelSpace | None = None
     realm: tuple[str, str] | None = None
     realm_hierarchy: tuple[str, object] | None = None
     split_dirs: dict[str, str] = field(default_factory=dict)

@@ -237,6 +237,38 @@ def masks_figure(name: str, m: dict, n: int = 6) -> str:
     return png(fig)
 
 
+def segmentation_figure(name: str, m: dict, n: int = 6) -> str:
+    """The first ``n`` scenes: the image, the true class map and the predicted one, side by side
+    (one colour per class, black for background), with the classes named in a legend."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    from nclip.data.transforms import resize_center_crop
+
+    classes = m["classes"]
+    colours = ListedColormap([(0, 0, 0)] + [plt.get_cmap("tab20")(k % 20) for k in range(len(classes) - 1)])
+    picks = range(min(n, len(m["truth"])))
+    fig, axes = plt.subplots(3, len(picks), figsize=(1.9 * len(picks), 6.4), squeeze=False)
+    seen: set[int] = set()
+    for col, i in enumerate(picks):
+        truth, pred = m["truth"][i].numpy(), m["pred"][i].numpy()
+        seen |= set(np.unique(truth).tolist()) | set(np.unique(pred).tolist())
+        axes[0, col].imshow(resize_center_crop(m["samples"][i].image, truth.shape[0]), interpolation="nearest")
+        for row, labels in ((1, truth), (2, pred)):
+            axes[row, col].imshow(labels, cmap=colours, vmin=0, vmax=len(classes) - 1, interpolation="nearest")
+        for r in range(3):
+            axes[r, col].set_xticks([])
+            axes[r, col].set_yticks([])
+    for row, label in enumerate(("image", "true classes", "predicted")):
+        axes[row, 0].set_ylabel(label, fontsize=8)
+    handles = [Patch(color=colours(k), label=classes[k]) for k in sorted(seen)]
+    fig.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)), fontsize=7, frameon=False)
+    fig.suptitle(f"{name}: zero-shot segmentation by GroupViT's groups", fontsize=10)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return png(fig)
+
+
 def realms_figure(per: dict[str, dict], baseline: dict[str, float] | None, dataset: str) -> str:
     import matplotlib.pyplot as plt
 

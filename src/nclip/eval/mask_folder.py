@@ -20,11 +20,15 @@ from pathlib import Path
 import numpy as np
 
 from nclip.data.folders import IMAGE_SUFFIXES, fingerprint, images_in, load_image
-from nclip.data.types import Sample
+from nclip.data.types import LabelSpace, Sample
 from nclip.errors import NclipError
 from nclip.eval.evaldata import EvalData, dataset_name
+from nclip.eval.prompts import IMAGENET80
 
 LAYOUTS = (("JPEGImages", "SegmentationClass"), ("images", "masks"))
+# PASCAL VOC 2012's 20 classes, mask indices 1-20 (zero-shot segmentation's class prompts)
+VOC_CLASSES = ("aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow", "dining table",
+               "dog", "horse", "motorbike", "person", "potted plant", "sheep", "sofa", "train", "tv monitor")
 VOID = 255  # VOC: object borders and ambiguous pixels
 SPLIT_LIST = Path("ImageSets") / "Segmentation" / "val.txt"
 _SINGLE_CHANNEL = ("1", "L", "P", "I", "I;16")
@@ -32,7 +36,9 @@ _SINGLE_CHANNEL = ("1", "L", "P", "I", "I;16")
 
 @dataclass
 class MaskedSample(Sample):
-    """A sample whose ``masks`` [1, H, W] is the foreground, with the void pixels in ``ignore`` [H, W]."""
+    """A sample whose ``masks`` [K, H, W] are the pixels of each of its K classes (their union the
+    foreground), ``mask_classes`` [K] the classes (VOC index − 1: 0 = aeroplane), with the void
+    pixels in ``ignore`` [H, W]."""
 
     ignore: np.ndarray | None = None
 
@@ -52,8 +58,10 @@ class MaskedImages(Sequence):
             return [self[j] for j in range(*i.indices(len(self)))]
         image_path, mask_path = self.pairs[i]
         classes = read_mask(mask_path)
-        return MaskedSample(image=load_image(image_path), caption="", captions=("",),
-                            masks=((classes != 0) & (classes != VOID))[None], ignore=classes == VOID)
+        present = [int(c) for c in np.unique(classes) if c not in (0, VOID)]
+        masks = np.stack([classes == c for c in present]) if present else np.zeros((0, *classes.shape), bool)
+        return MaskedSample(image=load_image(image_path), caption="", captions=("",), masks=masks,
+                            mask_classes=np.array(present, dtype=np.int64) - 1, ignore=classes == VOID)
 
 
 def read_mask(path: Path) -> np.ndarray:
@@ -130,4 +138,5 @@ def mask_folder(root: str | Path) -> EvalData:
     return EvalData(name=dataset_name(root),
                     identity={"kind": "masks", "root": str(root.resolve()),
                               "files": fingerprint([p for pair in pairs for p in pair])},
-                    splits={"test": MaskedImages(pairs)}, masks=True)
+                    splits={"test": MaskedImages(pairs)}, masks=True,
+                    segment_space=LabelSpace(VOC_CLASSES, IMAGENET80))

@@ -33,7 +33,7 @@ from nclip.eval.settings import MASK_THRESHOLD
 THRESHOLD = MASK_THRESHOLD  # DINO: keep 60% of the attention mass
 
 
-def _fit_mask(mask: np.ndarray, size: int) -> np.ndarray:
+def fit_mask(mask: np.ndarray, size: int) -> np.ndarray:
     """bool [H, W] -> bool [size, size] with the image's eval geometry (shorter side, centre crop)."""
     h, w = mask.shape
     if (h, w) == (size, size):
@@ -49,6 +49,8 @@ def unsupported(vision_kind: str) -> str | None:
     """Why an image tower of ``vision_kind`` cannot be mask-probed (one line), or None if it can."""
     from nclip.models.towers import VISION_TOWERS  # lazy: transformers costs seconds, `eval compare` needs none
 
+    if vision_kind == "groupvit":
+        return "the groupvit image tower has no [CLS] or attention-pool map to probe (its groups: --tasks segmentation)"
     if VISION_TOWERS[vision_kind].saliency is None:
         return (f"the {vision_kind} image tower pools without attention: no [CLS] or attention-pool "
                 "map over image positions to probe")
@@ -69,9 +71,9 @@ def extract(model, samples: Sequence[Sample], image_size: int, device,
         for s in batch:
             if s.masks is None:
                 raise NclipError("mask probing needs samples with object masks")
-            masks.append(_fit_mask(np.asarray(s.masks).any(axis=0), image_size))
+            masks.append(fit_mask(np.asarray(s.masks).any(axis=0), image_size))
             void = getattr(s, "ignore", None)
-            ignore.append(np.zeros_like(masks[-1]) if void is None else _fit_mask(np.asarray(void), image_size))
+            ignore.append(np.zeros_like(masks[-1]) if void is None else fit_mask(np.asarray(void), image_size))
     return {"attn": torch.cat(attn), "masks": torch.from_numpy(np.stack(masks)),
             "ignore": torch.from_numpy(np.stack(ignore))}
 

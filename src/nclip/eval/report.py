@@ -23,6 +23,7 @@ from nclip.jsonio import read_jsonl
 
 # metrics shown as percentages (fractions in results.json)
 _PERCENT = ("top1", "top5", "mean_per_class", "chance", "mean_recall", "mAP", "ari", "ami", "nmi", "jaccard",
+            "miou", "macc",
             "mean_heads", "mean_top1", "relative", "mean_relative",
             "val_top1")
 _PERCENT_PREFIX = ("i2t@", "t2i@", "f1@", "precision@", "recall@", "head")
@@ -36,6 +37,7 @@ _TASK_TITLES = {
     "realms": "Realm-wise linear probing (OmniBenchmark Sec. 3.6)",
     "sts": "Text STS: Spearman x 100 of backbone-feature cosine (Tab. 7)",
     "masks": "Mask probing: Jaccard of attention maps vs object masks (Tab. D3)",
+    "segmentation": "Zero-shot semantic segmentation of GroupViT's groups: mIoU, mAcc (Tab. 13)",
     "diagnostics": "Representation diagnostics",
     "finetune": "End-to-end fine-tuning (xCLIP Tab. 6, App. C)",
 }
@@ -47,6 +49,9 @@ _TASK_NOTES = {
               "classifying that shape); \"relative\" = accuracy minus the baseline's, in points.",
     "masks": "Per head: mean Jaccard over scenes of the {mask_maps}'s top-60% mass vs the union of object "
              "masks; the best head is retained (as in the paper).",
+    "segmentation": "Each pixel goes to its arg-max group of the multiplied grouping assignments; each group to its "
+                    "zero-shot class (CLIP head, prompt ensemble), or background below {segment_threshold} class "
+                    "probability; mIoU and mAcc over background and the classes, from one confusion matrix.",
     "diagnostics": "erank: effective rank (1 = collapsed); alignment (0 = paired embeddings coincide, lower is "
                    "better) and uniformity (more negative = more spread) of the CLIP-head embeddings; proto_*: "
                    "prototypes in use by the nCLIP head's argmax and the perplexity of that histogram; row/col "
@@ -59,6 +64,7 @@ def _task_notes(config: dict) -> dict[str, str]:
     written before towers said so read as the ViT's)."""
     fill = {"probe_features": config.get("probe_features", "image backbone features ([CLS], no projection)"),
             "mask_maps": config.get("mask_maps") or "[CLS] attention",
+            "segment_threshold": config.get("segment_threshold", 0.95),
             "finetune": _finetune_note(config)}
     return {task: note.format(**fill) for task, note in _TASK_NOTES.items()}
 
@@ -271,6 +277,7 @@ def _figures(doc: dict, artifacts: dict) -> list[tuple[str, str, str]]:
         img_tag,
         masks_figure,
         realms_figure,
+        segmentation_figure,
         tsne_figure,
     )
     from nclip.eval.settings import TSNE_ITERS
@@ -304,6 +311,11 @@ def _figures(doc: dict, artifacts: dict) -> list[tuple[str, str, str]]:
                      f'<p class="note">Best head {m["best_head"]}: '
                      f'Jaccard {fmt("jaccard", r.get(f"masks/{name}/jaccard"))}% '
                      "over the probed scenes.</p>" + img_tag(masks_figure(name, m), "mask probing", "fig")))
+    for name, m in artifacts.get("segmentation", {}).items():
+        figs.append((f"segmentation-{name}", f"Zero-shot segmentation: {name}",
+                     f'<p class="note">mIoU {fmt("miou", r.get(f"segmentation/{name}/miou"))}%, '
+                     f'mAcc {fmt("macc", r.get(f"segmentation/{name}/macc"))}% over the segmented scenes.</p>'
+                     + img_tag(segmentation_figure(name, m), "zero-shot segmentation", "fig")))
     base = artifacts.get("baseline")
     for name, per in artifacts.get("realms", {}).items():
         if per:

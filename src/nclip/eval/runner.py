@@ -37,7 +37,7 @@ from nclip.eval.settings import HEADS, MODEL_HEAD, TASKS, EvalSettings
 from nclip.jsonio import jsonable, read_json, write_text_atomic
 
 RESULTS_VERSION = 1
-TEXT_TASKS = ("zeroshot", "retrieval", "multilabel", "diagnostics")  # need a text-aligned head
+TEXT_TASKS = ("zeroshot", "retrieval", "multilabel", "segmentation", "diagnostics")  # need a text-aligned head
 
 
 def run_eval(checkpoint: str | Path, out: str | Path | None = None, *, tasks=None, datasets=None, head=None,

@@ -22,7 +22,8 @@ from nclip.errors import NclipError
 # iterations); scikit-learn's own minimum is 250
 TSNE_ITERS = 5000
 
-TASKS = ("zeroshot", "retrieval", "multilabel", "linear", "knn", "cluster", "realms", "sts", "masks", "diagnostics")
+TASKS = ("zeroshot", "retrieval", "multilabel", "linear", "knn", "cluster", "realms", "sts", "masks", "segmentation",
+         "diagnostics")
 # the zero-shot scores: "clip" (cosine of the CLIP head), "nclip" (nCLIP's −L_CE on the nCLIP head,
 # direction set by ``nclip_score``), "yclip" (yCLIP's S of App. B.2 Eq. 2 on the nCLIP head)
 Head = Literal["clip", "nclip", "yclip"]
@@ -38,6 +39,7 @@ Probe = Literal["lbfgs", "sgd"]
 SgdRecipeName = Literal["xclip", "cmsf", "protoclip"]
 L2_GRID = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 1e-5, 1e-6)  # linear-probe L2 strengths (validated)
 MASK_THRESHOLD = 0.6  # DINO: keep the patches holding 60% of the [CLS] attention mass
+SEGMENT_THRESHOLD = 0.95  # GroupViT's bg_thresh on VOC: a group below it is background (nclip.eval.segmentation)
 MULTILABEL_TOPK = (3, 5, 10, 20)  # xCLIP Tab. 3: F1@3, F1@5 (NUS-WIDE), F1@10, F1@20 (OpenImages)
 PROMPT_SETS = ("imagenet80",)  # built-in template sets (nclip.eval.prompts.BUILTIN_TEMPLATES)
 _PROMPT_TAKERS = {"classnames": ("folder", "multilabel", "wds", "imagefolder"),
@@ -63,6 +65,8 @@ class EvalSettings(BaseModel):
     sts_pairs: int = Field(1000, ge=0, description="built-in STS pairs (with the synthetic dataset); 0 or >= 2")
     mask_samples: int = Field(500, ge=1, description="test scenes for mask probing")
     mask_threshold: float = Field(MASK_THRESHOLD, gt=0, le=1)
+    # zero-shot segmentation: a group whose best class probability is below it is background
+    segment_threshold: float = Field(SEGMENT_THRESHOLD, ge=0, le=1)
     knn_k: int = Field(20, ge=1)
     tsne_iters: int = Field(TSNE_ITERS, ge=250, description="t-SNE iterations of the report's figure (App. G: 5,000)")
     knn_temperature: float = Field(0.07, gt=0)

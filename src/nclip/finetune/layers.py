@@ -16,6 +16,8 @@ clip_resnet  0: 3-conv stem; 1 … S: stage 1 … S (all its bottleneck blocks);
 convnet      0: stem conv; 1 … S: stage 1 … S (its convs; a stage's max pool has no weights);
              S + 1: attention pooling (query position embedding, attention, norm), CLIP head,
              classifier, logit scale
+groupvit     0: patch and position embeddings; 1 … S: stage 1 … S (its layers, group tokens and
+             grouping block); S + 1: final norm, CLIP head, classifier, logit scale
 ===========  ==================================================================================
 
 The conv towers decay per stage rather than per block: their stages, not their blocks, are the
@@ -27,7 +29,8 @@ embeddings and the logit scale get none (BEiT's exclusions).
 Drop path (stochastic depth, rate r = 0.1 in App. C): each residual branch is dropped per sample
 with a rate rising linearly from 0 at the first block to r at the last (timm's schedule), the kept
 ones scaled by 1/(1 − rate). The ViT's two branches per block (attention, MLP) and the ResNets'
-bottleneck branch (clip_resnet: each block's ``branch``) are dropped through forward hooks on the
+bottleneck branch (clip_resnet: each block's ``branch``) and GroupViT's attention and MLP branches of
+every stage's layers (not its grouping blocks, which are not residual) are dropped through forward hooks on the
 branch modules, so the towers stay the stock transformers modules. The convnet tower has no
 residual connections, so it has no drop path: the run records "none (convnet has no residual
 blocks)" rather than pretending.
@@ -73,11 +76,11 @@ def layer_id(name: str, vision_cfg) -> int:
         if m:
             return int(m.group(1)) + 1
         return 0 if (".embeddings." in name or ".pre_layrnorm." in name) else top
-    if vision_cfg.kind == "resnet":
+    if vision_cfg.kind in ("resnet", "groupvit"):  # both transformers models keep their stages in encoder.stages
         m = _RESNET_STAGE.search(name)
         if m:
             return int(m.group(1)) + 1
-        return 0 if ".embedder." in name else top
+        return 0 if (".embedder." in name or ".embeddings." in name) else top
     if vision_cfg.kind == "clip_resnet":
         m = _CLIP_RESNET_STAGE.search(name)
         if m:
@@ -130,8 +133,8 @@ def _hook(rate: float):
 
 
 def add_drop_path(tower: nn.Module, rate: float) -> str:
-    """Drop the residual branches of ``tower`` (a VisionTower, ResNetTower, ClipResNetTower or
-    ConvNetTower) with a linear schedule up to ``rate`` while it trains; returns how (for results.json)."""
+    """Drop the residual branches of ``tower`` (a VisionTower, ResNetTower, ClipResNetTower, GroupViTTower
+    or ConvNetTower) with a linear schedule up to ``rate`` while it trains; returns how (for results.json)."""
     if rate <= 0:
         return "none (drop_path 0)"
     if tower.kind == "vit":
@@ -144,6 +147,10 @@ def add_drop_path(tower: nn.Module, rate: float) -> str:
     elif tower.kind == "clip_resnet":
         branches = [[block.branch] for stage in tower.stages for block in stage]
         how = "per bottleneck block"
+    elif tower.kind == "groupvit":
+        branches = [[layer.self_attn, layer.mlp] for stage in tower.model.vision_model.encoder.stages
+                    for layer in stage.layers]
+        how = "per transformer layer of every stage, attention and MLP branches"
     else:
         return "none (convnet has no residual blocks)"
     for i, modules in enumerate(branches):

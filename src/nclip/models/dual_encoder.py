@@ -125,6 +125,11 @@ class DualEncoder(nn.Module):
         f = self.vision(pixels)
         return self._project(f, "image")
 
+    def project_image(self, f: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Image-tower features f [N, d] through the image heads, as :meth:`encode_image` does after
+        the tower: e.g. GroupViT's group tokens, embedded like the image (zero-shot segmentation)."""
+        return self._project(f, "image")
+
     def encode_text(self, ids: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
         """ids, mask [B, L] → {"features": f [B, d], "emb": g [B, D], "logits": h [B, K]}."""
         f = self.text(ids, mask)

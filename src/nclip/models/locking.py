@@ -21,6 +21,7 @@ pretrained       the encoder's layers (MiniLM-L6: 6)        the pooler (BERT-sty
 resnet           the stages (``len(depths)``)               nothing (global average pooling)
 clip_resnet      the stages (``len(depths)``)               the attention pooling
 convnet          the stages (``len(depths)``)               the attention pooling and its norm
+groupvit         the stages (``len(depths)``)               the final LayerNorm
 ===============  =========================================  ===================================
 
 The embeddings (patch/position/token embeddings, the ViT's pre-norm, the conv towers' stems) come
@@ -62,6 +63,8 @@ def tower_layers(tower: nn.Module) -> list[nn.Module]:
         return list(tower.model.encoder.stages)
     if kind == "clip_resnet":
         return list(tower.stages)
+    if kind == "groupvit":
+        return list(tower.model.vision_model.encoder.stages)
     if kind == "convnet":  # body: the stem's conv, BN, GELU, then per stage (a max pool and) its convs
         stages: list[list[nn.Module]] = []
         for i, module in enumerate(tower.body):

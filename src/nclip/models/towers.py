@@ -1,7 +1,8 @@
 """Image and text towers built from ``transformers`` configs (no weights are downloaded).
 
 The image tower is a CLIP vision transformer (feature = final-norm [CLS] token), a ResNet, CLIP's
-modified ResNet (:mod:`nclip.models.clip_resnet`) or a small conv net with attention pooling. The
+modified ResNet (:mod:`nclip.models.clip_resnet`), GroupViT (:mod:`nclip.models.groupvit_tower`) or a
+small conv net with attention pooling. The
 text tower is either a CLIP text transformer from scratch (causal, feature = final-norm [EOS], here
 the WordPiece [SEP]) or a local pretrained encoder such as the bundled MiniLM (feature = its pooled
 output, or the mean/[CLS] token). SigLIP's towers (``model.vision.pooling: map``, ``model.text.eos_pooling:
@@ -35,6 +36,7 @@ from nclip.data.tokenization import bundled_model_dir
 from nclip.errors import NclipError
 from nclip.models import checkpointing, pixel_stats
 from nclip.models.clip_resnet import ClipResNetTower
+from nclip.models.groupvit_tower import GroupViTTower, groupvit_config
 from nclip.models.patch_dropout import drop_patches
 from nclip.models.siglip_towers import SiglipTextTower, SiglipVisionTower, siglip_text_config, siglip_vision_config
 from nclip.models.tower_norm import set_tower_norm
@@ -288,7 +290,8 @@ def vision_tower_class(cfg: VisionConfig) -> type:
     return SiglipVisionTower if cfg.kind == "vit" and cfg.pooling == "map" else VISION_TOWERS[cfg.kind]
 
 
-VISION_TOWERS = {"vit": VisionTower, "resnet": ResNetTower, "convnet": ConvNetTower, "clip_resnet": ClipResNetTower}
+VISION_TOWERS = {"vit": VisionTower, "resnet": ResNetTower, "convnet": ConvNetTower, "clip_resnet": ClipResNetTower,
+                 "groupvit": GroupViTTower}
 
 
 def build_vision_tower(cfg: VisionConfig, image_size: int) -> nn.Module:
@@ -298,6 +301,8 @@ def build_vision_tower(cfg: VisionConfig, image_size: int) -> nn.Module:
         return set_tower_norm(ConvNetTower(cfg, image_size), cfg.norm)
     if cfg.kind == "clip_resnet":
         return set_tower_norm(ClipResNetTower(cfg, image_size), cfg.norm)
+    if cfg.kind == "groupvit":
+        return GroupViTTower(groupvit_config(cfg, image_size))
     if cfg.pooling == "map":  # SigLIP's ViT with its attention-pooling head
         return SiglipVisionTower(siglip_vision_config(cfg, image_size), cfg.pixel_mean, cfg.pixel_std)
     return VisionTower(vision_config(cfg, image_size), cfg.pixel_mean, cfg.pixel_std, cfg.patch_dropout)

@@ -45,6 +45,9 @@ def _tower(kind: str, cfg_section, module) -> str:
     size = ""
     if kind == "vit":
         size = f", width {cfg_section.width}, {cfg_section.layers} layers, patch {cfg_section.patch_size}"
+    elif kind == "groupvit":
+        size = (f", width {cfg_section.width}, depths {list(cfg_section.depths)}, groups "
+                f"{list(cfg_section.output_groups)}, patch {cfg_section.patch_size}")
     elif kind in ("resnet", "convnet", "clip_resnet"):
         size = f", stages {list(cfg_section.hidden_sizes)}"
     elif kind == "transformer":

@@ -143,4 +143,5 @@ class SyntheticScenes(Sequence):
                     "realm": SHAPE_REALM[m.shape], "size": m.size},
             multilabels={"shape": shapes_present, "colour": colours_present},
             masks=masks,
+            mask_classes=np.array([o.shape for o in objs], dtype=np.int64),
         )
