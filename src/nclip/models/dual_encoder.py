@@ -102,7 +102,11 @@ class DualEncoder(nn.Module):
                 self.target_vision.patch_dropout = 0.0
             self.target_cmsf_head = copy.deepcopy(self.image_cmsf_head).requires_grad_(False)
         if "supcon" in self.heads:
-            self.image_supcon_head = SupconMLP(self.vision.width, m.supcon_hidden, m.supcon_dim)
+            # FrzProto's objective.head fc: Tab. 2c's "FC" row, one linear layer instead of the MLP
+            if getattr(cfg.objective, "head", "mlp") == "fc":
+                self.image_supcon_head = nn.Linear(self.vision.width, m.supcon_dim)
+            else:
+                self.image_supcon_head = SupconMLP(self.vision.width, m.supcon_hidden, m.supcon_dim)
         if "xent" in self.heads:
             from nclip.data.loader import label_classes
 
