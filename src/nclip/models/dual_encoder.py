@@ -125,9 +125,12 @@ class DualEncoder(nn.Module):
 
     def encode_image(self, pixels: torch.Tensor) -> dict[str, torch.Tensor]:
         """pixels [B, 3, H, W] → {"features": f [B, d], "emb": g [B, D], "logits": h [B, K],
-        "proto": [B, d_h]} (the keys of the heads the model has)."""
+        "proto": [B, d_h], "supcon": [B, D]} (the keys of the heads the model has)."""
         f = self.vision(pixels)
-        return self._project(f, "image")
+        out = self._project(f, "image")
+        if "supcon" in self.heads:  # FrzProto's readout (nclip.eval.classifier); not on the training path
+            out["supcon"] = self.image_supcon_head(f)
+        return out
 
     def encode_text(self, ids: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
         """ids, mask [B, L] → {"features": f [B, d], "emb": g [B, D], "logits": h [B, K]}."""

@@ -38,7 +38,9 @@ preset ``cmsf-rn50-in1k`` sets 2048). ``head: fc`` is Tab. 2c's "FC" row: one li
 ``frzproto/clean_acc`` (the prototypes as the classifier, Sec. 2.1.3).
 
 Both evaluate like CMSF: k-NN and linear probes of the backbone (the pre-MLP features, Tab. 2c's
-point). Inputs arrive in float32 (cast by the trainer) and the losses are computed in float32.
+point); ``nclip eval --tasks classifier`` adds FrzProto's (and Xent's) paper readout, the nearest
+frozen prototype (:mod:`nclip.eval.classifier`). Inputs arrive in float32 (cast by the trainer) and the
+losses are computed in float32.
 """
 
 from __future__ import annotations
