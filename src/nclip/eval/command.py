@@ -34,7 +34,8 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="output directory for results.json and report.html (one that holds "
                    "an evaluation is refused unless --force)")
     p.add_argument("--force", action="store_true", help="write over the evaluation an --out holds")
-    p.add_argument("--tasks", help=f"comma-separated subset of: {','.join(TASKS)} (default: all)")
+    p.add_argument("--tasks", help=f"comma-separated subset of: {','.join(TASKS)} (default: all); "
+                   "also classifier (xent, frzproto: the pre-training classifier's top-1)")
     p.add_argument("--dataset", dest="datasets", action="append", metavar="SPEC", help=_DATASET_HELP)
     p.add_argument("--suite", type=Path, metavar="FILE.yaml",
                    help="a benchmark suite: datasets with their tasks (and prompts) in one YAML file; one "

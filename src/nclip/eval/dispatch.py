@@ -16,7 +16,7 @@ import torch
 
 from nclip.defaults import PROBE_FEATURES
 from nclip.errors import NclipError
-from nclip.eval import diagnostics, masks, multilabel, probe, realms, retrieval, segmentation, sts, zeroshot
+from nclip.eval import classifier, diagnostics, masks, multilabel, probe, realms, retrieval, segmentation, sts, zeroshot
 from nclip.eval.cache import FeatureCache
 from nclip.eval.checkpoint import Checkpoint
 from nclip.eval.datasets import EvalData
@@ -171,6 +171,8 @@ def eval_dataset(st: EvalState, data: EvalData) -> None:
         _eval_masks(st, data)
     if "segmentation" in tasks and data.segment_space is not None:
         _eval_segmentation(st, data)
+    if "classifier" in tasks:
+        _eval_classifier(st, data, test, image)
     if "diagnostics" in tasks and text:
         st.put("diagnostics", data.name, diagnostics.evaluate(image, text, test["text_to_image"]))
 
@@ -247,6 +249,18 @@ def _eval_probes(st: EvalState, data: EvalData, test: dict, image: dict, tasks: 
         if "knn" in tasks:
             st.put("knn", f"{data.name}-{kind}",
                    probe.knn(xtr, ytr, xte, yte, n_cls, k=s.knn_k, temperature=s.knn_temperature))
+
+
+def _eval_classifier(st: EvalState, data: EvalData, test: dict, image: dict) -> None:
+    """The pre-training classifier on the test split (:mod:`nclip.eval.classifier`), per label kind
+    with the classifier's class count."""
+    scores = classifier.class_scores(image, st.ck.cfg)
+    if isinstance(scores, str):
+        st.skipped["classifier"] = scores
+        return
+    for kind in _single_label_kinds(data, test):
+        if len(data.label_spaces[kind]) == scores.shape[1]:
+            st.put("classifier", f"{data.name}-{kind}", classifier.top1(scores, test[f"label.{kind}"]))
 
 
 def _eval_realms(st: EvalState, data: EvalData, test: dict) -> None:
@@ -357,6 +371,7 @@ _NEEDS = {
     "masks": "object masks (synthetic, masks:DIR)",
     "segmentation": "object masks with their classes (synthetic, masks:DIR)",
     "diagnostics": "captions (synthetic, digits, captions:FILE)",
+    "classifier": "class labels of the training run's classes",
 }
 
 

@@ -24,6 +24,9 @@ TSNE_ITERS = 5000
 
 TASKS = ("zeroshot", "retrieval", "multilabel", "linear", "knn", "cluster", "realms", "sts", "masks", "segmentation",
          "diagnostics")
+# tasks run only when named in --tasks: "classifier", the pre-training classifier's readout of
+# xent and frzproto (nclip.eval.classifier)
+OPTIONAL_TASKS = ("classifier",)
 # the zero-shot scores: "clip" (cosine of the CLIP head), "nclip" (nCLIP's −L_CE on the nCLIP head,
 # direction set by ``nclip_score``), "yclip" (yCLIP's S of App. B.2 Eq. 2 on the nCLIP head)
 Head = Literal["clip", "nclip", "yclip"]
@@ -99,9 +102,9 @@ class EvalSettings(BaseModel):
     @field_validator("tasks")
     @classmethod
     def _known_tasks(cls, tasks: tuple[str, ...]) -> tuple[str, ...]:
-        bad = [t for t in tasks if t not in TASKS]
+        bad = [t for t in tasks if t not in TASKS + OPTIONAL_TASKS]
         if bad:
-            raise ValueError(f"unknown task {bad[0]!r}; available: {', '.join(TASKS)}")
+            raise ValueError(f"unknown task {bad[0]!r}; available: {', '.join(TASKS + OPTIONAL_TASKS)}")
         if not tasks:
             raise ValueError("no task selected")
         return tasks

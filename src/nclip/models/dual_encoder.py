@@ -102,7 +102,11 @@ class DualEncoder(nn.Module):
                 self.target_vision.patch_dropout = 0.0
             self.target_cmsf_head = copy.deepcopy(self.image_cmsf_head).requires_grad_(False)
         if "supcon" in self.heads:
-            self.image_supcon_head = SupconMLP(self.vision.width, m.supcon_hidden, m.supcon_dim)
+            # FrzProto's objective.head fc: Tab. 2c's "FC" row, one linear layer instead of the MLP
+            if getattr(cfg.objective, "head", "mlp") == "fc":
+                self.image_supcon_head = nn.Linear(self.vision.width, m.supcon_dim)
+            else:
+                self.image_supcon_head = SupconMLP(self.vision.width, m.supcon_hidden, m.supcon_dim)
         if "xent" in self.heads:
             from nclip.data.loader import label_classes
 
@@ -121,9 +125,12 @@ class DualEncoder(nn.Module):
 
     def encode_image(self, pixels: torch.Tensor) -> dict[str, torch.Tensor]:
         """pixels [B, 3, H, W] → {"features": f [B, d], "emb": g [B, D], "logits": h [B, K],
-        "proto": [B, d_h]} (the keys of the heads the model has)."""
+        "proto": [B, d_h], "supcon": [B, D]} (the keys of the heads the model has)."""
         f = self.vision(pixels)
-        return self._project(f, "image")
+        out = self._project(f, "image")
+        if "supcon" in self.heads:  # FrzProto's readout (nclip.eval.classifier); not on the training path
+            out["supcon"] = self.image_supcon_head(f)
+        return out
 
     def project_image(self, f: torch.Tensor) -> dict[str, torch.Tensor]:
         """Image-tower features f [N, d] through the image heads, as :meth:`encode_image` does after

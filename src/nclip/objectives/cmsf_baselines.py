@@ -32,12 +32,15 @@ FrzProto (Sec. 2.1.1, Tab. 2c "FC = MLP", App. A.1): z = MLP(backbone) on one vi
 L = mean_b ||ẑ_b − p̂_{y_b}||² against C random unit prototypes drawn once from the run's seed and
 never trained (:func:`functional.frzproto_terms`, :func:`functional.frozen_prototypes`; a buffer, so
 checkpointed). The paper's MLP is 2048 → 2048 → 2048 with a 1000 × 2048 prototype matrix on
-ImageNet-1k: ``model.supcon_hidden`` / ``model.supcon_dim`` (defaults 2048 / 128, set
-``model.supcon_dim=2048`` for the paper's width). Logged: ``frzproto/loss``, ``frzproto/acc`` and
+ImageNet-1k: ``model.supcon_hidden`` / ``model.supcon_dim`` (defaults 2048 / 128; the paper-scale
+preset ``cmsf-rn50-in1k`` sets 2048). ``head: fc`` is Tab. 2c's "FC" row: one linear layer
+(backbone → ``model.supcon_dim``) instead of the MLP. Logged: ``frzproto/loss``, ``frzproto/acc`` and
 ``frzproto/clean_acc`` (the prototypes as the classifier, Sec. 2.1.3).
 
 Both evaluate like CMSF: k-NN and linear probes of the backbone (the pre-MLP features, Tab. 2c's
-point). Inputs arrive in float32 (cast by the trainer) and the losses are computed in float32.
+point); ``nclip eval --tasks classifier`` adds FrzProto's (and Xent's) paper readout, the nearest
+frozen prototype (:mod:`nclip.eval.classifier`). Inputs arrive in float32 (cast by the trainer) and the
+losses are computed in float32.
 """
 
 from __future__ import annotations
@@ -81,6 +84,9 @@ class FrzProtoConfig(LabelFields):
 
     name: Literal["frzproto"] = "frzproto"
     num_classes: int | None = Field(None, ge=1, title="C", description=_K_DOC)
+    head: Literal["mlp", "fc"] = Field(
+        "mlp", title="head", description="mlp: linear, BN, ReLU, linear (App. A.1); fc: one linear layer, "
+        "Tab. 2c's 'FC' row (width model.supcon_dim)")
 
 
 class ProtoNwObjective(CmsfObjective):
