@@ -36,6 +36,7 @@ from nclip.models.hf_weights import (  # noqa: F401 (PT_WEIGHTS, hf_weights_file
     hf_weights_file,
     read_hf_weights,
     read_safetensors,
+    transformer_sizes,
 )
 from nclip.models.io import CONFIG, WEIGHTS, read_config
 
@@ -140,18 +141,7 @@ def _hf_architecture(path: Path):
 
 
 def _transformer(c, which: str) -> dict:
-    """width, layers, heads, mlp_ratio, activation of a CLIP tower config; an error for what
-    nclip's towers cannot reproduce."""
-    ratio = c.intermediate_size / c.hidden_size
-    if int(c.hidden_size * ratio) != c.intermediate_size:
-        raise NclipError(f"model.init: {which} intermediate_size {c.intermediate_size} is not a ratio of width "
-                         f"{c.hidden_size} nclip can express")
-    if c.hidden_act not in ACTIVATIONS:
-        raise NclipError(f"model.init: {which} activation {c.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}")
-    if abs(c.layer_norm_eps - 1e-5) > 1e-12:
-        raise NclipError(f"model.init: {which} layer_norm_eps {c.layer_norm_eps} is not 1e-5, nclip's")
-    return {"width": c.hidden_size, "layers": c.num_hidden_layers, "heads": c.num_attention_heads,
-            "mlp_ratio": ratio, "hidden_act": c.hidden_act}
+    return transformer_sizes(c, which, ACTIVATIONS, 1e-5, "nclip's")
 
 
 def _pixel_stats(path: Path) -> dict:

@@ -118,3 +118,19 @@ def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
         except Exception as e:  # safetensors raises its own error types for corrupt files
             raise NclipError(f"cannot read {directory / name}: {str(e).splitlines()[0]}") from None
     return state
+
+
+def transformer_sizes(c, which: str, activations: tuple[str, ...], layer_norm_eps: float, whose: str) -> dict:
+    """width, layers, heads, mlp_ratio, activation of a transformers tower config (CLIP's or SigLIP's);
+    an error for what nclip's towers (``whose``, with ``activations`` and ``layer_norm_eps``) cannot
+    reproduce."""
+    ratio = c.intermediate_size / c.hidden_size
+    if int(c.hidden_size * ratio) != c.intermediate_size:
+        raise NclipError(f"model.init: {which} intermediate_size {c.intermediate_size} is not a ratio of width "
+                         f"{c.hidden_size} nclip can express")
+    if c.hidden_act not in activations:
+        raise NclipError(f"model.init: {which} activation {c.hidden_act!r} is not one of {', '.join(activations)}")
+    if abs(c.layer_norm_eps - layer_norm_eps) > 1e-12:
+        raise NclipError(f"model.init: {which} layer_norm_eps {c.layer_norm_eps} is not {layer_norm_eps:g}, {whose}")
+    return {"width": c.hidden_size, "layers": c.num_hidden_layers, "heads": c.num_attention_heads,
+            "mlp_ratio": ratio, "hidden_act": c.hidden_act}

@@ -27,7 +27,14 @@ from safetensors import safe_open
 from nclip.data.tokenization import SENTENCEPIECE_FILE, CaptionTokenizer
 from nclip.errors import NclipError
 from nclip.jsonio import read_json
-from nclip.models.hf_weights import PREPROCESSOR, SHARD_INDEX, copy_weights, hf_weights_file, read_hf_weights
+from nclip.models.hf_weights import (
+    PREPROCESSOR,
+    SHARD_INDEX,
+    copy_weights,
+    hf_weights_file,
+    read_hf_weights,
+    transformer_sizes,
+)
 from nclip.models.io import CONFIG, WEIGHTS
 from nclip.models.siglip_towers import LAYER_NORM_EPS
 
@@ -81,17 +88,7 @@ def architecture(path: Path):
 
 
 def _transformer(c, which: str) -> dict:
-    ratio = c.intermediate_size / c.hidden_size
-    if int(c.hidden_size * ratio) != c.intermediate_size:
-        raise NclipError(f"model.init: {which} intermediate_size {c.intermediate_size} is not a ratio of width "
-                         f"{c.hidden_size} nclip can express")
-    if c.hidden_act not in ACTIVATIONS:
-        raise NclipError(f"model.init: {which} activation {c.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}")
-    if abs(c.layer_norm_eps - LAYER_NORM_EPS) > 1e-12:
-        raise NclipError(f"model.init: {which} layer_norm_eps {c.layer_norm_eps} is not {LAYER_NORM_EPS}, nclip's "
-                         "SigLIP towers'")
-    return {"width": c.hidden_size, "layers": c.num_hidden_layers, "heads": c.num_attention_heads,
-            "mlp_ratio": ratio, "hidden_act": c.hidden_act}
+    return transformer_sizes(c, which, ACTIVATIONS, LAYER_NORM_EPS, "nclip's SigLIP towers'")
 
 
 def _preprocessor(path: Path) -> dict:
