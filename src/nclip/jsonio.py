@@ -177,7 +177,4 @@ def truncate_jsonl(path: str | Path, keep: Callable[[dict], bool]) -> None:
     if not path.is_file():
         return
     kept = [line for line, row in _jsonl_rows(path) if keep(row)]
-    tmp = path.with_name(f".{path.name}.tmp")
-    with writing(path):
-        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-        os.replace(tmp, path)
+    write_text_atomic(path, "".join(line + "\n" for line in kept))

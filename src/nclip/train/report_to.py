@@ -58,17 +58,15 @@ class WandbReporter:
     def __init__(self, run_dir: Path, config: dict, resuming: bool):
         import wandb
 
-        from nclip.jsonio import writing
+        from nclip.jsonio import write_text_atomic, writing
 
         folder = Path(run_dir) / WANDB
-        with writing(folder / WANDB_ID):
+        id_file = folder / WANDB_ID
+        with writing(id_file):
             folder.mkdir(parents=True, exist_ok=True)
-            id_file = folder / WANDB_ID
             # a resumed run continues its W&B run; a new one (--force included) starts another
             run_id = id_file.read_text().strip() if resuming and id_file.is_file() else secrets.token_hex(4)
-            tmp = id_file.with_name(f".{WANDB_ID}.tmp")
-            tmp.write_text(run_id + "\n")
-            os.replace(tmp, id_file)
+        write_text_atomic(id_file, run_id + "\n")
         try:
             self.run = wandb.init(dir=str(run_dir), config=config, name=Path(run_dir).resolve().name, id=run_id,
                                   resume="allow", project=os.environ.get("WANDB_PROJECT", "nclip"),

@@ -14,7 +14,6 @@ plan, or the same error) before any rank writes: :func:`agree`.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from collections.abc import Callable
@@ -25,7 +24,7 @@ import yaml
 
 from nclip.config import RunConfig, to_yaml, validate
 from nclip.errors import NclipError
-from nclip.jsonio import check_writable_dir, parse_yaml, read_text, writing
+from nclip.jsonio import check_writable_dir, parse_yaml, read_text, write_text_atomic
 from nclip.runlock import LOCK_NAME, DirLock
 
 CONFIG = "config.yaml"
@@ -225,10 +224,7 @@ def start_run(plan: RunPlan, run_dir: Path) -> None:
     text = to_yaml(plan.cfg)
     path = run_dir / CONFIG
     if not path.is_file() or path.read_text() != text:
-        tmp = path.with_name(f".{CONFIG}.tmp")
-        with writing(path):
-            tmp.write_text(text)
-            os.replace(tmp, path)
+        write_text_atomic(path, text)
     if plan.note:
         print(f"nclip: {plan.note}", file=sys.stderr, flush=True)
 
