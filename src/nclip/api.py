@@ -44,7 +44,7 @@ class LoadedModel(nn.Module):
 
     def __init__(self, model, cfg, device: torch.device, path: Path | None = None, logit_bias: float | None = None):
         super().__init__()
-        from nclip.objectives import REGISTRY
+        from nclip.objectives import plan_for
 
         self.model = model.eval()
         self.cfg = cfg
@@ -52,7 +52,7 @@ class LoadedModel(nn.Module):
         self.device = torch.device(device)
         self.tokenizer = model.tokenizer
         self.image_size = cfg.data.image_size
-        objective = REGISTRY[cfg.objective.name][1]
+        objective = plan_for(cfg)
         self.head = objective.zero_shot_head
         self.probe_features = objective.probe_features
         self.nclip_score = cfg.eval.nclip_score

@@ -361,10 +361,28 @@ class EvalConfig(_Section):
     nclip_score: Literal["symmetric", "image_to_text"] = "symmetric"
 
 
-def _registry():
-    from nclip.objectives import REGISTRY
+def _objective_configs():
+    from nclip.objectives.registry import registered_configs
 
-    return REGISTRY
+    return registered_configs()
+
+
+def _objective_names():
+    from nclip.objectives.registry import registered_names
+
+    return registered_names()
+
+
+def _plan(run_cfg):
+    from nclip.objectives import plan_for
+
+    return plan_for(run_cfg)
+
+
+def _xclip_config():
+    from nclip.objectives.registry import config_class
+
+    return config_class("xclip")()
 
 
 class _ObjectiveUnion:
@@ -374,7 +392,7 @@ class _ObjectiveUnion:
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source, handler):
-        configs = tuple(cfg for cfg, _ in _registry().values())
+        configs = _objective_configs()
         return handler.generate_schema(Annotated[Union[configs], Field(discriminator="name")])  # type: ignore
 
 
@@ -383,7 +401,7 @@ class RunConfig(_Section):
     seed: int = 0
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
-    objective: _ObjectiveUnion = Field(default_factory=lambda: _registry()["xclip"][0]())
+    objective: _ObjectiveUnion = Field(default_factory=lambda: _xclip_config())
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
 
@@ -398,9 +416,9 @@ class RunConfig(_Section):
         if self.train.batch_size % self.data.hard_negative_group:
             raise ValueError(f"train.batch_size {self.train.batch_size} is not divisible by "
                              f"data.hard_negative_group {self.data.hard_negative_group}")
-        objective = _registry()[self.objective.name][1]
-        objective.check_run(self)  # e.g. a label constraint needs labelled data
-        heads = objective.heads_for(self.objective)
+        plan = _plan(self)
+        plan.check_run()  # e.g. a label constraint needs labelled data
+        heads = plan.heads
         if self.model.nclip_shared_layers and not {"clip", "nclip"} <= heads:
             raise ValueError(f"model.nclip_shared_layers {self.model.nclip_shared_layers}: objective "
                              f"{self.objective.name!r} has no CLIP and nCLIP heads to share layers (xclip has)")
@@ -463,14 +481,14 @@ def describe_validation_error(e: ValidationError, subject: str = "config",
     parts = [str(p) for p in err["loc"] if not str(p).startswith("function-after")]
     # the discriminated union adds the objective name to the location; keep the user's key path
     # (a whole segment: "clip" must not eat the start of "clip_supcon")
-    if len(parts) >= 2 and parts[0] == "objective" and parts[1] in _registry():
+    if len(parts) >= 2 and parts[0] == "objective" and parts[1] in _objective_names():
         del parts[1]
     loc = ".".join(parts)
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         msg = "unknown key"
     elif err["type"] == "union_tag_invalid":
-        msg = f"unknown objective {err['input'].get('name')!r}; available: {', '.join(_registry())}"
+        msg = f"unknown objective {err['input'].get('name')!r}; available: {', '.join(_objective_names())}"
         loc = "objective.name"
     quiet = err["type"] in ("extra_forbidden", "union_tag_invalid", "value_error") or isinstance(err.get("input"), dict)
     suffix = "" if quiet else f" (got {err.get('input')!r})"

@@ -41,7 +41,7 @@ from nclip.config import RunConfig
 from nclip.data.device_feed import DeviceFeed
 from nclip.data.loader import train_loader
 from nclip.data.tokenization import CaptionTokenizer
-from nclip.objectives import REGISTRY, build_objective
+from nclip.objectives import build_objective, plan_for
 from nclip.precision import autocast_dtype
 from nclip.train.labels import label_space_for
 from nclip.train.launch import TrainStep
@@ -53,9 +53,9 @@ Clock = tuple[float, float]  # (wall, process CPU) seconds
 def one_batch(cfg: RunConfig) -> tuple[torch.Tensor, ...]:
     """The run's first training batch (pixels, ids, mask, *rows), as the trainer's loader makes it
     (with the model's tokenizer, made without building the model)."""
-    objective = REGISTRY[cfg.objective.name][1]
+    objective = plan_for(cfg)
     tokenizer = CaptionTokenizer(cfg.data.text_length, cfg.model.text.tokenizer)
-    data = train_loader(cfg, tokenizer, views=objective.views, labels=objective.label_request(cfg))
+    data = train_loader(cfg, tokenizer, views=objective.views, labels=objective.label_request())
     return tuple(next(iter(data)))
 
 

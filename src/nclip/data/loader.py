@@ -140,9 +140,9 @@ def tag_captions(cfg: RunConfig) -> tuple[TagCaptions, str] | None:
 
 def label_classes(cfg: RunConfig) -> int:
     """The number of classes of the labels that the run's objective trains on."""
-    from nclip.objectives import REGISTRY
+    from nclip.objectives import plan_for
 
-    request = REGISTRY[cfg.objective.name][1].label_request(cfg) or LabelRequest()
+    request = plan_for(cfg).label_request() or LabelRequest()
     return len(label_space(cfg, request.key)[1])
 
 

@@ -40,9 +40,9 @@ def describe(ck) -> dict:
 def zero_shot_space(cfg) -> tuple[str | None, str, str]:
     """(zero-shot head or None, probe features, a description) of a run config's objective: what its
     embeddings are, known before the model loads."""
-    from nclip.objectives import REGISTRY
+    from nclip.objectives import plan_for
 
-    objective = REGISTRY[cfg.objective.name][1]
+    objective = plan_for(cfg)
     head, features = objective.zero_shot_head, objective.probe_features
     return head, features, f"{head} head" if head else f"{features} features (image-only objective)"
 

@@ -26,14 +26,14 @@ from nclip.data.loader import MAIN_LABEL, build_dataset
 from nclip.defaults import PROBE_FEATURES
 from nclip.eval import probe, retrieval, zeroshot
 from nclip.eval.features import class_text_outputs, extract, similarity
-from nclip.objectives import REGISTRY
+from nclip.objectives import plan_for
 from nclip.objectives.base import LabelRequest
 from nclip.precision import autocast_dtype
 
 
 @torch.no_grad()
 def evaluate_run(model, cfg: RunConfig, device) -> dict[str, float]:
-    objective = REGISTRY[cfg.objective.name][1]
+    objective = plan_for(cfg)
     head = objective.zero_shot_head
     split = "test"
     data = build_dataset(cfg, split, length=cfg.eval.samples)
@@ -64,7 +64,7 @@ def _probe_run(model, cfg: RunConfig, device, test_data, objective, amp: torch.d
 
     features = probe_features(cfg.eval.probe_features, cfg.objective)
     key = PROBE_FEATURES[features]
-    kind = (objective.label_request(cfg) or LabelRequest()).key or MAIN_LABEL[cfg.data.source]
+    kind = (objective.label_request() or LabelRequest()).key or MAIN_LABEL[cfg.data.source]
     # the probe's training images come from the training split (synthetic: its first eval.samples
     # scenes), its test images from the held-out split, as nclip eval's linear and k-NN protocols
     train_data = build_dataset(cfg, "train", length=cfg.eval.samples)

@@ -204,9 +204,9 @@ def _plan(out: Path, settings: FinetuneSettings, sha: str, resume: bool, force: 
 
 def _document(ck, classifier: str, config: dict, results: dict, seconds: float) -> dict:
     from nclip.eval.runner import RESULTS_VERSION, checkpoint_info
-    from nclip.objectives import REGISTRY
+    from nclip.objectives import plan_for
 
-    objective = REGISTRY[ck.cfg.objective.name][1]
+    objective = plan_for(ck.cfg)
     return {"version": RESULTS_VERSION,
             "checkpoint": checkpoint_info(ck, objective, "clip" if classifier == "cosine" else None),
             "config": config, "results": dict(sorted(results.items())), "skipped": {},

@@ -61,9 +61,9 @@ class FinetuneNet(nn.Module):
 
 
 def has_clip_head(cfg) -> bool:
-    from nclip.objectives import REGISTRY
+    from nclip.objectives import plan_for
 
-    return "clip" in REGISTRY[cfg.objective.name][1].heads_for(cfg.objective)
+    return "clip" in plan_for(cfg).heads
 
 
 def resolve_classifier(choice: str, cfg, fraction: float) -> str:

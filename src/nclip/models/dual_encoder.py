@@ -15,7 +15,7 @@ from nclip.config import RunConfig
 from nclip.data.tokenization import CaptionTokenizer
 from nclip.models.heads import CmsfMLP, NclipHead, ProtoHead, SharedLayers, SupconMLP, clip_head
 from nclip.models.towers import build_text_tower, build_vision_tower
-from nclip.objectives import REGISTRY
+from nclip.objectives import plan_for
 from nclip.objectives.base import EncoderOutput
 
 LOGIT_SCALE_INIT = math.log(1 / 0.07)  # CLIP's σ = 0.07
@@ -235,5 +235,5 @@ class DualEncoder(nn.Module):
 
 def build_model(cfg: RunConfig, pretrained_text: bool = True) -> DualEncoder:
     """The dual encoder with the heads that the configured objective needs."""
-    heads = REGISTRY[cfg.objective.name][1].heads_for(cfg.objective)
+    heads = plan_for(cfg).heads
     return DualEncoder(cfg, heads, pretrained_text=pretrained_text)

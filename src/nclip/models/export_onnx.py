@@ -56,9 +56,9 @@ class Embedding(nn.Module):
 
 def embedding_space(cfg) -> tuple[str | None, str, bool]:
     """(the zero-shot score or None, the encode_* output key, whether it is ℓ2-normalised)."""
-    from nclip.objectives import REGISTRY
+    from nclip.objectives import plan_for
 
-    objective = REGISTRY[cfg.objective.name][1]
+    objective = plan_for(cfg)
     head = objective.zero_shot_head
     if head is None:
         return None, PROBE_FEATURES[objective.probe_features], True

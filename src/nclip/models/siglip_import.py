@@ -163,9 +163,9 @@ def carry_scalars(raw: dict, path: Path) -> None:
 
 
 def type_fields(objective: str) -> set[str]:
-    from nclip.objectives import REGISTRY
+    from nclip.objectives.registry import config_class, is_known
 
-    return set(REGISTRY[objective][0].model_fields) if objective in REGISTRY else set()
+    return set(config_class(objective).model_fields) if is_known(objective) else set()
 
 
 def load_weights(model, path: Path) -> str:

@@ -65,7 +65,7 @@ from nclip.defaults import MAP_SOURCES, USER_LABEL
 from nclip.errors import NclipError
 from nclip.jsonio import truncate_jsonl, writing
 from nclip.models.locking import lock_image_side
-from nclip.objectives import REGISTRY, functional
+from nclip.objectives import functional, plan_for
 from nclip.precision import autocast_dtype, to_float32, tower_autocast
 from nclip.train.kmeans import kmeans
 from nclip.train.rundir import (
@@ -163,7 +163,7 @@ def train_samples(cfg: RunConfig):
 
 
 def _check(cfg: RunConfig, world_size: int) -> None:
-    if not getattr(REGISTRY[cfg.objective.name][1], "episodic", False):
+    if not plan_for(cfg).episodic:
         raise NclipError(f"objective {cfg.objective.name!r} is not episodic")
     if cfg.data.source not in MAP_SOURCES:
         raise NclipError(f"episodic training needs random access to the training set: data.source "

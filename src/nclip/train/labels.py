@@ -20,7 +20,7 @@ import torch
 
 from nclip.config import RunConfig
 from nclip.errors import NclipError
-from nclip.objectives import REGISTRY
+from nclip.objectives import plan_for
 from nclip.objectives.base import LabelRequest, LabelSpace
 
 
@@ -68,13 +68,13 @@ def class_similarity(cfg: RunConfig, request: str, kind: str, classes: tuple[str
 def label_space_for(cfg: RunConfig) -> LabelSpace | None:
     """The :class:`LabelSpace` of ``cfg``'s run for its objective, or None when the objective needs none
     or the data has no labels."""
-    objective = REGISTRY[cfg.objective.name][1]
+    objective = plan_for(cfg)
     if not objective.needs_label_space:
         return None
-    request = objective.label_request(cfg)
+    request = objective.label_request()
     if request is None:
         return None
     kind, classes = _class_names(cfg, (request or LabelRequest()).key)
-    hierarchy = objective.hierarchy_request(cfg.objective)
+    hierarchy = objective.hierarchy_request()
     similarity = class_similarity(cfg, hierarchy, kind, classes) if hierarchy is not None else None
     return LabelSpace(classes, similarity)

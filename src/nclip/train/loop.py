@@ -51,7 +51,7 @@ from nclip.models import build_model
 from nclip.models.hf_import import init_config, load_init_weights
 from nclip.models.locking import lock_towers
 from nclip.models.patch_dropout import patch_dropout_at, set_patch_dropout
-from nclip.objectives import REGISTRY, build_objective
+from nclip.objectives import build_objective, plan_for
 from nclip.precision import autocast_dtype
 from nclip.runlock import DirLock
 from nclip.train.accumulate import cached_step, online_towers
@@ -116,7 +116,7 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: b
     ``preset``: what the config was resolved from, for the start-up block (:mod:`nclip.train.logbook`).
     ``save=False`` (``nclip bench``): no checkpoint, model/ or eval.json (config.yaml, metrics.jsonl still).
     """
-    if data_source is None and REGISTRY[cfg.objective.name][1].episodic:
+    if data_source is None and plan_for(cfg).episodic:
         from nclip.train.episodic import EpisodicData
 
         data_source = EpisodicData
@@ -257,8 +257,8 @@ def _open_data(run: _Run, data_source, data_state: dict | None) -> DeviceFeed:
 def _open_source(run: _Run, data_source, data_state: dict | None):
     cfg, ctx = run.cfg, run.ctx
     if data_source is None:
-        objective = REGISTRY[cfg.objective.name][1]  # what it needs: views per image, per-row labels
-        request = objective.label_request(cfg)
+        objective = plan_for(cfg)  # what it needs: views per image, per-row labels
+        request = objective.label_request()
         if request is not None and request.frozen is not None:  # CMSF's cross-modal constraint
             from nclip.train.frozen_embedding import frozen_table
 

@@ -170,10 +170,10 @@ def probe_batch(model, cfg, n: int, views: int, label_request, device: torch.dev
 
 def _probe(run) -> dict | None:
     """The fit of the saved bytes at ``PROBE_BATCHES``; None when a probe step fails (skip the check)."""
-    from nclip.objectives import REGISTRY
+    from nclip.objectives import plan_for
 
     cfg, step = run.cfg, run.step_module
-    objective = REGISTRY[cfg.objective.name][1]
+    objective = plan_for(cfg)
     rng = torch.get_rng_state(), (torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
     counters = [(m, k, v) for m in step.modules() for k, v in vars(m).items()
                 if isinstance(v, (int, float)) and not isinstance(v, bool)]
@@ -181,7 +181,7 @@ def _probe(run) -> dict | None:
     try:
         sizes = []
         for n in PROBE_BATCHES:
-            batch = probe_batch(run.model, cfg, n, objective.views, objective.label_request(cfg), run.ctx.device)
+            batch = probe_batch(run.model, cfg, n, objective.views, objective.label_request(), run.ctx.device)
             sizes.append(saved_bytes(step, batch))
         return fit_line(list(PROBE_BATCHES), [float(s) for s in sizes])
     except torch.OutOfMemoryError:

@@ -52,7 +52,7 @@ from nclip.errors import NclipError
 from nclip.eval import datasets as eval_data
 from nclip.eval import probe, retrieval, zeroshot
 from nclip.eval.features import class_text_outputs, extract, similarity
-from nclip.objectives import REGISTRY
+from nclip.objectives import plan_for
 from nclip.precision import autocast_dtype
 from nclip.train.checkpoint import rng_state, set_rng_state
 from nclip.train.ema import swapped_to_ema
@@ -90,7 +90,7 @@ def data_sources(cfg: RunConfig) -> list[str]:
 def build_sets(cfg: RunConfig) -> list[EvalSet]:
     """The evaluation data, built once (rank 0); a dataset with nothing to evaluate for this
     objective, or two datasets whose result keys would collide, is a one-line error."""
-    n, head = cfg.train.eval_samples, REGISTRY[cfg.objective.name][1].zero_shot_head
+    n, head = cfg.train.eval_samples, plan_for(cfg).zero_shot_head
     sets: list[EvalSet] = []
     for spec in data_sources(cfg):
         built = eval_data.build(spec, image_size=cfg.data.image_size, max_objects=cfg.data.max_objects,
@@ -132,7 +132,7 @@ class PeriodicEval:
     on rank 0) and the loop's hook (:meth:`at_step`)."""
 
     def __init__(self, cfg: RunConfig, device: torch.device, sets: list[EvalSet]):
-        objective = REGISTRY[cfg.objective.name][1]
+        objective = plan_for(cfg)
         self.every, self.sets, self.device = cfg.train.eval_every, sets, device
         self.head, self.nclip_score = objective.zero_shot_head, cfg.eval.nclip_score
         self.autocast = autocast_dtype(cfg.train.precision, device)  # the towers' precision in training
@@ -239,7 +239,7 @@ def describe(cfg: RunConfig, periodic: PeriodicEval | None) -> str:
     if not data_sources(cfg):
         return (f"off: data.source {cfg.data.source} has no built-in held-out data (set train.eval_datasets, "
                 "as nclip eval --dataset)")
-    head = REGISTRY[cfg.objective.name][1].zero_shot_head
+    head = plan_for(cfg).zero_shot_head
     tasks = "k-NN" if head is None else f"zero-shot and retrieval ({head} head)"
     names = ", ".join(data_sources(cfg))
     return f"every {t.eval_every} steps: {tasks} on {t.eval_samples} images of {names}"
