@@ -151,8 +151,7 @@ def _named_config(name: str, cls) -> type[ObjectiveConfig]:
 
     if not (isinstance(cls, type) and issubclass(cls, Objective)):
         raise ValueError(f"objective.name {name!r} is {cls!r}, not a subclass of nclip.objectives.Objective")
-    missing = [a for a in REQUIRED if a not in vars(cls) and not any(a in vars(b) for b in cls.__mro__[1:-1]
-                                                                    if b is not Objective and b is not object)]
+    missing = [a for a in REQUIRED if getattr(cls, a, None) is getattr(Objective, a, None)]
     if missing:
         raise ValueError(f"objective.name {name!r}: {cls.__name__} does not define {', '.join(missing)} "
                          "(docs/plugins.md)")
