@@ -57,7 +57,7 @@ class FinetuneSettings(BaseModel):
     @field_validator("dataset")
     @classmethod
     def _dataset(cls, spec: str) -> str:
-        from nclip.eval.datasets import parse_spec
+        from nclip.dataset_specs import parse_spec
 
         try:
             kind, arg = parse_spec(spec)
