@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from nclip.config.eval import DEFAULT_EVAL_EVERY, DEFAULT_EVAL_SAMPLES, check_eval_datasets
 from nclip.config.section import Section, require_package
+from nclip.defaults import DEVICES
 
 
 class TrainConfig(Section):
@@ -35,7 +36,7 @@ class TrainConfig(Section):
     # towers' autocast; objectives stay float32 (docs/precision.md). auto: bf16 on CUDA (fp16 on a GPU
     # without bf16), fp32 elsewhere. fp16: with a dynamic loss scale (nclip.train.loss_scale)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal[DEVICES] = "auto"  # type: ignore[valid-type]
     log_every: int = Field(10, ge=1)
     checkpoint_every: int = Field(500, ge=1)
     keep_checkpoints: int = Field(2, ge=1)

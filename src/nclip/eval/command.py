@@ -23,7 +23,7 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
     """The ``nclip eval`` parser; its choices and help are made from the tables of dataset kinds
     (:mod:`nclip.dataset_specs`), tasks and SGD recipes (:mod:`nclip.eval.settings`)."""
     from nclip.dataset_specs import CLASSNAMES, TEMPLATES, kinds_taking, spec_help
-    from nclip.defaults import NCLIP_SCORES, PROBE_FEATURES
+    from nclip.defaults import DEVICES, NCLIP_SCORES, PROBE_FEATURES
     from nclip.eval.settings import HEADS, TASK_TABLE, TASKS, EvalSettings, Probe
     from nclip.eval.sgd_recipes import SGD_RECIPES, recipes_help
 
@@ -92,7 +92,7 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
                         "(default: GroupViT's 0.95)")
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the evaluation data and the probes")
-    p.add_argument("--device", choices=get_args(EvalSettings.model_fields["device"].annotation), default=d.device)
+    p.add_argument("--device", choices=DEVICES, default=d.device)
     p.add_argument("--quiet", action="store_true", help="no progress messages")
 
     sub2 = p.add_subparsers(dest="eval_command", metavar="compare")

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Callable, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from nclip.dataset_specs import checked_spec, kinds_taking, parse_spec
-from nclip.defaults import EVAL_BATCH_SIZE, NCLIP_SCORES, PROBE_FEATURES
+from nclip.defaults import DEVICES, EVAL_BATCH_SIZE, NCLIP_SCORES, PROBE_FEATURES
 from nclip.errors import NclipError
 from nclip.eval.sgd_recipes import SGD_RECIPES
 
@@ -112,7 +112,7 @@ class EvalSettings(BaseModel):
     probe_epochs: int | None = Field(None, ge=1, description="the SGD probe's epochs (None: the recipe's)")
     seed: int = 0
     batch_size: int = Field(EVAL_BATCH_SIZE, ge=1)  # the same default as the run config's eval.batch_size
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal[DEVICES] = "auto"  # type: ignore[valid-type]
     cache_dir: str | None = None  # None: no cache
     baseline: str | None = None  # run dir, eval dir or results.json for relative realm accuracy
     # the open_clip config (e.g. ViT-B-32) of a state-dict file given as the checkpoint or the baseline
