@@ -1,7 +1,8 @@
 """Evaluation datasets: the built-in ones and generic adapters for the user's own data.
 
 Every dataset becomes an :class:`EvalData`: named splits of ``Sample`` sequences plus a
-description of which protocols apply to it. Spec strings (``--dataset``) select them:
+description of which protocols apply to it. Spec strings (``--dataset``) select them; their grammar
+and the table of kinds are :mod:`nclip.dataset_specs`, and each kind's data is laid out as follows:
 
 =====================  =========================================================================
 ``synthetic``          built-in synthetic scenes: every label kind (shape, colour, count, realm,
@@ -358,8 +359,9 @@ def sts_file(path: str | Path) -> EvalData:
 
 
 # ---------------------------------------------------------------------------------------------
-# spec strings
+# spec strings: a builder per kind of the grammar's table
 # ---------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class _BuildArgs:
