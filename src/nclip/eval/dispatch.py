@@ -261,6 +261,7 @@ def _eval_classifier(st: EvalState, data: EvalData, t: _Test, tasks: set[str]) -
 
 
 def _eval_cluster(st: EvalState, data: EvalData, t: _Test, tasks: set[str]) -> None:
+    """K-Means clustering of the probed features against each label kind with two classes or more."""
     for kind in _single_label_kinds(data, t.flat):
         y = t.flat[f"label.{kind}"]
         if torch.unique(y).numel() >= 2:
@@ -370,6 +371,7 @@ def _eval_segmentation(st: EvalState, data: EvalData, t: _Test, tasks: set[str])
 
 
 def _eval_diagnostics(st: EvalState, data: EvalData, t: _Test, tasks: set[str]) -> None:
+    """The representation diagnostics of image and caption outputs (:mod:`nclip.eval.diagnostics`)."""
     if t.text:
         st.put("diagnostics", data.name, diagnostics.evaluate(t.image, t.text, t.flat["text_to_image"]))
 
