@@ -156,14 +156,6 @@ def test_folder_errors(tmp_path):
         files[0]
 
 
-def test_spec_parsing():
-    assert eval_data.parse_spec("synthetic") == ("synthetic", None)
-    assert eval_data.parse_spec("folder:/data/x") == ("folder", "/data/x")
-    for bad in ("imagenet", "folder", "folder:", "synthetic:/x"):
-        with pytest.raises(NclipError, match="unknown dataset"):
-            eval_data.parse_spec(bad)
-
-
 def test_feature_cache_roundtrip_and_identity(tmp_path):
     calls = []
 

@@ -33,11 +33,10 @@ from nclip.eval.cache import FeatureCache
 from nclip.eval.checkpoint import resolve_checkpoint
 from nclip.eval.dispatch import EvalState, eval_dataset, explain_missing
 from nclip.eval.probe import threads as _threads
-from nclip.eval.settings import HEADS, MODEL_HEAD, TASKS, EvalSettings
+from nclip.eval.settings import HEADS, MODEL_HEAD, TASKS, TEXT_TASKS, EvalSettings
 from nclip.jsonio import jsonable, read_json, write_text_atomic
 
 RESULTS_VERSION = 1
-TEXT_TASKS = ("zeroshot", "retrieval", "multilabel", "segmentation", "diagnostics")  # need a text-aligned head
 
 
 def run_eval(checkpoint: str | Path, out: str | Path | None = None, *, tasks=None, datasets=None, head=None,
@@ -234,7 +233,7 @@ def linear_protocol(settings: EvalSettings) -> dict:
     """How the linear probe was trained (results.json ``config.linear_probe``)."""
     if settings.probe == "lbfgs":
         return {"optimizer": "L-BFGS (CLIP App. A.3)", "l2_grid": list(settings.l2_grid), "val_fraction": 0.2}
-    from nclip.eval.metrics.sgd_linear import SGD_RECIPES
+    from nclip.eval.sgd_recipes import SGD_RECIPES
 
     return {"optimizer": "SGD", "recipe": settings.probe_recipe,
             **SGD_RECIPES[settings.probe_recipe].summary(settings.probe_epochs)}

@@ -46,7 +46,7 @@ class SuiteDataset(BaseModel):
     @field_validator("spec")
     @classmethod
     def _spec(cls, spec: str) -> str:
-        from nclip.eval.datasets import checked_spec
+        from nclip.dataset_specs import checked_spec
 
         return checked_spec(spec)
 

@@ -26,13 +26,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from nclip.config.model import clip_resnet_grid
 from nclip.data import clip_bpe
 from nclip.errors import NclipError
 from nclip.models import openclip_import as reader
 from nclip.models.export import atomic_export, clip_model_names, model_dir
 from nclip.models.io import load_model
 from nclip.models.openclip_files import HUB_CONFIG, HUB_WEIGHTS
-from nclip.vision_config import clip_resnet_grid
 
 WEIGHTS = HUB_WEIGHTS[0]  # open_clip_model.safetensors
 

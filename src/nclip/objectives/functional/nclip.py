@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from nclip import distributed as collectives
+from nclip.defaults import NCLIP_SCORES
 from nclip.objectives.functional._common import check_pair
 from nclip.objectives.functional.clip import clip_loss
 
@@ -108,9 +109,6 @@ def xclip_loss(
     clip = clip_loss(image_emb, text_emb, logit_scale, global_batch=global_batch, reduction=clip_reduction)
     nclip = nclip_loss(image_logits, text_logits, lambda1, lambda2, global_batch=global_batch)
     return w_clip * clip + w_nclip * nclip
-
-
-NCLIP_SCORES = ("symmetric", "image_to_text")
 
 
 def _check_score_logits(image_logits: torch.Tensor, text_logits: torch.Tensor, name: str) -> None:
