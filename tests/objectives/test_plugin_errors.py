@@ -96,7 +96,7 @@ def test_a_bad_option_and_an_unknown_name_are_one_line(tmp_path, monkeypatch, ca
     assert "objective.wieght: unknown key" in err
     err = _refused(["train", "--preset", "micro", "--set", "objective.name=no_such_objective",
                     "--out", str(tmp_path / "run")], capsys)
-    assert "not a built-in objective" in err and "xclip" in err
+    assert "unknown objective 'no_such_objective'" in err and "xclip" in err
     err = _refused(["train", "--preset", "micro", "--set", "objective.name=plugin_good_c:Missing",
                     "--out", str(tmp_path / "run")], capsys)
     assert "has no 'Missing'" in err

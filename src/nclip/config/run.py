@@ -120,9 +120,26 @@ def validate(raw: dict[str, Any]) -> RunConfig:
     try:
         if isinstance(raw, dict):  # a mistake outside the objective answers before torch is imported
             _sections().model_validate({k: v for k, v in raw.items() if k != "objective"})
+            _load_objective_plugin(raw.get("objective"))
         return RunConfig.model_validate(raw)
     except ValidationError as e:
         raise NclipError(describe_validation_error(e)) from None
+
+
+def _load_objective_plugin(section) -> None:
+    """An objective of the user's own (``module:Class`` or an ``nclip.objectives`` entry point,
+    docs/plugins.md) joins the objective union before the config is validated, so that its typed
+    options are checked like a built-in's; a plugin that does not load is one line."""
+    name = section.get("name") if isinstance(section, dict) else None
+    if not isinstance(name, str) or name in _objective_names():
+        return
+    from nclip.objectives.registry import load_plugin
+
+    try:
+        load_plugin(name)
+    except ValueError as e:
+        raise NclipError(f"config: {e}") from None
+    RunConfig.model_rebuild(force=True)  # the union now holds the plugin's config
 
 
 def _dotted_key(loc: str) -> str:

@@ -128,9 +128,8 @@ def _import_class(name: str):
 def _entry_point_class(name: str):
     found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
     if not found:
-        known = ", ".join(REGISTRY)
-        raise ValueError(f"objective.name {name!r} is not a built-in objective ({known}), a module:Class "
-                         f"or an installed {ENTRY_POINT_GROUP} entry point")
+        raise ValueError(f"objective.name: unknown objective {name!r}; available: {', '.join(REGISTRY)} "
+                         f"(or module:Class, or an installed {ENTRY_POINT_GROUP} entry point)")
     try:
         return found[0].load()
     except Exception as e:
