@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from nclip import distributed as collectives
 from nclip.objectives.functional._common import check_pair
-from nclip.objectives.functional.clip import clip_loss
+from nclip.objectives.functional.clip import clip_terms
 
 # --------------------------------------------------------------------------------------------
 # nCLIP: cross-entropy between cluster assignments with entropy regularisers, Eq. (2)-(4)
@@ -70,21 +70,6 @@ def nclip_terms(
     return {"loss": loss, "ce": ce, "eh": eh, "he": he, "kl": (ce - eh).detach()}
 
 
-def nclip_loss(
-    image_logits: torch.Tensor,
-    text_logits: torch.Tensor,
-    lambda1: float = 0.5,
-    lambda2: float = 1.5,
-    *,
-    global_batch: bool = True,
-) -> torch.Tensor:
-    """Algorithm 1's L_nCLIP: (L_CE + λ1·L_EH − λ2·L_HE) / 2 with each term summed over both
-    modalities; image_logits, text_logits: [B, K] nCLIP head outputs. See :func:`nclip_terms`."""
-    return nclip_terms(image_logits, text_logits, lambda1, lambda2, global_batch=global_batch)[
-        "loss"
-    ]
-
-
 def xclip_loss(
     image_emb: torch.Tensor,
     text_emb: torch.Tensor,
@@ -105,8 +90,8 @@ def xclip_loss(
     outputs (the two heads are separate, Algorithm 1); logit_scale: the multiplier 1/σ;
     clip_reduction: L_CLIP's two directions averaged (Sec. 3.1) or summed (Algorithm 1).
     """
-    clip = clip_loss(image_emb, text_emb, logit_scale, global_batch=global_batch, reduction=clip_reduction)
-    nclip = nclip_loss(image_logits, text_logits, lambda1, lambda2, global_batch=global_batch)
+    clip = clip_terms(image_emb, text_emb, logit_scale, global_batch=global_batch, reduction=clip_reduction)["loss"]
+    nclip = nclip_terms(image_logits, text_logits, lambda1, lambda2, global_batch=global_batch)["loss"]
     return w_clip * clip + w_nclip * nclip
 
 

@@ -243,14 +243,3 @@ def unified_terms(
     return {"loss": loss, "ce": ce, "eh": eh, "he": he, "kl": (ce - eh).detach(), **diag}
 
 
-def unified_loss(
-    image_logits: torch.Tensor,
-    text_logits: torch.Tensor,
-    tau_s: float = 1.0,
-    tau: float = 1.0,
-    lambda1: float = 0.5,
-    lambda2: float = 1.5,
-    **kwargs,
-) -> torch.Tensor:
-    """Algorithm 1's L_unified(f_I, f_T, τ_s, τ, λ1, λ2); keyword options of :func:`unified_terms`."""
-    return unified_terms(image_logits, text_logits, tau_s, tau, lambda1, lambda2, **kwargs)["loss"]

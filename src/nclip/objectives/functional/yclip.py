@@ -67,21 +67,6 @@ def yclip_terms(
     return {"loss": loss, "nce": nce, "eh": eh, "he": he, **terms, **diag}
 
 
-def yclip_loss(
-    image_logits: torch.Tensor,
-    text_logits: torch.Tensor,
-    logit_scale: torch.Tensor | float,
-    lambda1: float = 0.5,
-    lambda2: float = 1.5,
-    *,
-    global_batch: bool = True,
-) -> torch.Tensor:
-    """L_yCLIP of Appendix B.2, Eq. (3); see :func:`yclip_terms`."""
-    return yclip_terms(image_logits, text_logits, logit_scale, lambda1, lambda2, global_batch=global_batch)[
-        "loss"
-    ]
-
-
 def yclip_similarity(image_logits: torch.Tensor, text_logits: torch.Tensor) -> torch.Tensor:
     """yCLIP's own score matrix S of App. B.2 Eq. 2 (the main text's Eq. 8 objective), used for its
     zero-shot classification and retrieval: S_ij = p_i·log q_j + log p_i·q_j, image_logits
