@@ -31,6 +31,20 @@ def batch_mean_log_prob(log_p: torch.Tensor, *, global_batch: bool = True) -> to
     return lse - math.log(batch)
 
 
+def entropy_terms(
+    log_p_i: torch.Tensor, p_i: torch.Tensor, log_p_t: torch.Tensor, p_t: torch.Tensor, *, global_batch: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 3's regularisers of the image and text distributions p_I, p_T ([B, K], given with their
+    logs): L_EH = −½ Σ_k (p_I log p_I + p_T log p_T), batch mean, and L_HE = −½ Σ_k (p̄_I log p̄_I +
+    p̄_T log p̄_T) with p̄ the (global) batch mean. Shared by nCLIP, the unified objective (on its
+    targets) and yCLIP; the caller's p is reused, so each objective's autograd graph is what it was."""
+    eh = -((p_i * log_p_i).sum(1) + (p_t * log_p_t).sum(1)).mean() / 2
+    log_pbar_i = batch_mean_log_prob(log_p_i, global_batch=global_batch)  # [K]
+    log_pbar_t = batch_mean_log_prob(log_p_t, global_batch=global_batch)  # [K]
+    he = -((log_pbar_i.exp() * log_pbar_i).sum() + (log_pbar_t.exp() * log_pbar_t).sum()) / 2
+    return eh, he
+
+
 def nclip_terms(
     image_logits: torch.Tensor,
     text_logits: torch.Tensor,
@@ -62,10 +76,7 @@ def nclip_terms(
     log_p_t = F.log_softmax(text_logits, dim=1)  # [B, K]
     p_i, p_t = log_p_i.exp(), log_p_t.exp()
     ce = -((p_i * log_p_t).sum(1) + (p_t * log_p_i).sum(1)).mean() / 2
-    eh = -((p_i * log_p_i).sum(1) + (p_t * log_p_t).sum(1)).mean() / 2
-    log_pbar_i = batch_mean_log_prob(log_p_i, global_batch=global_batch)  # [K]
-    log_pbar_t = batch_mean_log_prob(log_p_t, global_batch=global_batch)  # [K]
-    he = -((log_pbar_i.exp() * log_pbar_i).sum() + (log_pbar_t.exp() * log_pbar_t).sum()) / 2
+    eh, he = entropy_terms(log_p_i, p_i, log_p_t, p_t, global_batch=global_batch)
     loss = ce + lambda1 * eh - lambda2 * he
     return {"loss": loss, "ce": ce, "eh": eh, "he": he, "kl": (ce - eh).detach()}
 
