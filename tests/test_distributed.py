@@ -32,16 +32,16 @@ ROW_KEYS = ("img", "txt", "img_logits", "txt_logits")
 # name -> loss(inputs) of the functional API; every registered objective's module is checked the
 # same way in tests/objectives/test_registry.py
 FUNCTIONAL_CASES = {
-    "clip": lambda x: functional.clip_loss(x["img"], x["txt"], x["scale"]),
-    "nclip": lambda x: functional.nclip_loss(x["img_logits"], x["txt_logits"], 0.5, 1.5),
+    "clip": lambda x: functional.clip_terms(x["img"], x["txt"], x["scale"])["loss"],
+    "nclip": lambda x: functional.nclip_terms(x["img_logits"], x["txt_logits"], 0.5, 1.5)["loss"],
     "xclip": lambda x: functional.xclip_loss(x["img"], x["txt"], x["img_logits"], x["txt_logits"], x["scale"]),
-    "unified/none": lambda x: functional.unified_loss(x["img_logits"], x["txt_logits"], 0.7, 0.5, 0.5, 1.5),
-    "unified/sinkhorn": lambda x: functional.unified_loss(x["img_logits"], x["txt_logits"], 0.7, 0.5,
-                                                          uniform="sinkhorn"),
-    "unified/batch_softmax": lambda x: functional.unified_loss(x["img_logits"], x["txt_logits"], 0.7, 0.5,
-                                                       uniform="batch_softmax"),
-    "yclip": lambda x: functional.yclip_loss(x["img_logits"], x["txt_logits"], x["scale"]),
-    "siglip": lambda x: functional.siglip_loss(x["img"], x["txt"], x["scale"], x["bias"]),
+    "unified/none": lambda x: functional.unified_terms(x["img_logits"], x["txt_logits"], 0.7, 0.5, 0.5, 1.5)["loss"],
+    "unified/sinkhorn": lambda x: functional.unified_terms(x["img_logits"], x["txt_logits"], 0.7, 0.5,
+                                                          uniform="sinkhorn")["loss"],
+    "unified/batch_softmax": lambda x: functional.unified_terms(x["img_logits"], x["txt_logits"], 0.7, 0.5,
+                                                       uniform="batch_softmax")["loss"],
+    "yclip": lambda x: functional.yclip_terms(x["img_logits"], x["txt_logits"], x["scale"])["loss"],
+    "siglip": lambda x: functional.siglip_terms(x["img"], x["txt"], x["scale"], x["bias"])["loss"],
 }
 
 

@@ -414,7 +414,9 @@ def _how_to_go_on(args) -> str:
     out = args.out
     if not (out / "config.yaml").is_file():
         return "; the run had not started: nothing was written, run the same command again"
-    steps = sorted(int(p.name[5:]) for p in (out / "checkpoints").glob("step_*") if p.name[5:].isdigit())
+    from nclip.models.io import checkpoint_step
+
+    steps = sorted(n for n in map(checkpoint_step, (out / "checkpoints").glob("step_*")) if n is not None)
     since = f"from its step-{steps[-1]} checkpoint" if steps else "from step 0 (no checkpoint yet)"
     return f"; continue the run {since} with: nclip train --out {shlex.quote(str(out))} --resume auto"
 

@@ -73,7 +73,7 @@ def test_proto_loss_matches_algorithm1(seed, b, k, t_target, from_teacher):
     c_t = _unit(k, 5, seed=seed + 2) if from_teacher else None
     labels = torch.randint(0, k, (b,), generator=torch.Generator().manual_seed(seed))
     t = torch.tensor(0.07, dtype=torch.float64, requires_grad=True)
-    ours = functional.proto_loss(h, c, labels, t, t_target, teacher_centroids=c_t)
+    ours = functional.proto_terms(h, c, labels, t, t_target, teacher_centroids=c_t)["loss"]
     ref = ref_proto_loss(h, c, labels, t, t_target, c_t)
     torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
     for a, r in zip(torch.autograd.grad(ours, [h, c, t]), torch.autograd.grad(ref, [h, c, t])):
@@ -92,7 +92,7 @@ def test_proto_loss_drops_empty_clusters():
         ref = ref_proto_loss(h, c[keep], torch.tensor([remap[int(x)] for x in labels]), 0.1, tt)
         torch.testing.assert_close(ours["loss"], ref)
     # without the mask a zero (empty) prototype competes with logit 0: a different loss
-    assert not torch.isclose(functional.proto_loss(h, c * valid[:, None], labels, 0.1, 0.01), ours["loss"])
+    assert not torch.isclose(functional.proto_terms(h, c * valid[:, None], labels, 0.1, 0.01)["loss"], ours["loss"])
 
 
 def test_proto_terms_diagnostics_and_extremes():
@@ -101,8 +101,8 @@ def test_proto_terms_diagnostics_and_extremes():
     assert t["acc"].item() == 1.0 and t["target_entropy"].item() == 0.0
     # float32, τ at its clamp (0.01) and τ_y = 0.01 with collapsed inputs: finite loss and grads
     h = torch.ones(3, 8, requires_grad=True)
-    loss = functional.proto_loss(torch.nn.functional.normalize(h, dim=-1), torch.ones(5, 8) / 8**0.5,
-                         torch.tensor([0, 1, 4]), 0.01, 0.01)
+    loss = functional.proto_terms(torch.nn.functional.normalize(h, dim=-1), torch.ones(5, 8) / 8**0.5,
+                         torch.tensor([0, 1, 4]), 0.01, 0.01)["loss"]
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(h.grad).all()
     assert loss.item() == pytest.approx(math.log(5), rel=1e-5)  # uniform scores and targets
@@ -140,16 +140,16 @@ def test_objective_combines_eq6_terms_and_warmup():
     rows = torch.arange(3, 3 + b)
     obj.set_episode(0)  # warm-up: L_CLIP only
     warm = obj(_out(hi, ht, zi, zt), rows)
-    torch.testing.assert_close(warm["loss"], 0.5 * functional.clip_loss(zi, zt, 14.0))
+    torch.testing.assert_close(warm["loss"], 0.5 * functional.clip_terms(zi, zt, 14.0)["loss"])
     assert "proto/L_proto" not in warm
     obj.set_episode(1, labels, **st)
     t = obj(_out(hi, ht, zi, zt), rows)
     lab = labels[rows]
-    i2t = functional.proto_loss(hi, st["i2t_centroids"], lab[:, 1], 0.07, 0.01, valid=st["i2t_valid"])
-    t2i = functional.proto_loss(ht, st["t2i_centroids"], lab[:, 0], 0.07, 0.01, valid=st["t2i_valid"])
-    i2e = functional.proto_loss(hi, st["i2e_centroids"], lab[:, 2], 0.07, 0.0, valid=st["i2e_valid"])
-    t2e = functional.proto_loss(ht, st["t2e_centroids"], lab[:, 2], 0.07, 0.0, valid=st["t2e_valid"])
-    want = 0.5 * functional.clip_loss(zi, zt, 14.0) + 2.0 * (i2t + t2i) / 2 + 0.3 * (i2e + t2e) / 2
+    i2t = functional.proto_terms(hi, st["i2t_centroids"], lab[:, 1], 0.07, 0.01, valid=st["i2t_valid"])["loss"]
+    t2i = functional.proto_terms(ht, st["t2i_centroids"], lab[:, 0], 0.07, 0.01, valid=st["t2i_valid"])["loss"]
+    i2e = functional.proto_terms(hi, st["i2e_centroids"], lab[:, 2], 0.07, 0.0, valid=st["i2e_valid"])["loss"]
+    t2e = functional.proto_terms(ht, st["t2e_centroids"], lab[:, 2], 0.07, 0.0, valid=st["t2e_valid"])["loss"]
+    want = 0.5 * functional.clip_terms(zi, zt, 14.0)["loss"] + 2.0 * (i2t + t2i) / 2 + 0.3 * (i2e + t2e) / 2
     torch.testing.assert_close(t["loss"], want)
     torch.testing.assert_close(t["proto/t_proto"], torch.tensor(0.07, dtype=torch.float64))
     # the episode state survives a state_dict round trip into a fresh module (resume)

@@ -143,7 +143,7 @@ def test_clip_reduction_sum_logs_the_term_as_it_enters_eq5():
     torch.testing.assert_close(summed["loss"] - mean["loss"], 0.2 * mean["clip/loss"])  # λ_CLIP·(sum − mean)
     torch.testing.assert_close(summed["clip/acc_i2t"], mean["clip/acc_i2t"])
     with pytest.raises(ValueError, match="clip reduction 'max'"):
-        functional.clip_loss(x["img"], x["txt"], x["scale"], reduction="max")
+        functional.clip_terms(x["img"], x["txt"], x["scale"], reduction="max")["loss"]
 
 
 def _rank(rank: int, world: int) -> dict:

@@ -254,10 +254,10 @@ def checkpoint_info(ck, objective, head: str | None) -> dict:
 def _trained_steps(ck) -> int:
     """The optimizer steps behind the weights: N of a RUN/checkpoints/step_N directory, else the
     run's train.steps (a finished run's model)."""
-    name = Path(ck.path).name
-    if name.startswith("step_") and name[5:].isdigit():
-        return int(name[5:])
-    return ck.cfg.train.steps
+    from nclip.models.io import checkpoint_step
+
+    step = checkpoint_step(ck.path)
+    return ck.cfg.train.steps if step is None else step
 
 
 def _write(out: Path, doc: dict, st: EvalState, report: bool, t0: float) -> None:

@@ -226,13 +226,12 @@ def _restore(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool) -> t
     if state is None:
         run.start_gate()
         return run, None
-    load_optimizer_state(module, run.optimizer, state.get("optimizer_format", "ids"), state["optimizer"])
-    run.counters.update({k: int(v) for k, v in state.get("counters", {}).items()})
-    run.counters["nonfinite_total"] = int(state.get("nonfinite_total", run.counters["nonfinite_total"]))
-    rngs = state.get("rng") or [{"torch": state["rng_torch"]}]
+    load_optimizer_state(module, run.optimizer, state["optimizer_format"], state["optimizer"])
+    run.counters.update({k: int(v) for k, v in state["counters"].items()})
+    rngs = state["rng"]
     set_rng_state(rngs[ctx.rank] if len(rngs) == ctx.world_size else rngs[0])
     run.start_gate(state)
-    return run, _data_state_for_rank(state.get("data") or [], ctx)
+    return run, _data_state_for_rank(state["data"], ctx)
 
 
 def _note_tower_statistics(run: _Run) -> None:
