@@ -100,9 +100,9 @@ LAYERS = {
     # 0: no nclip import but the pairs in SAME_LAYER
     "nclip.errors": 0, "nclip.jsonio": 0, "nclip.fileperm": 0, "nclip.runlock": 0, "nclip.rowlog": 0,
     "nclip.distributed": 0, "nclip.precision": 0, "nclip.defaults": 0, "nclip.hierarchy": 0,
-    "nclip.config_files": 0, "nclip.batch": 0,
+    "nclip.config_files": 0, "nclip.batch": 0, "nclip.dataset_specs": 0,
     "nclip.objectives": 1, "nclip.heads": 1,
-    "nclip.config": 2, "nclip.vision_config": 2, "nclip.eval_while_training_config": 2,
+    "nclip.config": 2,
     "nclip.data": 3,
     "nclip.models": 4,
     "nclip.eval": 5,
@@ -115,16 +115,9 @@ SAME_LAYER = {
     ("nclip.runlock", "nclip.errors"), ("nclip.runlock", "nclip.jsonio"),
     ("nclip.hierarchy", "nclip.errors"), ("nclip.hierarchy", "nclip.jsonio"),
     ("nclip.objectives", "nclip.heads"),
-    ("nclip.config", "nclip.vision_config"), ("nclip.config", "nclip.eval_while_training_config"),
+    ("nclip.dataset_specs", "nclip.errors"), ("nclip.dataset_specs", "nclip.defaults"),
     ("nclip.bench", "nclip.embed"),  # the embedding pipeline's row of `nclip bench`
 }
-# Upward imports in modules of other helpers' changes of issue 34, which the integrator removes after
-# merging them: each must still exist (so that this list shrinks to empty as they go).
-STILL_UPWARD = {
-    ("nclip.eval_while_training_config", "nclip.eval.datasets"),  # the dataset-spec grammar, moved down by H3
-}
-
-
 def _unit(module: str) -> str:
     parts = module.split(".")
     for end in range(len(parts), 0, -1):
@@ -159,8 +152,5 @@ def test_the_layers_test_sees_an_upward_import():
 
 def test_no_module_imports_up_the_layers():
     found = upward_imports(import_graph())
-    new = sorted(found - STILL_UPWARD)
-    gone = sorted(STILL_UPWARD - found)
-    assert not new, "imports up the layers (docs/design.md): " + "; ".join(f"{a} -> {b}" for a, b in new)
-    assert not gone, "no longer imported: take them off STILL_UPWARD: " + "; ".join(f"{a} -> {b}" for a, b in gone)
+    assert not found, "imports up the layers (docs/design.md): " + "; ".join(f"{a} -> {b}" for a, b in sorted(found))
 
