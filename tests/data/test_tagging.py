@@ -199,11 +199,10 @@ def test_csv_label_column_gives_labels_to_cmsf_and_xent(tmp_path, tokenizer):
         assert request is not None and not request.optional
         views = REGISTRY[cfg.objective.name][1].views
         batches = list(train_loader(cfg, tokenizer, views=views, labels=request))
-        index = batches[0][0].shape[0]
-        assert index == 6
+        assert len(batches[0]) == 6
         keys = train_loader(cfg, tokenizer).loader.batch_sampler.global_batch(0)
         expected = torch.tensor([("bird", "cat", "dog").index(("cat", "dog", "bird")[i % 3]) for i in keys])
-        assert torch.equal(batches[0][3], expected) and torch.equal(batches[0][4], expected)  # true = the label
+        assert torch.equal(batches[0].labels, expected) and torch.equal(batches[0].true_labels, expected)  # clean
     assert label_space(_cfg(*base))[1].names == ("bird", "cat", "dog")
     tagged = _cfg(*base, "data.tagging.enabled=true", "data.csv_caption_key=absent")  # captions not read
     assert _caption(train_loader(tagged, tokenizer), 0, 1) in {t.format("dog") for t in FOLDER_TEMPLATES}

@@ -111,7 +111,7 @@ def test_training_batches_are_whole_groups_of_the_grouped_scenes(micro_overrides
 
     cfg = resolve("micro", micro_overrides + ["data.hard_negative_group=4", "train.batch_size=8"])
     tokenizer = CaptionTokenizer(length=cfg.data.text_length)
-    _, ids, _ = next(iter(train_loader(cfg, tokenizer)))
+    ids = next(iter(train_loader(cfg, tokenizer))).ids
     scenes = build_dataset(cfg, "train")
     assert scenes.hard_negative_group == 4
     idx = StepBatches(len(scenes), 8, cfg.train.steps, cfg.seed, group=4).global_batch(0)

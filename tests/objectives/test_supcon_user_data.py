@@ -104,9 +104,9 @@ def test_trains_on_folder_and_csv_labels_with_two_views(tmp_path, monkeypatch, k
     seen = []
     forward = SupconObjective.forward
 
-    def spy(self, out, labels=None, true_labels=None):
-        seen.append((tuple(out.image_supcon.shape), labels.tolist(), true_labels.tolist()))
-        return forward(self, out, labels, true_labels)
+    def spy(self, out, batch):
+        seen.append((tuple(out.image_supcon.shape), batch.labels.tolist(), batch.true_labels.tolist()))
+        return forward(self, out, batch)
 
     monkeypatch.setattr(SupconObjective, "forward", spy)
     cfg = resolve("supcon-tiny", _sets(tmp_path, kind, objective))

@@ -58,7 +58,7 @@ def _pass(cfg: RunConfig, tokenizer, steps: int, views: int = 1) -> tuple[int, f
     it = iter(data)
     next(it)  # worker start-up and the first batch: outside the wall-clock window
     t0, c0 = time.perf_counter(), time.process_time()
-    count = sum(b[1].shape[0] for b in it)  # the token ids' rows: two views' pixels are a ViewCrops
+    count = sum(len(b) for b in it)
     wall, main_cpu = time.perf_counter() - t0, time.process_time() - c0
     del it, data
     gc.collect()  # the DataLoader joins its workers: their CPU time lands in os.times' children

@@ -10,7 +10,7 @@ Streamed sources (webdataset tar shards) are endless per-rank, per-worker stream
 :mod:`nclip.data.webdataset` for how they split, shuffle, mix and resume exactly. Pixels are uint8,
 normalised where the step runs (:mod:`nclip.data.device_feed`); workers: :mod:`nclip.data.workers`.
 
-What an objective needs beyond (pixels, ids, mask) comes from its class (``Objective.views``,
+What an objective needs beyond pixels, ids and mask comes from its class (``Objective.views``,
 ``Objective.label_request``), passed by the trainer:
 
 - ``views=2`` (CMSF, MSF, SupCon...): pixels [B, 2, 3, S, S], the strong (online) view first, the
@@ -24,7 +24,7 @@ What an objective needs beyond (pixels, ids, mask) comes from its class (``Objec
   ``DeviceFeed`` on the CPU hands out. Map-style sources only (built-in, CSV and folder).
 - labels (built-in sources, a ``folder`` tree, a CSV with ``data.csv_label_key``: see
   :func:`nclip.defaults.has_labels`): two more per-row tensors, the training label of the requested kind
-  and the clean one, appended as ``(pixels, ids, mask, labels, true_labels)``. Label noise is
+  and the clean one, the batch's ``labels`` and ``true_labels`` (:class:`nclip.batch.Batch`). Label noise is
   :func:`nclip.data.label_noise.corrupt_labels` over the whole training split (the exact share,
   seeded by the run seed, fixed for the run, as the paper's Sec. 2.2), computed from dataset
   indices alone so that no sample has to be generated up front; the semi-supervised setting keeps
@@ -48,6 +48,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from nclip.batch import Batch
 from nclip.config import RunConfig
 from nclip.data.bad_samples import BadWindow, SkipLog, first_good
 from nclip.data.shards import Bad
@@ -282,10 +283,10 @@ class _Excluding(Dataset):
 
 
 class Collate:
-    """List of (image, caption, bad[, labels, step, index]) → (pixels uint8 [B, 3, S, S], ids [B, L],
-    mask [B, L], [labels [B], true_labels [B], [index [B]]] info), where ``bad`` lists the (where,
-    reason) of samples skipped in favour of this one, ``labels`` is (train, true) or None and
-    ``index`` the sample's dataset index (appended when ``with_index``).
+    """List of (image, caption, bad[, labels, step, index]) → (:class:`~nclip.batch.Batch`, info): pixels
+    uint8 [B, 3, S, S], ids and mask [B, L], and ``labels``/``true_labels`` [B] when the items carry
+    (train, true) labels, ``index`` [B] (the samples' dataset indices) when ``with_index``; ``info["bad"]``
+    lists the (where, reason) of the samples skipped in favour of these.
 
     ``views``: a :class:`nclip.data.views.ViewRecipe`; the images are then un-augmented uint8
     [H, W, 3] and pixels become their :class:`nclip.data.views.ViewCrops` (finished by
@@ -297,7 +298,7 @@ class Collate:
         self.tokenizer, self.views, self.seed, self.rank = tokenizer, views, seed, rank
         self.with_index = with_index
 
-    def __call__(self, items):
+    def __call__(self, items) -> tuple[Batch, dict]:
         images, captions, bad = zip(*(item[:3] for item in items))
         ids, mask = self.tokenizer(list(captions))
         if self.views is None:
@@ -305,13 +306,13 @@ class Collate:
         else:
             b, step = len(items), items[0][4]
             pixels = crop_views(images, self.views, (self.seed, _VIEW_STREAM, step), first_row=self.rank * b)
-        rows = []
+        batch = Batch(pixels, ids, mask)
         if len(items[0]) > 3 and items[0][3] is not None:
             labels = torch.tensor([item[3] for item in items], dtype=torch.long)  # [B, 2]
-            rows = [labels[:, 0], labels[:, 1]]
+            batch.labels, batch.true_labels = labels[:, 0], labels[:, 1]
         if self.with_index:
-            rows.append(torch.tensor([item[5] for item in items], dtype=torch.long))
-        return pixels, ids, mask, *rows, {"bad": [b for group in bad for b in group]}
+            batch.index = torch.tensor([item[5] for item in items], dtype=torch.long)
+        return batch, {"bad": [b for group in bad for b in group]}
 
 
 class TrainData:
@@ -345,25 +346,25 @@ class TrainData:
     def __len__(self) -> int:
         return self.steps
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
-        """Batches (pixels, ids, mask, *rows): rows are the per-row labels when asked for."""
+    def __iter__(self) -> Iterator[Batch]:
+        """This rank's batches, with the per-row labels when asked for."""
         it = iter(self.loader)
         for _ in range(self.steps):
             try:
-                pixels, ids, mask, *rows, info = next(it)
+                batch, info = next(it)
             except StopIteration:
                 return
             except NclipError as e:  # raised in a loader worker: keep the one-line message
                 raise NclipError(worker_message(e)) from None
             if self.kind == "map":
-                self._account_map(ids.shape[0], info["bad"])
+                self._account_map(len(batch), info["bad"])
             else:
                 self.streams[info["stream"]] = [int(info["consumed"]), int(info["skipped"]),
                                                 *(int(n) for n in info.get("sources", ()))]
             self.skip_log.add(info.get("bad", ()))
-            if self.finish and isinstance(pixels, ViewCrops):
-                pixels = finish_views(pixels)
-            yield pixels, ids, mask, *rows
+            if self.finish and isinstance(batch.pixels, ViewCrops):
+                batch = batch.with_pixels(finish_views(batch.pixels))
+            yield batch
         if (summary := self.skip_log.summary()) is not None:
             print(summary, file=sys.stderr, flush=True)
 

@@ -41,6 +41,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
+from nclip.batch import Batch
 from nclip.defaults import BUILTIN_SOURCES, has_labels, unlabelled_reason
 from nclip.objectives import functional
 from nclip.objectives.base import EncoderOutput, LabelRequest, LabelSpace, Objective, ObjectiveConfig, class_count
@@ -146,9 +147,8 @@ class SupconObjective(Objective):
         cfg = run_cfg.objective
         return LabelRequest(cfg.label_key, cfg.label_noise, 1.0)
 
-    def forward(self, out: EncoderOutput, labels: torch.Tensor | None = None,
-                true_labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        terms = self.supcon_terms(out, labels)
+    def forward(self, out: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
+        terms = self.supcon_terms(out, batch.labels)
         return {"loss": terms[f"{self.prefix}/loss"], **terms}
 
     def _features(self, out: EncoderOutput, labels: torch.Tensor | None) -> torch.Tensor:
