@@ -40,9 +40,9 @@ import torch  # noqa: E402
 import nclip.train.compile as compile_mod  # noqa: E402
 import nclip.train.loop as loop_mod  # noqa: E402
 from nclip.config import load_preset, resolve  # noqa: E402
+from nclip.data.labels import label_space_for  # noqa: E402
 from nclip.models import build_model  # noqa: E402
 from nclip.objectives import REGISTRY, build_objective  # noqa: E402
-from nclip.train.labels import label_space_for  # noqa: E402
 from nclip.train.launch import TrainStep  # noqa: E402
 from nclip.train.memory_check import probe_batch  # noqa: E402
 from nclip.train.optim import build_optimizer  # noqa: E402

@@ -13,7 +13,8 @@ from PIL import Image
 from nclip.batch import Batch
 from nclip.config import resolve
 from nclip.data.device_feed import DeviceFeed
-from nclip.data.loader import _AUG_STREAM, build_dataset, train_loader
+from nclip.data.loader import _AUG_STREAM, train_loader
+from nclip.data.sources import build_dataset
 from nclip.data.tokenization import CaptionTokenizer
 from nclip.data.transforms import augment, normalize_pixels, random_resized_crop, to_tensor, to_uint8_tensor
 from nclip.data.views import ViewCrops, finish_views
@@ -202,7 +203,7 @@ def test_a_worker_gives_the_in_process_batches(tokenizer):
 
 
 def test_the_epoch_permutation_kept_between_steps_changes_no_batch():
-    from nclip.data.loader import StepBatches
+    from nclip.data.step_batches import StepBatches
 
     steps = [0, 1, 9, 10, 3, 25, 2]  # epochs of 8 steps, visited out of order
     kept = StepBatches(64, 8, 40, seed=3)

@@ -199,7 +199,7 @@ def test_a_runs_written_config_reads_back(tmp_path, fields):
 
 
 def test_reco_asks_for_the_hierarchy_and_paco_for_the_classes():
-    from nclip.train.labels import label_space_for
+    from nclip.data.labels import label_space_for
 
     cfg = resolve("supcon-tiny", ["objective.name=clip_supcon", "objective.aux=reco", "objective.side=text"])
     space = label_space_for(cfg)

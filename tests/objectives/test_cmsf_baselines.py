@@ -14,10 +14,10 @@ import torch
 from batches import row_batch
 from nclip.cli import main
 from nclip.config import resolve
+from nclip.data.labels import label_space_for
 from nclip.errors import NclipError
 from nclip.objectives import REGISTRY, EncoderOutput, build_objective, functional
 from nclip.objectives.cmsf_baselines import FrzProtoConfig, FrzProtoObjective, ProtoNwConfig, ProtoNwObjective
-from nclip.train.labels import label_space_for
 
 from distributed_utils import combine_ranks, loss_and_grads, only_leaves, run_ranks, split_rows
 from references import assert_loss_and_grads_close, ref_frzproto, ref_protonw

@@ -264,7 +264,7 @@ def test_two_views_differ_are_reproducible_and_split_over_ranks():
 
 
 def test_noisy_labels_have_the_exact_rate_and_keep_the_clean_ones():
-    from nclip.data.loader import RowLabels
+    from nclip.data.label_noise import RowLabels
     from nclip.objectives.base import LabelRequest
 
     rows = RowLabels(1000, 10, LabelRequest(noise=0.25), seed=3)

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from nclip.config import resolve
+from nclip.data.labels import label_space_for
 from nclip.models.dual_encoder import build_model
 from nclip.objectives import REGISTRY, build_objective
 from nclip.objectives.supcon import RecoObjective
-from nclip.train.labels import label_space_for
 from nclip.train.launch import TrainStep
 from nclip.train.loop import _term_vector
 from nclip.train.memory_check import probe_batch

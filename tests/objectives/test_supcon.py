@@ -339,7 +339,7 @@ def test_supcon_head_on_one_and_two_views():
 
 
 def test_label_space_and_builtin_similarity():
-    from nclip.train.labels import label_space_for
+    from nclip.data.labels import label_space_for
 
     cfg = resolve("supcon-tiny", ["objective.name=reco"])
     space = label_space_for(cfg)

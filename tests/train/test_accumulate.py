@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from nclip.config import resolve
+from nclip.data.labels import label_space_for
 from nclip.data.loader import train_loader
 from nclip.models import build_model
 from nclip.objectives import REGISTRY, build_objective
 from nclip.train.accumulate import cached_step, online_towers
-from nclip.train.labels import label_space_for
 from nclip.train.launch import DistContext, TrainStep, wrap, wrap_passes
 from nclip.train.snapshot import BufferSnapshot
 

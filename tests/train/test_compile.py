@@ -14,9 +14,9 @@ import nclip.train.compile as compile_mod
 import nclip.train.memory_check as memory_check
 from nclip.batch import Batch
 from nclip.config import resolve
+from nclip.data.labels import label_space_for
 from nclip.models import build_model
 from nclip.objectives import REGISTRY, build_objective
-from nclip.train.labels import label_space_for
 from nclip.train.launch import TrainStep
 from nclip.train.loop import train
 

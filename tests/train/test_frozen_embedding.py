@@ -12,7 +12,8 @@ import torch
 
 from nclip.cli import main
 from nclip.config import resolve
-from nclip.data.loader import build_dataset, train_loader
+from nclip.data.loader import train_loader
+from nclip.data.sources import build_dataset
 from nclip.errors import NclipError
 from nclip.objectives.base import FrozenEmbedding
 from nclip.train.frozen_embedding import frozen_table

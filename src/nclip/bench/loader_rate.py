@@ -35,7 +35,7 @@ VIEWS_SIZE = 224  # the image side of the two-view row
 
 def generator_rate(cfg: RunConfig, n: int) -> float:
     """Training samples generated per second of this process's CPU time."""
-    from nclip.data.loader import build_dataset
+    from nclip.data.sources import build_dataset
 
     samples = build_dataset(cfg, "train")
     for i in range(min(20, len(samples))):  # imports and caches

@@ -40,11 +40,11 @@ from nclip.batch import Batch
 from nclip.bench.shared_models import build
 from nclip.config import RunConfig
 from nclip.data.device_feed import DeviceFeed
+from nclip.data.labels import label_space_for
 from nclip.data.loader import train_loader
 from nclip.data.tokenization import CaptionTokenizer
 from nclip.objectives import build_objective, plan_for
 from nclip.precision import autocast_dtype
-from nclip.train.labels import label_space_for
 from nclip.train.launch import TrainStep
 from nclip.train.optim import build_optimizer
 

@@ -121,7 +121,7 @@ class FrozenEmbedding:
 @dataclass(frozen=True)
 class LabelSpace:
     """The classes of the labels a run trains on, handed to an objective that declares
-    ``needs_label_space`` by a higher layer (the trainer: :func:`nclip.train.labels.label_space_for`),
+    ``needs_label_space`` by a higher layer (the trainer: :func:`nclip.data.labels.label_space_for`),
     since objectives may not import the data layer that knows them.
 
     classes: the class names in label order (label c is ``classes[c]``);
@@ -138,15 +138,18 @@ class LabelSpace:
 
 
 def class_count(cfg, label_space: LabelSpace | None) -> int:
-    """The classes an objective with per-class parameters (PaCo's centres, ProtoNW, FrzProto's
-    prototypes) is built for: ``cfg.num_classes`` if set, else the run's label space; a one-line
-    ValueError when neither is known or the config's is below the labels'."""
+    """The one count of "the run's classes": those an objective with per-class parameters (PaCo's
+    centres, ProtoNW, FrzProto's prototypes, the xent head's classifier) is built for, and its
+    evaluation reads back. ``cfg.num_classes`` (an objective config's field, where it has one) if set,
+    else the run's label space (:func:`nclip.data.labels.run_label_space`); a one-line ValueError when
+    neither is known or the config's is below the labels'."""
+    configured = getattr(cfg, "num_classes", None)
     known = label_space.num_classes if label_space is not None else None
-    if cfg.num_classes is None and known is None:
+    if configured is None and known is None:
         raise ValueError(f"objective {cfg.name} needs objective.num_classes or the run's label space")
-    if cfg.num_classes is not None and known is not None and cfg.num_classes < known:
-        raise ValueError(f"objective.num_classes {cfg.num_classes} is below the {known} classes of the run's labels")
-    return cfg.num_classes if cfg.num_classes is not None else known
+    if configured is not None and known is not None and configured < known:
+        raise ValueError(f"objective.num_classes {configured} is below the {known} classes of the run's labels")
+    return configured if configured is not None else known
 
 
 @dataclass(frozen=True)

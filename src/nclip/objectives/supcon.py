@@ -12,7 +12,7 @@ What the rest of nclip does for them (declared by the class attributes, see :cla
   (:func:`nclip.defaults.has_labels`: the built-in data, a class-folder tree, a CSV with
   ``data.csv_label_key``);
 - the trainer hands the run's label space in at construction (``needs_label_space``; built by
-  :func:`nclip.train.labels.label_space_for`, since objectives may not import the data layer): the
+  :func:`nclip.data.labels.label_space_for`, since objectives may not import the data layer): the
   class count for PaCo's centres and, for ReCo, the [C, C] normalised class similarity s (Eq. 4) of
   the file ``hierarchy`` names or, on built-in data only, of the source's built-in hierarchy.
 
@@ -104,7 +104,7 @@ def _check_labelled(run_cfg) -> None:
 def _check_labelled_with_hierarchy(run_cfg, wants_hierarchy: bool) -> None:
     """ReCo's run check: labelled data and, when the class similarity is wanted, ``objective.hierarchy``
     an existing file, or left unset on built-in data (which has its own hierarchy). Whether the file's
-    classes match the data's is checked when the trainer reads both (:mod:`nclip.train.labels`)."""
+    classes match the data's is checked when the trainer reads both (:mod:`nclip.data.labels`)."""
     _check_labelled(run_cfg)
     path, source = run_cfg.objective.hierarchy, run_cfg.data.source
     if path is not None and not Path(path).is_file():

@@ -59,7 +59,8 @@ from torch.utils.data import DataLoader, Dataset
 from nclip import distributed as collectives
 from nclip.batch import Batch
 from nclip.config import RunConfig
-from nclip.data.loader import build_dataset, tag_captions
+from nclip.data.labels import tag_captions
+from nclip.data.sources import build_dataset
 from nclip.data.transforms import augment, to_tensor
 from nclip.data.workers import check_worker_socket_path, loader_workers
 from nclip.defaults import MAP_SOURCES, USER_LABEL

@@ -44,6 +44,7 @@ from nclip import distributed as collectives
 from nclip.batch import Batch
 from nclip.config import RunConfig
 from nclip.data.device_feed import DeviceFeed
+from nclip.data.labels import label_space_for
 from nclip.data.loader import train_loader
 from nclip.defaults import BUILTIN_SOURCES
 from nclip.errors import NclipError
@@ -68,7 +69,6 @@ from nclip.train.checkpoint import (
 from nclip.train.compile import compile_step
 from nclip.train.ema import WeightEMA, ema_for, ema_state, evaluate_with_ema, save_run_models
 from nclip.train.gate import StepGate
-from nclip.train.labels import label_space_for
 from nclip.train.launch import (
     DistContext,
     TrainStep,
