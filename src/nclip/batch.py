@@ -6,7 +6,8 @@ per-row tensors an objective asked for (``Objective.label_request``, ``Objective
 
 - pixels: the images, float32 [B, 3, S, S] on the device (uint8 before the device feed normalises
   them); with two views per image [B, 2, 3, S, S], the online (strong) view first, the target
-  (weak) view second (:mod:`nclip.data.views`; before the feed finishes them, the workers' crops);
+  (weak) view second (:mod:`nclip.data.views`; before the feed finishes them, the workers' crops).
+  The views need no field of their own: the image tower reads them where it reads one view;
 - ids, mask: the captions' token ids and attention mask [B, L];
 - labels, true_labels: [B] the training label (corrupted or -1 = unlabelled, per the request) and the
   clean one (diagnostics);
@@ -28,8 +29,9 @@ import torch
 
 @dataclass
 class Batch:
-    """A batch of B rows (module docstring). ``pixels`` may also be a tuple of tensors (the two views'
-    crops as the loader's workers make them): :meth:`map` reaches the tensors inside it."""
+    """A batch of B rows (module docstring). ``pixels`` may also be a NamedTuple holding tensors (the
+    two views' crops as the loader's workers make them, :class:`nclip.data.views.ViewCrops`):
+    :meth:`map` reaches the tensors inside it."""
 
     pixels: Any
     ids: torch.Tensor
@@ -58,6 +60,7 @@ class Batch:
         return out
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        """Every tensor on ``device`` (``non_blocking``: from pinned memory, asynchronously)."""
         return self.map(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> Batch:
@@ -75,6 +78,7 @@ class Batch:
         return [self.rows(s, s + n) for s, n in zip(starts, sizes)]
 
     def with_pixels(self, pixels) -> Batch:
+        """The same rows with other pixels (normalised, two views finished)."""
         return replace(self, pixels=pixels)
 
 
