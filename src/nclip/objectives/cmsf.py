@@ -293,10 +293,9 @@ class XentObjective(Objective):
         return _label_request(run_cfg.objective, run_cfg)
 
     def forward(self, out: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
-        labels, true_labels = batch.labels, batch.true_labels
-        if out.image_class_logits is None or labels is None:
+        if out.image_class_logits is None or batch.labels is None:
             raise ValueError("xent needs the 'xent' head's class logits and the batch's labels")
         logits = out.image_class_logits  # [B, C]
-        loss = F.cross_entropy(logits, labels)
-        accuracies = functional.class_accuracies(logits.argmax(1), labels, true_labels)
+        loss = F.cross_entropy(logits, batch.labels)
+        accuracies = functional.class_accuracies(logits.argmax(1), batch.labels, batch.true_labels)
         return {"loss": loss, "xent/loss": loss.detach(), **{f"xent/{k}": v for k, v in accuracies.items()}}

@@ -161,10 +161,10 @@ class FrzProtoObjective(Objective):
         return _label_request(run_cfg.objective, run_cfg)
 
     def forward(self, out: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
-        labels, true_labels = batch.labels, batch.true_labels
-        if out.image_supcon is None or labels is None:
+        if out.image_supcon is None or batch.labels is None:
             raise ValueError("FrzProto needs the 'supcon' head's projection and the batch's labels")
-        t = functional.frzproto_terms(out.image_supcon[:, 0], self.prototypes, labels, true_labels=true_labels)
+        t = functional.frzproto_terms(out.image_supcon[:, 0], self.prototypes, batch.labels,
+                                      true_labels=batch.true_labels)
         return {"loss": t["loss"], **{f"frzproto/{k}": v for k, v in t.items()}}
 
 
