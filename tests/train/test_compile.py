@@ -163,7 +163,7 @@ def test_the_compiled_step_gives_the_eager_loss_and_gradients():
     for compiled in (False, True):
         if compiled:
             assert compile_mod.compile_step(step)
-        loss = step(*batch)["loss"]
+        loss = step(batch)["loss"]
         loss.backward()
         found.append((loss.item(), {n: p.grad.clone() for n, p in step.named_parameters() if p.grad is not None}))
         step.zero_grad(set_to_none=True)
