@@ -14,7 +14,7 @@ from PIL import Image
 import nclip
 from nclip.cli import main
 from nclip.config import resolve
-from nclip.data.loader import eval_tensor
+from nclip.data.transforms import eval_tensor
 from nclip.errors import NclipError
 from nclip.eval import zeroshot
 from nclip.eval.features import encode_images, encode_texts

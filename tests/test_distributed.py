@@ -152,6 +152,7 @@ CAPTIONS = ["a red circle", "two blue squares", "a green star", "a small yellow 
 
 
 def _model_and_batch(strategy: str = "ddp", tower: str = "vit"):
+    from nclip.batch import Batch
     from nclip.config import resolve
     from nclip.models import build_model
     from nclip.objectives import build_objective
@@ -167,7 +168,7 @@ def _model_and_batch(strategy: str = "ddp", tower: str = "vit"):
     g = torch.Generator().manual_seed(1)
     pixels = torch.randn(B, 3, 16, 16, generator=g, dtype=torch.float64)
     ids, mask = model.tokenizer(CAPTIONS)
-    return cfg, step, (pixels, ids, mask)
+    return cfg, step, Batch(pixels, ids, mask)
 
 
 def _grads(module) -> dict[str, torch.Tensor]:
@@ -190,11 +191,10 @@ def _model_rank(rank: int, world: int):
     for tower in MODEL_TOWERS:
         results[tower] = {}
         for strategy in ("ddp", "fsdp"):
-            cfg, step, (pixels, ids, mask) = _model_and_batch(strategy, tower)
+            cfg, step, batch = _model_and_batch(strategy, tower)
             module = wrap(step, DistContext(rank, world), cfg)
             n = B // world
-            sl = slice(rank * n, (rank + 1) * n)
-            terms = module(pixels[sl], ids[sl], mask[sl])
+            terms = module(batch.rows(rank * n, (rank + 1) * n))  # a Batch through DDP's and FSDP2's forward
             terms["loss"].backward()
             sync_replicated_grads(module)
             bn = {}
@@ -213,7 +213,7 @@ def model_results(ranks):
 
 def _model_reference(tower: str):
     _, step, batch = _model_and_batch(tower=tower)
-    terms = step(*batch)
+    terms = step(batch)
     terms["loss"].backward()
     return terms["loss"].detach(), _grads(step), _bn_stats(step)
 

@@ -81,7 +81,7 @@ def import_graph() -> dict[str, set[str]]:
 
 def test_the_graph_sees_function_level_imports():
     graph = import_graph()
-    assert "nclip.data.synthetic" in graph["nclip.data.loader"]  # imported inside build_dataset only
+    assert "nclip.data.synthetic" in graph["nclip.data.sources"]  # imported inside build_dataset only
 
 
 def test_no_import_cycle_among_nclip_modules():

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from nclip.batch import Batch
 from nclip.config import resolve
 from nclip.models import build_model
 from nclip.objectives import build_objective
@@ -26,9 +27,9 @@ class _Recorder(torch.nn.Module):
         super().__init__()
         self.objective, self.seen = objective, None
 
-    def forward(self, out, *rows):
+    def forward(self, out, batch=None):
         self.seen = out
-        return self.objective(out, *rows)
+        return self.objective(out, batch)
 
 
 @pytest.mark.parametrize("objective", ["clip", "nclip", "xclip", "yclip", "siglip", "xsiglip",
@@ -41,7 +42,7 @@ def test_objective_terms_are_float32_under_bf16_towers(micro_overrides, objectiv
     step = TrainStep(model, recorder, amp=torch.bfloat16)
     pixels = torch.randn(8, 3, 16, 16)
     ids, mask = model.tokenizer(["a red circle left of a blue square"] * 4 + ["two green stars"] * 4)
-    terms = step(pixels, ids, mask)
+    terms = step(Batch(pixels, ids, mask))
     # the towers did run in bf16: their head outputs carry bf16's rounding ...
     head = recorder.seen.image_emb if recorder.seen.image_emb is not None else recorder.seen.image_logits
     assert head.dtype == torch.float32

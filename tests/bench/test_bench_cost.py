@@ -80,11 +80,11 @@ def test_the_hand_loop_trains_on_the_pixels_the_trainer_trains_on(preset):
     cfg = resolve(preset, ["train.batch_size=8", "train.threads=1"])
     batch = loop_overhead.one_batch(cfg)
     hand = loop_overhead.HandLoop(cfg, batch, warmup=1)  # made, then one warm-up step
-    pixels = next(hand.feed)[0]
-    expected = next(iter(DeviceFeed([batch], "cpu")))[0]
+    pixels = next(hand.feed).pixels
+    expected = next(iter(DeviceFeed([batch], "cpu"))).pixels
     assert pixels.dtype == torch.float32 and torch.equal(pixels, expected)
-    if batch[0].dtype == torch.uint8:
-        assert not torch.equal(pixels, batch[0].float())  # normalised, not the raw values
+    if batch.pixels.dtype == torch.uint8:
+        assert not torch.equal(pixels, batch.pixels.float())  # normalised, not the raw values
     assert hand.window(1)[0] > 0
 
 

@@ -12,7 +12,7 @@ import torch
 
 from nclip.cli import main
 from nclip.config import resolve
-from nclip.data.loader import build_dataset
+from nclip.data.sources import build_dataset
 from nclip.eval import retrieval, zeroshot
 from nclip.eval.features import class_text_outputs, extract, similarity
 from nclip.models import build_model
@@ -76,7 +76,7 @@ def test_bf16_autocast_scores_match_float32_within_the_rounding_bound():
             i2t, t2i = _unstable(s32, s16, tol[head], k), _unstable(s32.T, s16.T, tol[head], k)
             assert abs(r16[f"i2t@{k}"] - r32[f"i2t@{k}"]) <= i2t.float().mean() + 1e-9, (head, k)
             assert abs(r16[f"t2i@{k}"] - r32[f"t2i@{k}"]) <= t2i.float().mean() + 1e-9, (head, k)
-    for kind, space in data.label_spaces.items():
+    for kind, space in data.label_kinds.items():
         classes = [class_text_outputs(model, space, "cpu", a) for a in (None, torch.bfloat16)]
         ztol = _tolerances(outs, ({"classes": classes[0]}, {"classes": classes[1]}))
         for head in ("clip", "nclip"):

@@ -132,7 +132,7 @@ def test_attention_maps_are_the_weights_that_make_the_feature(micro_overrides):
 
 
 def test_mask_probing_runs_through_the_attention_pool(micro_overrides):
-    from nclip.data.loader import build_dataset
+    from nclip.data.sources import build_dataset
     from nclip.eval import masks
 
     assert masks.unsupported("clip_resnet") is None

@@ -6,7 +6,8 @@ import torch
 
 from nclip.cli import main
 from nclip.config import resolve
-from nclip.data.loader import StepBatches, train_loader
+from nclip.data.loader import train_loader
+from nclip.data.step_batches import StepBatches
 from nclip.data.tokenization import CaptionTokenizer
 from nclip.errors import NclipError
 from nclip.models import build_model
@@ -107,11 +108,11 @@ def test_batches_keep_hard_negative_groups_whole():
 
 
 def test_training_batches_are_whole_groups_of_the_grouped_scenes(micro_overrides):
-    from nclip.data.loader import build_dataset
+    from nclip.data.sources import build_dataset
 
     cfg = resolve("micro", micro_overrides + ["data.hard_negative_group=4", "train.batch_size=8"])
     tokenizer = CaptionTokenizer(length=cfg.data.text_length)
-    _, ids, _ = next(iter(train_loader(cfg, tokenizer)))
+    ids = next(iter(train_loader(cfg, tokenizer))).ids
     scenes = build_dataset(cfg, "train")
     assert scenes.hard_negative_group == 4
     idx = StepBatches(len(scenes), 8, cfg.train.steps, cfg.seed, group=4).global_batch(0)

@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from batches import row_batch
 from nclip.cli import main
 from nclip.config import resolve
 from nclip.objectives import functional
@@ -139,11 +140,11 @@ def test_objective_combines_eq6_terms_and_warmup():
     zi, zt = _unit(b, 3, seed=9), _unit(b, 3, seed=10)
     rows = torch.arange(3, 3 + b)
     obj.set_episode(0)  # warm-up: L_CLIP only
-    warm = obj(_out(hi, ht, zi, zt), rows)
+    warm = obj(_out(hi, ht, zi, zt), row_batch(episode=rows))
     torch.testing.assert_close(warm["loss"], 0.5 * functional.clip_terms(zi, zt, 14.0)["loss"])
     assert "proto/L_proto" not in warm
     obj.set_episode(1, labels, **st)
-    t = obj(_out(hi, ht, zi, zt), rows)
+    t = obj(_out(hi, ht, zi, zt), row_batch(episode=rows))
     lab = labels[rows]
     i2t = functional.proto_terms(hi, st["i2t_centroids"], lab[:, 1], 0.07, 0.01, valid=st["i2t_valid"])["loss"]
     t2i = functional.proto_terms(ht, st["t2i_centroids"], lab[:, 0], 0.07, 0.01, valid=st["t2i_valid"])["loss"]
@@ -155,7 +156,7 @@ def test_objective_combines_eq6_terms_and_warmup():
     # the episode state survives a state_dict round trip into a fresh module (resume)
     fresh = ProtoclipObjective(cfg).double()
     fresh.load_state_dict(obj.state_dict())
-    torch.testing.assert_close(fresh(_out(hi, ht, zi, zt), rows)["loss"], t["loss"])
+    torch.testing.assert_close(fresh(_out(hi, ht, zi, zt), row_batch(episode=rows))["loss"], t["loss"])
 
 
 def test_clip_reduction_sum_is_algorithm1s_l_clip():
@@ -167,7 +168,7 @@ def test_clip_reduction_sum_is_algorithm1s_l_clip():
     obj.set_episode(0)  # warm-up: L_CLIP only
     hi, ht = _unit(8, 5, seed=7), _unit(8, 5, seed=8)
     leaves = [_unit(8, 3, seed=s).requires_grad_() for s in (9, 10, 9, 10)]
-    t = obj(_out(hi, ht, leaves[0], leaves[1]), torch.arange(8))
+    t = obj(_out(hi, ht, leaves[0], leaves[1]), row_batch(episode=torch.arange(8)))
     want = ref_clip_algorithm1(leaves[2], leaves[3], torch.tensor(14.0, dtype=torch.float64))
     torch.testing.assert_close(t["clip/loss"], want, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(t["loss"], 0.5 * want, rtol=1e-10, atol=1e-12)
@@ -368,7 +369,7 @@ def _objective_on_two_ranks(rank, world):
         obj = ProtoclipObjective(cfg.model_copy(update={"global_batch": global_batch})).double()
         obj.set_episode(0, got["labels"], **{k: v for k, v in got.items() if k != "labels"})
         leaves = {k: v.clone().requires_grad_() for k, v in inputs.items()}
-        loss = obj(_out(leaves["hi"], leaves["ht"], leaves["zi"], leaves["zt"]), rws)["loss"]
+        loss = obj(_out(leaves["hi"], leaves["ht"], leaves["zi"], leaves["zt"]), row_batch(episode=rws))["loss"]
         loss.backward()
         return loss.detach(), {k: v.grad for k, v in leaves.items()}, obj.logit_scale_proto.grad
 

@@ -11,6 +11,7 @@ import json
 import pytest
 import torch
 
+from batches import row_batch
 from nclip.config import resolve
 from nclip.errors import NclipError
 from nclip.objectives import REGISTRY, EncoderOutput, LabelSpace, build_objective, functional
@@ -256,7 +257,7 @@ def _module_loss(case: str):
         if name == "clip_supcon":
             x["z"] = x["z"][:, :1]  # one view beside CLIP
         obj = _module(name, x, **cfg)
-        return obj(_out(x), x["labels"])["loss"]
+        return obj(_out(x), row_batch(x["labels"]))["loss"]
 
     return loss
 
@@ -279,35 +280,36 @@ def test_reco_draws_are_keyed_by_step_and_forward():
     data, so no device read, nothing to checkpoint, and a resumed module draws what the uninterrupted one drew."""
     x = _inputs(14)
     a, b = _module("reco", x), _module("reco", x)
-    first = [a(_out(x), x["labels"])["loss"] for _ in range(3)]
-    second = [b(_out(x), x["labels"])["loss"] for _ in range(3)]
+    first = [a(_out(x), row_batch(x["labels"]))["loss"] for _ in range(3)]
+    second = [b(_out(x), row_batch(x["labels"]))["loss"] for _ in range(3)]
     assert first == second and len({float(v) for v in first}) == 3  # a new draw each training forward
     assert "draws" not in a.state_dict() and "similarity" not in a.state_dict()
     a.eval()
-    a(_out(x), x["labels"])  # evaluation draws from the current key without advancing it
+    a(_out(x), row_batch(x["labels"]))  # evaluation draws from the current key without advancing it
     a.train()
-    assert a(_out(x), x["labels"])["loss"] == b(_out(x), x["labels"])["loss"]
+    assert a(_out(x), row_batch(x["labels"]))["loss"] == b(_out(x), row_batch(x["labels"]))["loss"]
     a.before_step(5, 10)
     resumed = _module("reco", x)
     state = a.state_dict()
     resumed.load_state_dict({**state, "draws": torch.tensor(4)})  # a checkpoint from before issue 32 loads
     resumed.before_step(5, 10)
-    step5 = [a(_out(x), x["labels"])["loss"] for _ in range(2)]
-    assert step5 == [resumed(_out(x), x["labels"])["loss"] for _ in range(2)]  # resume draws the same stream
+    step5 = [a(_out(x), row_batch(x["labels"]))["loss"] for _ in range(2)]
+    assert step5 == [resumed(_out(x), row_batch(x["labels"]))["loss"] for _ in range(2)]  # resume draws the same stream
     a.before_step(6, 10)
     resumed.before_step(5, 10)
-    assert a(_out(x), x["labels"])["loss"] != resumed(_out(x), x["labels"])["loss"]  # another step, another draw
+    batch = row_batch(x["labels"])
+    assert a(_out(x), batch)["loss"] != resumed(_out(x), batch)["loss"]  # another step, another draw
 
 
 def test_queue_enqueues_every_view_and_is_a_candidate():
     x = _inputs(15)
     obj = SupconObjective(SupconConfig(queue_size=40), dim=D).double().train()
-    first = obj(_out(x), x["labels"])
+    first = obj(_out(x), row_batch(x["labels"]))
     assert first["supcon/queue_fill"] == pytest.approx(B * V / 40)
     view = obj.queue.view()
     torch.testing.assert_close(view.embeddings, torch.nn.functional.normalize(x["z"].reshape(-1, D), dim=-1))
     assert torch.equal(view.labels, x["labels"].repeat_interleave(V))
-    second = obj(_out(x), x["labels"])
+    second = obj(_out(x), row_batch(x["labels"]))
     torch.testing.assert_close(second["loss"], ref_supcon(x["z"], x["labels"], 0.1, None, view.embeddings,
                                                           view.labels))
 
@@ -338,7 +340,7 @@ def test_supcon_head_on_one_and_two_views():
 
 
 def test_label_space_and_builtin_similarity():
-    from nclip.train.labels import label_space_for
+    from nclip.data.labels import label_space_for
 
     cfg = resolve("supcon-tiny", ["objective.name=reco"])
     space = label_space_for(cfg)
@@ -396,7 +398,7 @@ def _rank(rank: int, world: int) -> dict:
                 for case, fn in _functional_cases(_inputs(16)).items()})
     x = _split(_inputs(16), rank, world)
     obj = SupconObjective(SupconConfig(queue_size=64), dim=D).double().train()
-    obj(_out(x), x["labels"])
+    obj(_out(x), row_batch(x["labels"]))
     out["queue"] = obj.queue.view()
     return out
 
@@ -414,7 +416,7 @@ def test_two_ranks_match_one_process():
             torch.testing.assert_close(grads[k], ref_grads[k], rtol=1e-9, atol=1e-12, msg=f"{case}: d/d{k}")
     x = _inputs(16)
     obj = SupconObjective(SupconConfig(queue_size=64), dim=D).double().train()
-    obj(_out(x), x["labels"])
+    obj(_out(x), row_batch(x["labels"]))
     for r in results:  # the queue is global: every rank enqueued every view of the whole batch, in rank order
         torch.testing.assert_close(r["queue"].embeddings, obj.queue.view().embeddings)
         assert torch.equal(r["queue"].labels, obj.queue.view().labels)

@@ -12,7 +12,8 @@ import torch
 
 from nclip.cli import main
 from nclip.config import resolve
-from nclip.data.loader import build_dataset, train_loader
+from nclip.data.loader import train_loader
+from nclip.data.sources import build_dataset
 from nclip.errors import NclipError
 from nclip.objectives.base import FrozenEmbedding
 from nclip.train.frozen_embedding import frozen_table
@@ -74,11 +75,11 @@ def test_batches_carry_the_dataset_indices(micro_run):
     assert request.frozen == FrozenEmbedding(None, "text") and request.optional
     data = train_loader(cfg, _tokenizer(micro_run), views=2, labels=request)
     samples = build_dataset(cfg, "train")
-    for step, (pixels, _, _, labels, true, index) in enumerate(data):
-        assert pixels.shape[:2] == (8, 2) and index.dtype == torch.long
+    for step, batch in enumerate(data):
+        assert batch.pixels.shape[:2] == (8, 2) and batch.index.dtype == torch.long
         expected = np.asarray(data.loader.batch_sampler.global_batch(step))
-        assert index.tolist() == expected.tolist()
-        assert true.tolist() == [samples[i].labels["shape"] for i in expected]
+        assert batch.index.tolist() == expected.tolist()
+        assert batch.true_labels.tolist() == [samples[i].labels["shape"] for i in expected]
 
 
 def _tokenizer(run):

@@ -70,7 +70,7 @@ class Encoder:
 
     def pixels(self, image) -> torch.Tensor:
         """[3, S, S] of a PIL image or uint8 [H, W, 3] array, by the eval transform."""
-        from nclip.data.loader import eval_tensor
+        from nclip.data.transforms import eval_tensor
 
         array = np.asarray(image.convert("RGB")) if hasattr(image, "convert") else np.asarray(image)
         return eval_tensor(array, self.image_size, self.resize)

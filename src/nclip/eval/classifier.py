@@ -22,10 +22,11 @@ def class_scores(image: dict[str, torch.Tensor], cfg) -> torch.Tensor | str:
     if name == "xent" and "class_logits" in image:
         return image["class_logits"].float()
     if name == "frzproto" and "supcon" in image:
-        from nclip.data.loader import label_classes
+        from nclip.data.labels import run_label_space
         from nclip.objectives import functional
+        from nclip.objectives.base import class_count
 
-        k = cfg.objective.num_classes or label_classes(cfg)
+        k = class_count(cfg.objective, run_label_space(cfg))
         prototypes = functional.frozen_prototypes(k, cfg.model.supcon_dim, cfg.seed)  # [C, D]
         return F.normalize(image["supcon"].float(), dim=-1) @ prototypes.T
     if name in OBJECTIVES:  # a feature cache written before the readout existed lacks the output

@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from nclip.data.folders import FOLDER_TEMPLATES, FileSamples, class_folders, class_name, fingerprint, scan_classes
-from nclip.data.types import LabelSpace
+from nclip.data.types import LabelKind
 from nclip.dataset_specs import DATASET_KINDS, parse_spec
 from nclip.errors import NclipError
 from nclip.eval.evaldata import EvalData
@@ -79,11 +79,11 @@ def synthetic(image_size: int, max_objects: int, seed: int, test_samples: int, t
         identity={"kind": "synthetic", "seed": seed, "image_size": image_size, "max_objects": max_objects,
                   "lengths": {"test": test_samples, "train": train_samples}},
         splits={"test": test, "train": make("train", train_samples)},
-        label_spaces=dict(test.label_spaces),
+        label_kinds=dict(test.label_kinds),
         retrieval=True,
         multilabel_kinds=("shape", "colour"),
         masks=True,
-        segment_space=test.label_spaces["shape"],
+        segment_space=test.label_kinds["shape"],
         realm=("realm", "shape"),
     )
 
@@ -105,7 +105,7 @@ def digits(image_size: int, seed: int) -> EvalData:
         name="digits",
         identity={"kind": "digits", "seed": seed, "image_size": image_size},
         splits={"test": test, "train": train},
-        label_spaces=dict(test.label_spaces),
+        label_kinds=dict(test.label_kinds),
         retrieval=True,
     )
 
@@ -160,9 +160,9 @@ def image_folder(root: str | Path, seed: int = 0, classnames: str | None = None,
 
     root = Path(root).expanduser()
     names, splits = _folder_splits(root, seed, "class")
-    space = LabelSpace(prompts.class_names(classnames, names, [class_name(n) for n in names], "class folder"),
+    space = LabelKind(prompts.class_names(classnames, names, [class_name(n) for n in names], "class folder"),
                        prompts.templates(templates, FOLDER_TEMPLATES))
-    data = EvalData(name=_dataset_name(root), identity={}, label_spaces={"class": space})
+    data = EvalData(name=_dataset_name(root), identity={}, label_kinds={"class": space})
     return _with_splits(data, splits, space, "folder", root, seed, names)
 
 
@@ -185,14 +185,14 @@ def realm_folders(root: str | Path, seed: int = 0, templates: str | None = None)
             merged[split][0].extend(paths)
             merged[split][1].extend(labels)
     chosen = prompts.templates(templates, FOLDER_TEMPLATES)
-    realm_space = LabelSpace(tuple(class_name(r.name) for r in realms), chosen)
-    class_space = LabelSpace(tuple(class_names), chosen)
+    realm_space = LabelKind(tuple(class_name(r.name) for r in realms), chosen)
+    class_space = LabelKind(tuple(class_names), chosen)
     data = EvalData(name=_dataset_name(root), identity={},
-                    label_spaces={"realm": realm_space, "class": class_space}, realm=("realm", "class"))
+                    label_kinds={"realm": realm_space, "class": class_space}, realm=("realm", "class"))
     return _with_splits(data, merged, class_space, "realms", root, seed, class_names)
 
 
-def _with_splits(data: EvalData, splits: dict[str, tuple[list, list]], classes: LabelSpace, kind: str,
+def _with_splits(data: EvalData, splits: dict[str, tuple[list, list]], classes: LabelKind, kind: str,
                  root: Path, seed: int, names: list[str]) -> EvalData:
     """``data`` with its file splits (each image captioned by its class's first prompt) and an
     identity that fingerprints the files and class names, so the feature cache sees any change."""

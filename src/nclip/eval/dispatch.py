@@ -119,7 +119,7 @@ def _group(flat: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor
 
 
 def _prompts(st: EvalState, data: EvalData, kind: str) -> dict[str, torch.Tensor]:
-    space = data.label_spaces[kind]
+    space = data.label_kinds[kind]
     identity = st.identity(names=space.names, templates=space.templates, text_length=st.ck.cfg.data.text_length)
     return st.cache.get(f"{data.name}-prompts-{kind}", identity,
                         lambda: prompt_outputs(st.model, space, st.device, st.autocast))
@@ -172,27 +172,27 @@ def _eval_zero_shot(st: EvalState, data: EvalData, t: _Test, tasks: set[str]) ->
     scores (prompt ensembles); the primary kind's embeddings are kept for the report's t-SNE."""
     test, image = t.flat, t.image
     kinds = _single_label_kinds(data, test)
-    scored = [k for k in data.label_spaces
+    scored = [k for k in data.label_kinds
               if ("zeroshot" in tasks and k in kinds) or ("multilabel" in tasks and k in data.multilabel_kinds)]
     class_scores: dict[str, torch.Tensor] = {}
     for kind in scored:
         prompts = _prompts(st, data, kind)
-        classes = ensemble(prompts, len(data.label_spaces[kind]))
+        classes = ensemble(prompts, len(data.label_kinds[kind]))
         class_scores[kind] = zeroshot.scores(image, classes, st.head, st.settings.nclip_score)
-        if kind == realms.class_kind(data.label_spaces) and kind in kinds:
+        if kind == realms.class_kind(data.label_kinds) and kind in kinds:
             st.artifacts.setdefault("tsne", {"dataset": data.name, "kind": kind, "head": st.head,
                                              "image": image, "labels": test[f"label.{kind}"],
                                              "prompts": prompts, "classes": classes,
-                                             "names": data.label_spaces[kind].names,
-                                             "templates": len(data.label_spaces[kind].templates)})
+                                             "names": data.label_kinds[kind].names,
+                                             "templates": len(data.label_kinds[kind].templates)})
 
     if "zeroshot" in tasks:
         for kind in kinds:
             m, pred = zeroshot.evaluate(class_scores[kind], test[f"label.{kind}"])
             st.put("zeroshot", f"{data.name}-{kind}", m)
             st.artifacts.setdefault("confusion", {})[f"{data.name}-{kind}"] = (
-                zeroshot.confusion(pred, test[f"label.{kind}"], len(data.label_spaces[kind])),
-                data.label_spaces[kind].names)
+                zeroshot.confusion(pred, test[f"label.{kind}"], len(data.label_kinds[kind])),
+                data.label_kinds[kind].names)
 
     if "multilabel" in tasks:
         for kind in data.multilabel_kinds:
@@ -204,7 +204,7 @@ def _eval_zero_shot(st: EvalState, data: EvalData, t: _Test, tasks: set[str]) ->
 
 def _single_label_kinds(data: EvalData, test: dict) -> list[str]:
     """The label kinds with a class index per image (a ``multilabel:`` file's kind has targets only)."""
-    return [k for k in data.label_spaces if f"label.{k}" in test]
+    return [k for k in data.label_kinds if f"label.{k}" in test]
 
 
 def _eval_retrieval(st: EvalState, data: EvalData, t: _Test, tasks: set[str]) -> None:
@@ -221,14 +221,14 @@ def _eval_probes(st: EvalState, data: EvalData, t: _Test, tasks: set[str]) -> No
     """Linear probe and k-NN on frozen image features (``settings.features``), per label kind (train
     split -> test split). The linear probe reads them as they are (ProtoCLIP App. B: z "before
     normalization"), k-NN L2-normalises them (cosine neighbours)."""
-    if "train" not in data.splits or not data.label_spaces:
+    if "train" not in data.splits or not data.label_kinds:
         return
     test, image = t.flat, t.image
     s = st.settings
     train = _features(st, data, "train", texts=False)
     xtr, xte = train[f"image.{st.probe_key}"], image[st.probe_key]
-    for kind in data.label_spaces:
-        n_cls = len(data.label_spaces[kind])
+    for kind in data.label_kinds:
+        n_cls = len(data.label_kinds[kind])
         ytr, yte = train[f"label.{kind}"], test[f"label.{kind}"]
         if "linear" in tasks and probe.selects(s) and not probe.can_validate(ytr):
             st.skipped[f"linear/{data.name}-{kind}"] = (
@@ -256,7 +256,7 @@ def _eval_classifier(st: EvalState, data: EvalData, t: _Test, tasks: set[str]) -
         st.skipped["classifier"] = scores
         return
     for kind in _single_label_kinds(data, test):
-        if len(data.label_spaces[kind]) == scores.shape[1]:
+        if len(data.label_kinds[kind]) == scores.shape[1]:
             st.put("classifier", f"{data.name}-{kind}", classifier.top1(scores, test[f"label.{kind}"]))
 
 
@@ -277,12 +277,12 @@ def _eval_realms(st: EvalState, data: EvalData, t: _Test, tasks: set[str]) -> No
     train = _features(st, data, "train", texts=False)
     if data.realm_hierarchy is not None:
         ck, hierarchy = data.realm_hierarchy
-        classes = data.label_spaces[ck].names
+        classes = data.label_kinds[ck].names
         realm_train, names = realms.from_hierarchy(hierarchy, classes, train[f"label.{ck}"])
         realm_test, _ = realms.from_hierarchy(hierarchy, classes, test[f"label.{ck}"])
     else:
         rk, ck = data.realm
-        names = data.label_spaces[rk].names
+        names = data.label_kinds[rk].names
         realm_train, realm_test = train[f"label.{rk}"], test[f"label.{rk}"]
     key = st.probe_key
     per = realms.evaluate(train[f"image.{key}"], realm_train, train[f"label.{ck}"],

@@ -17,9 +17,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from nclip.data.loader import eval_tensor
-from nclip.data.transforms import model_resize
-from nclip.data.types import LabelSpace, Sample
+from nclip.data.transforms import eval_tensor, model_resize
+from nclip.data.types import LabelKind, Sample
 from nclip.defaults import EVAL_BATCH_SIZE, PROBE_FEATURES
 from nclip.objectives.functional import nclip_similarity, yclip_similarity
 from nclip.precision import to_float32, tower_autocast
@@ -169,7 +168,7 @@ def zero_shot_embedding(outputs: dict[str, torch.Tensor], head: str | None, prob
 
 
 @torch.no_grad()
-def prompt_outputs(model, space: LabelSpace, device, autocast: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+def prompt_outputs(model, space: LabelKind, device, autocast: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Every prompt's text output, class-major: [C * T, ...] for C classes and T templates."""
     prompts = [p for c in range(len(space)) for p in space.prompts(c)]
     return encode_texts(model, prompts, device, autocast=autocast)
@@ -199,7 +198,7 @@ def ensemble(prompts: dict[str, torch.Tensor], num_classes: int) -> dict[str, to
 
 
 @torch.no_grad()
-def class_text_outputs(model, space: LabelSpace, device,
+def class_text_outputs(model, space: LabelKind, device,
                        autocast: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """One text output per class from its prompt ensemble (see :func:`ensemble`), in float32."""
     return ensemble(prompt_outputs(model, space, device, autocast), len(space))

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from nclip.config import RunConfig
-from nclip.data.loader import MAIN_LABEL, build_dataset
+from nclip.data.sources import MAIN_LABEL, build_dataset
 from nclip.defaults import PROBE_FEATURES
 from nclip.eval import probe, retrieval, zeroshot
 from nclip.eval.features import class_text_outputs, extract, similarity
@@ -45,7 +45,7 @@ def evaluate_run(model, cfg: RunConfig, device) -> dict[str, float]:
     results: dict[str, float] = {"eval/samples": float(len(data)), "eval/head": head}
     if head == "nclip":
         results["eval/nclip_score"] = score
-    for kind, space in data.label_spaces.items():
+    for kind, space in data.label_kinds.items():
         if kind not in feats.labels:
             continue
         scores = zeroshot.scores(feats.image, class_text_outputs(model, space, device, amp), head, score)
@@ -71,7 +71,7 @@ def _probe_run(model, cfg: RunConfig, device, test_data, objective, amp: torch.d
     bs = cfg.eval.batch_size
     train, test = (extract(model, d, cfg.data.image_size, device, bs, texts=False, autocast=amp)
                    for d in (train_data, test_data))
-    n_cls = len(test_data.label_spaces[kind])
+    n_cls = len(test_data.label_kinds[kind])
     xtr, ytr = train.image[key], train.labels[kind]
     xte, yte = test.image[key], test.labels[kind]
     results: dict = {"eval/samples": float(len(test_data)), "eval/train_samples": float(len(train_data)),

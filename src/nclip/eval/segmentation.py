@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from nclip.data.loader import eval_tensor
+from nclip.data.transforms import eval_tensor
 from nclip.data.types import Sample
 from nclip.defaults import EVAL_BATCH_SIZE
 from nclip.errors import NclipError

@@ -101,7 +101,7 @@ def _entry_settings(base: EvalSettings, entry: SuiteDataset, where: str) -> Eval
 
 def _default_tasks(data) -> tuple[str, ...]:
     """A dataset's headline task when the suite names none: zero-shot on classes, else retrieval."""
-    if data.label_spaces:
+    if data.label_kinds:
         return ("zeroshot",)
     return ("retrieval",) if data.retrieval else ("sts",) if data.sts else ("zeroshot",)
 

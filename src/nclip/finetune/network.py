@@ -82,7 +82,7 @@ def resolve_classifier(choice: str, cfg, fraction: float) -> str:
 def build_net(ck, classifier: str, space, device) -> FinetuneNet:
     """A fresh :class:`FinetuneNet` from the checkpoint ``ck`` (weights read anew, so every
     learning rate of the sweep starts from the same pre-trained weights) for the classes of
-    ``space`` (a LabelSpace: names and prompt templates)."""
+    ``space`` (a LabelKind: names and prompt templates)."""
     from nclip.eval.features import class_text_outputs
 
     model = ck.load(device)

@@ -65,7 +65,8 @@ class DualEncoder(nn.Module):
         self.cfg_text_kind = m.text.kind
         self.tokenizer = CaptionTokenizer(cfg.data.text_length, m.text.tokenizer)
         # how evaluation resizes an image for the image tower, (mode, interpolation): data.eval_resize and
-        # data.eval_interpolation (an OpenCLIP checkpoint's own preprocessing), read by nclip.data.loader.eval_tensor
+        # data.eval_interpolation (an OpenCLIP checkpoint's own preprocessing), read by
+        # nclip.data.transforms.eval_tensor
         self.eval_resize = (cfg.data.eval_resize, cfg.data.eval_interpolation)
         self.vision = build_vision_tower(m.vision, cfg.data.image_size)
         self.text = build_text_tower(m, self.tokenizer, cfg.data.text_length, pretrained_text)
@@ -108,9 +109,10 @@ class DualEncoder(nn.Module):
             else:
                 self.image_supcon_head = SupconMLP(self.vision.width, m.supcon_hidden, m.supcon_dim)
         if "xent" in self.heads:
-            from nclip.data.loader import label_classes
+            from nclip.data.labels import run_label_space
+            from nclip.objectives.base import class_count
 
-            self.image_xent_head = nn.Linear(self.vision.width, label_classes(cfg))
+            self.image_xent_head = nn.Linear(self.vision.width, class_count(cfg.objective, run_label_space(cfg)))
         # learnable s with σ = exp(-s), initialised to ln(1/0.07) and clamped to ln(100) (CLIP), or to
         # model.logit_scale_max (raised by model.init of a SigLIP model to keep its own s, ~4.76)
         self.logit_scale = nn.Parameter(torch.tensor(LOGIT_SCALE_INIT))

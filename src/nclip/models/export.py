@@ -113,7 +113,7 @@ def save_tokenizer(cfg, out: Path) -> None:
 
 
 def image_processor(cfg):
-    """A CLIPImageProcessor repeating :func:`nclip.data.loader.eval_tensor`: shorter side to the
+    """A CLIPImageProcessor repeating :func:`nclip.data.transforms.eval_tensor`: shorter side to the
     run's image size S (PIL bicubic), S×S centre crop, /255, CLIP's mean and std. transformers 5
     defaults to a torchvision backend whose bicubic is not PIL's: the PIL one is named explicitly."""
     import transformers

@@ -31,6 +31,7 @@ from typing import Literal
 import torch
 from pydantic import Field, model_validator
 
+from nclip.batch import Batch
 from nclip.objectives import functional
 from nclip.objectives.base import (
     BranchWeights,
@@ -203,9 +204,9 @@ class ClipSupconObjective(Objective):
     def label_request(cls, run_cfg) -> LabelRequest | None:
         return SupconObjective.label_request(run_cfg)
 
-    def forward(self, out: EncoderOutput, labels: torch.Tensor | None = None,
-                true_labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def forward(self, out: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
         cfg = self.cfg
+        labels = batch.labels
         if labels is None:
             raise ValueError("clip_supcon needs the batch's labels")
         clip = functional.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch,

@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 
+from nclip.batch import Batch
 from nclip.defaults import MAP_SOURCES, has_labels, unlabelled_reason
 from nclip.objectives import functional
 from nclip.objectives.base import (
@@ -183,9 +184,8 @@ class CmsfObjective(Objective):
             raise ValueError(f"only the cross_modal constraint uses a frozen embedding, not {self.cfg.constraint}")
         self.frozen = table.to(self.bank.bank.device, torch.float32)  # once, not per step: the objective's device
 
-    def forward(self, out: EncoderOutput, labels: torch.Tensor | None = None,
-                true_labels: torch.Tensor | None = None, index: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        terms = self.cmsf_terms(out, labels, true_labels, index)
+    def forward(self, out: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
+        terms = self.cmsf_terms(out, batch)
         return {"loss": terms["cmsf/loss"], **terms}
 
     def _cross_modal_mask(self, index: torch.Tensor | None, g: bool) -> torch.Tensor:
@@ -198,10 +198,11 @@ class CmsfObjective(Objective):
         valid = torch.cat([bank.valid.new_ones(cand.shape[0] - bank.valid.shape[0]), bank.valid])  # [C]
         return functional.topk_constraint(self.frozen[index], self.frozen[cand], self.cfg.k_prime, valid)
 
-    def cmsf_terms(self, out: EncoderOutput, labels: torch.Tensor | None, true_labels: torch.Tensor | None,
-                   index: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """The CMSF loss and diagnostics (``cmsf/...``) of a batch; enqueues it when training."""
+    def cmsf_terms(self, out: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
+        """The CMSF loss and diagnostics (``cmsf/...``) of a batch (its labels and dataset indices, when
+        the constraint reads them); enqueues it when training."""
         cfg = self.cfg
+        labels, true_labels, index = batch.labels, batch.true_labels, batch.index
         v, u = out.image_cmsf_pred, out.image_cmsf_target
         if v is None or u is None:
             raise ValueError("CMSF needs the online prediction v and the target u: a model with a 'cmsf' head "
@@ -254,12 +255,11 @@ class ClipCmsfObjective(CmsfObjective):
     heads = frozenset({"clip", "cmsf"})
     zero_shot_head = "clip"
 
-    def forward(self, out: EncoderOutput, labels: torch.Tensor | None = None,
-                true_labels: torch.Tensor | None = None, index: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def forward(self, out: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
         cfg = self.cfg
         clip = functional.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch,
                                       reduction=cfg.clip_reduction)
-        terms = self.cmsf_terms(out, labels, true_labels, index)
+        terms = self.cmsf_terms(out, batch)
         loss = cfg.w_clip * clip["loss"] + cfg.w_cmsf * terms["cmsf/loss"]
         return {"loss": loss, **{f"clip/{k}": v for k, v in clip.items()}, **terms}
 
@@ -292,11 +292,10 @@ class XentObjective(Objective):
     def label_request(cls, run_cfg) -> LabelRequest | None:
         return _label_request(run_cfg.objective, run_cfg)
 
-    def forward(self, out: EncoderOutput, labels: torch.Tensor | None = None,
-                true_labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        if out.image_class_logits is None or labels is None:
+    def forward(self, out: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
+        if out.image_class_logits is None or batch.labels is None:
             raise ValueError("xent needs the 'xent' head's class logits and the batch's labels")
         logits = out.image_class_logits  # [B, C]
-        loss = F.cross_entropy(logits, labels)
-        accuracies = functional.class_accuracies(logits.argmax(1), labels, true_labels)
+        loss = F.cross_entropy(logits, batch.labels)
+        accuracies = functional.class_accuracies(logits.argmax(1), batch.labels, batch.true_labels)
         return {"loss": loss, "xent/loss": loss.detach(), **{f"xent/{k}": v for k, v in accuracies.items()}}

@@ -7,6 +7,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
+from nclip.batch import Batch
 from nclip.objectives.base import BranchWeights, ClipReduction, EncoderOutput, EntropyWeights, Objective
 from nclip.objectives.functional import clip_terms, distribution_diagnostics, nclip_terms
 
@@ -62,7 +63,7 @@ class NclipObjective(Objective):
         super().__init__()
         self.cfg = cfg
 
-    def forward(self, out: EncoderOutput):
+    def forward(self, out: EncoderOutput, batch: Batch | None = None):
         terms = nclip_head_terms(out, self.cfg)
         # + 0·s: nCLIP does not read the logit scale, but under DDP (find_unused_parameters off) a
         # parameter without a gradient leaves its gradient bucket un-averaged (and the next step
@@ -97,7 +98,7 @@ class XclipObjective(Objective):
             self.w_nclip_now.fill_(nclip_weight_at(step, self.cfg.w_nclip, self.cfg.nclip_warmup_start,
                                                    self.cfg.nclip_warmup_steps))
 
-    def forward(self, out: EncoderOutput):
+    def forward(self, out: EncoderOutput, batch: Batch | None = None):
         cfg = self.cfg
         clip = clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch,
                           reduction=cfg.clip_reduction)

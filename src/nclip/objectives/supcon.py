@@ -12,7 +12,7 @@ What the rest of nclip does for them (declared by the class attributes, see :cla
   (:func:`nclip.defaults.has_labels`: the built-in data, a class-folder tree, a CSV with
   ``data.csv_label_key``);
 - the trainer hands the run's label space in at construction (``needs_label_space``; built by
-  :func:`nclip.train.labels.label_space_for`, since objectives may not import the data layer): the
+  :func:`nclip.data.labels.label_space_for`, since objectives may not import the data layer): the
   class count for PaCo's centres and, for ReCo, the [C, C] normalised class similarity s (Eq. 4) of
   the file ``hierarchy`` names or, on built-in data only, of the source's built-in hierarchy.
 
@@ -41,6 +41,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
+from nclip.batch import Batch
 from nclip.defaults import BUILTIN_SOURCES, has_labels, unlabelled_reason
 from nclip.objectives import functional
 from nclip.objectives.base import EncoderOutput, LabelRequest, LabelSpace, Objective, ObjectiveConfig, class_count
@@ -103,7 +104,7 @@ def _check_labelled(run_cfg) -> None:
 def _check_labelled_with_hierarchy(run_cfg, wants_hierarchy: bool) -> None:
     """ReCo's run check: labelled data and, when the class similarity is wanted, ``objective.hierarchy``
     an existing file, or left unset on built-in data (which has its own hierarchy). Whether the file's
-    classes match the data's is checked when the trainer reads both (:mod:`nclip.train.labels`)."""
+    classes match the data's is checked when the trainer reads both (:mod:`nclip.data.labels`)."""
     _check_labelled(run_cfg)
     path, source = run_cfg.objective.hierarchy, run_cfg.data.source
     if path is not None and not Path(path).is_file():
@@ -146,9 +147,8 @@ class SupconObjective(Objective):
         cfg = run_cfg.objective
         return LabelRequest(cfg.label_key, cfg.label_noise, 1.0)
 
-    def forward(self, out: EncoderOutput, labels: torch.Tensor | None = None,
-                true_labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        terms = self.supcon_terms(out, labels)
+    def forward(self, out: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
+        terms = self.supcon_terms(out, batch.labels)
         return {"loss": terms[f"{self.prefix}/loss"], **terms}
 
     def _features(self, out: EncoderOutput, labels: torch.Tensor | None) -> torch.Tensor:

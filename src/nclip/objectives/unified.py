@@ -68,6 +68,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
+from nclip.batch import Batch
 from nclip.objectives import functional
 from nclip.objectives.base import HEAD_STAT_KEYS, EncoderOutput, EntropyWeights, Objective
 
@@ -177,7 +178,7 @@ class UnifiedObjective(Objective):
             mean.copy_(new_mean)
             var.copy_(new_var)
 
-    def forward(self, out: EncoderOutput) -> dict[str, torch.Tensor]:
+    def forward(self, out: EncoderOutput, batch: Batch | None = None) -> dict[str, torch.Tensor]:
         cfg = self.cfg
         centers: dict[str, Any] = {}
         if cfg.uniform == "centering":

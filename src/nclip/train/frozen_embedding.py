@@ -75,7 +75,7 @@ def _nclip_table(cfg: RunConfig, directory: Path, modality: str, device) -> torc
 def _train_images(cfg: RunConfig) -> list:
     if cfg.data.source == "csv":
         raise NclipError("an image frozen embedding of a csv source is not supported: use the text modality")
-    from nclip.data.loader import build_dataset
+    from nclip.data.sources import build_dataset
 
     samples = build_dataset(cfg, "train")
     return [samples[i].image for i in range(len(samples))]

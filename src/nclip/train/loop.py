@@ -41,8 +41,10 @@ import torch
 import torch.distributed as dist
 
 from nclip import distributed as collectives
+from nclip.batch import Batch
 from nclip.config import RunConfig
 from nclip.data.device_feed import DeviceFeed
+from nclip.data.labels import label_space_for
 from nclip.data.loader import train_loader
 from nclip.defaults import BUILTIN_SOURCES
 from nclip.errors import NclipError
@@ -67,7 +69,6 @@ from nclip.train.checkpoint import (
 from nclip.train.compile import compile_step
 from nclip.train.ema import WeightEMA, ema_for, ema_state, evaluate_with_ema, save_run_models
 from nclip.train.gate import StepGate
-from nclip.train.labels import label_space_for
 from nclip.train.launch import (
     DistContext,
     TrainStep,
@@ -312,12 +313,11 @@ def _term_vector(terms: dict, keys: list[str]) -> torch.Tensor:
     return torch.stack([terms[k].detach().float() for k in keys])
 
 
-def _step(run: _Run, step: int, batch: tuple) -> _StepResult:
-    """One optimizer step on one global batch ``(pixels, ids, mask, *rows)``, already on the device
-    (:class:`nclip.data.device_feed.DeviceFeed`; a data source may add
-    per-row tensors, such as ProtoCLIP's episode positions, split like the batch and passed on to
-    the objective). A step whose loss or gradient is not finite on any rank is skipped on all,
-    decided on the device (:mod:`nclip.train.gate`): nothing here waits on the host."""
+def _step(run: _Run, step: int, batch: Batch) -> _StepResult:
+    """One optimizer step on this rank's rows of one global batch, already on the device (its
+    per-row tensors, e.g. ProtoCLIP's episode positions, reach the objective). A step whose loss or
+    gradient is not finite on any rank is skipped on all, decided on the device
+    (:mod:`nclip.train.gate`): nothing here waits on the host."""
     t, device, module, optimizer = run.cfg.train, run.ctx.device, run.module, run.optimizer
     lr = lr_at(step, t)
     for group in optimizer.param_groups:
@@ -347,19 +347,19 @@ def _step(run: _Run, step: int, batch: tuple) -> _StepResult:
     return _StepResult(lr, keys, vector, grad_norm.detach(), skip)
 
 
-def _independent_micro_batches(run: _Run, batch: tuple) -> tuple[list[str], torch.Tensor, torch.Tensor]:
+def _independent_micro_batches(run: _Run, batch: Batch) -> tuple[list[str], torch.Tensor, torch.Tensor]:
     """Forward and backward of ``train.accumulation`` micro-batches, each its own contrastive batch
     (one micro-batch: the whole batch). Returns (term names, the terms' means, non-finite losses)."""
     k, module, device = run.cfg.train.accumulation, run.module, run.ctx.device
     keys: list[str] = []
     sums: torch.Tensor | None = None
     nonfinite_loss = torch.zeros((), device=device)
-    chunks = list(zip(*(x.chunk(k) for x in batch)))
+    chunks = batch.chunk(k)
     for i, micro in enumerate(chunks):
         # gradients are all-reduced on the last micro-batch only; a non-finite loss is still
         # back-propagated so that every rank runs the same collectives
         with no_grad_sync(module, skip=i < len(chunks) - 1):
-            terms = module(*micro)
+            terms = module(micro)
             loss = terms["loss"]
             run.gate.scaled(loss / k).backward()  # fp16: times the loss scale
         nonfinite_loss += (~torch.isfinite(loss.detach())).float()

@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from nclip.config import RunConfig
-from nclip.data.types import LabelSpace, Sample
+from nclip.data.types import LabelKind, Sample
 from nclip.defaults import BUILTIN_SOURCES, PROBE_FEATURES
 from nclip.errors import NclipError
 from nclip.eval import datasets as eval_data
@@ -67,7 +67,7 @@ class EvalSet:
     name: str
     test: list[Sample]
     reference: list[Sample]  # k-NN's labelled reference images (image-only objectives), else []
-    label_spaces: dict[str, LabelSpace]  # the kinds the samples carry a label of
+    label_kinds: dict[str, LabelKind]  # the kinds the samples carry a label of
     retrieval: bool  # score image–text retrieval on the test captions
 
 
@@ -99,10 +99,10 @@ def build_sets(cfg: RunConfig) -> list[EvalSet]:
         for data in built:
             test = _subset(data.splits.get("test"), n)
             labelled = test[0].labels if test else {}
-            spaces = {k: v for k, v in data.label_spaces.items() if k in labelled}
+            spaces = {k: v for k, v in data.label_kinds.items() if k in labelled}
             reference = _subset(data.splits.get("train"), n) if head is None else []
             s = EvalSet(data.name, test, reference, spaces, bool(data.retrieval and head is not None and test))
-            if not (s.retrieval or (s.label_spaces and (head is not None or s.reference))):
+            if not (s.retrieval or (s.label_kinds and (head is not None or s.reference))):
                 need = "labelled test and train images (k-NN)" if head is None else "class labels or captions"
                 raise NclipError(f"train.eval_datasets: {spec} has nothing to evaluate while training "
                                  f"{cfg.objective.name}: it needs {need}")
@@ -201,7 +201,7 @@ class PeriodicEval:
                 continue
             feats = extract(model, s.test, self.image_size, self.device, self.batch_size, texts=s.retrieval,
                             autocast=self.autocast)
-            for kind, space in s.label_spaces.items():
+            for kind, space in s.label_kinds.items():
                 classes = class_text_outputs(model, space, self.device, self.autocast)
                 metrics, _ = zeroshot.evaluate(zeroshot.scores(feats.image, classes, self.head, self.nclip_score),
                                                feats.labels[kind])
@@ -219,7 +219,7 @@ class PeriodicEval:
         key = self.probe_key
         return {f"{prefix}/knn/{s.name}-{kind}/top1":
                 probe.knn(ref.image[key], ref.labels[kind], test.image[key], test.labels[kind], len(space))["top1"]
-                for kind, space in s.label_spaces.items() if kind in ref.labels}
+                for kind, space in s.label_kinds.items() if kind in ref.labels}
 
 
 def _whole_model(cfg: RunConfig, weights: dict, device) -> torch.nn.Module:
