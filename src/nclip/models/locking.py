@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from nclip.errors import NclipError
+from nclip.heads import param_side
 
 
 def tower_layers(tower: nn.Module) -> list[nn.Module]:
@@ -111,10 +112,10 @@ def lock_towers(model: nn.Module, model_cfg) -> None:
 
 def lock_image_side(model: nn.Module) -> None:
     """ProtoCLIP's locked-image tuning: the image tower locked whole and the image-side heads
-    (``image_*``) frozen. Idempotent."""
+    (each head's ``image*`` modules) frozen. Idempotent."""
     _lock_whole(model.vision)
-    for name, module in model.named_children():
-        if name.startswith("image_"):
+    for name, module in model.heads.named_modules(prefix="heads"):
+        if name.count(".") == 2 and param_side(name) == "image":
             module.requires_grad_(False)
 
 

@@ -110,7 +110,7 @@ class ProtoNwObjective(CmsfObjective):
     def forward(self, out: EncoderOutput, labels: torch.Tensor | None = None,
                 true_labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         cfg = self.cfg
-        v, u = out.image_cmsf_pred, out.image_cmsf_target
+        v, u = out.image.get("cmsf_pred"), out.image.get("cmsf_target")
         if v is None or u is None or labels is None:
             raise ValueError("ProtoNW needs the online prediction v, the target u (a 'cmsf' head and pixels of two "
                              "views [B, 2, 3, S, S]) and the batch's labels")
@@ -161,9 +161,9 @@ class FrzProtoObjective(Objective):
 
     def forward(self, out: EncoderOutput, labels: torch.Tensor | None = None,
                 true_labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        if out.image_supcon is None or labels is None:
+        if "supcon" not in out.image or labels is None:
             raise ValueError("FrzProto needs the 'supcon' head's projection and the batch's labels")
-        t = functional.frzproto_terms(out.image_supcon[:, 0], self.prototypes, labels, true_labels=true_labels)
+        t = functional.frzproto_terms(out.image["supcon"][:, 0], self.prototypes, labels, true_labels=true_labels)
         return {"loss": t["loss"], **{f"frzproto/{k}": v for k, v in t.items()}}
 
 
