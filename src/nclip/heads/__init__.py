@@ -7,6 +7,8 @@ from nclip.heads.base import (
     SIDES,
     Head,
     HeadContext,
+    ImageHead,
+    TwoSidedHead,
     build_heads,
     head_class,
     param_side,
@@ -14,5 +16,5 @@ from nclip.heads.base import (
     registered_heads,
 )
 
-__all__ = ["SIDES", "Head", "HeadContext", "build_heads", "head_class", "param_side", "register_head",
-           "registered_heads"]
+__all__ = ["SIDES", "Head", "HeadContext", "ImageHead", "TwoSidedHead", "build_heads", "head_class", "param_side",
+           "register_head", "registered_heads"]

@@ -88,6 +88,38 @@ class Head(nn.Module):
         """Tower copies the head holds (CMSF's target tower): the trainer compiles them as towers."""
         return {}
 
+    def encode_target(self, pixels: torch.Tensor) -> torch.Tensor:
+        """A ``two_views = "target"`` head: its tower copy's features [B, d] of the second view."""
+        raise NotImplementedError(f"the {self.name} head reads no target view")
+
+
+class ImageHead(Head):
+    """A head with one image-side module, ``image``, whose output on f is the head's output."""
+
+    def __init__(self, image: nn.Module):
+        super().__init__()
+        self.image = image
+
+    def forward(self, side, f, outs):
+        return {self.name: self.image(f)} if side == "image" else {}
+
+
+class TwoSidedHead(Head):
+    """A head with one module per side, ``image`` and ``text``, each mapping that side's input
+    (:meth:`side_input`: f by default) to the head's output."""
+
+    sides = ("image", "text")
+
+    def __init__(self, image: nn.Module, text: nn.Module):
+        super().__init__()
+        self.image, self.text = image, text
+
+    def side_input(self, f: torch.Tensor, outs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return f
+
+    def forward(self, side, f, outs):
+        return {self.name: getattr(self, side)(self.side_input(f, outs))}
+
 
 _HEADS: dict[str, type[Head]] = {}
 

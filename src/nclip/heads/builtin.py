@@ -9,24 +9,8 @@ import copy
 import torch
 from torch import nn
 
-from nclip.heads.base import Head, HeadContext, register_head
+from nclip.heads.base import Head, HeadContext, ImageHead, TwoSidedHead, register_head
 from nclip.heads.layers import CmsfMLP, NclipHead, ProtoHead, SharedLayers, clip_head
-
-
-class TwoSided(Head):
-    """A head with one module per side, ``image`` and ``text``, each mapping that side's input."""
-
-    sides = ("image", "text")
-
-    def __init__(self, image: nn.Module, text: nn.Module):
-        super().__init__()
-        self.image, self.text = image, text
-
-    def _input(self, f: torch.Tensor, outs: dict[str, torch.Tensor]) -> torch.Tensor:
-        return f
-
-    def forward(self, side, f, outs):
-        return {self.name: getattr(self, side)(self._input(f, outs))}
 
 
 def _shared_count(ctx: HeadContext) -> int:
@@ -41,13 +25,13 @@ def _read_widths(ctx: HeadContext) -> tuple[int, int]:
     return ctx.vision.width, ctx.text.width
 
 
-class _ReadsShared(TwoSided):
-    def _input(self, f, outs):
+class _ReadsShared(TwoSidedHead):
+    def side_input(self, f, outs):
         return outs.get("shared", f)
 
 
 @register_head
-class SharedHead(TwoSided):
+class SharedHead(TwoSidedHead):
     """xCLIP Tab. 9d: with ``model.nclip_shared_layers`` = #SL > 0 the CLIP and nCLIP heads of a
     modality read s = shared(f), #SL hidden layers of the nCLIP head's kind held once. Built for a
     model with both heads only; no objective names it."""
@@ -105,7 +89,7 @@ class NclipHeads(_ReadsShared):
 
 
 @register_head
-class ProtoHeads(TwoSided):
+class ProtoHeads(TwoSidedHead):
     """ProtoCLIP's projection h = g(z) on the CLIP embedding z (its Fig. 2), per modality."""
 
     name = "proto"
@@ -118,7 +102,7 @@ class ProtoHeads(TwoSided):
         return cls(ProtoHead(m.embed_dim, m.proto_hidden, m.proto_dim),
                    ProtoHead(m.embed_dim, m.proto_hidden, m.proto_dim))
 
-    def _input(self, f, outs):
+    def side_input(self, f, outs):
         return outs["clip"]
 
 
@@ -170,9 +154,12 @@ class CmsfHead(Head):
     def towers(self):
         return {"target_vision": self.target_vision}
 
+    def encode_target(self, pixels):
+        return self.target_vision(pixels)
+
 
 @register_head
-class XentHead(Head):
+class XentHead(ImageHead):
     """The supervised cross-entropy baseline's linear classifier [d → C] on the image features,
     C the classes of the run's label kind: "xent" [B, C] class logits."""
 
@@ -180,9 +167,4 @@ class XentHead(Head):
 
     @classmethod
     def build(cls, ctx):
-        head = cls()
-        head.image = nn.Linear(ctx.vision.width, ctx.count_classes())
-        return head
-
-    def forward(self, side, f, outs):
-        return {"xent": self.image(f)} if side == "image" else {}
+        return cls(nn.Linear(ctx.vision.width, ctx.count_classes()))

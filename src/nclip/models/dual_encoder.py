@@ -131,7 +131,7 @@ class DualEncoder(nn.Module):
             feats["text"] = self.text(ids, mask)
         if weak is not None and target:
             with torch.no_grad():
-                feats["image_target"] = copy_of.target_vision(weak)  # the momentum copy, no gradient
+                feats["image_target"] = copy_of.encode_target(weak)  # the momentum copy, no gradient
         return feats
 
     def head_outputs(self, feats: dict[str, torch.Tensor]) -> EncoderOutput:

@@ -43,7 +43,7 @@ from pydantic import Field
 from torch import nn
 
 from nclip.defaults import BUILTIN_SOURCES, has_labels, unlabelled_reason
-from nclip.heads import Head, register_head
+from nclip.heads import ImageHead, register_head
 from nclip.heads.layers import ProjectionMLP
 from nclip.objectives import functional
 from nclip.objectives.base import EncoderOutput, LabelRequest, LabelSpace, Objective, ObjectiveConfig, class_count
@@ -128,7 +128,7 @@ class SupconMLP(ProjectionMLP):
 
 
 @register_head
-class SupconHead(Head):
+class SupconHead(ImageHead):
     """The "supcon" head (SupCon, PaCo, ReCo, FrzProto, clip_supcon): ``image``, a
     :class:`SupconMLP` (sizes ``model.supcon_hidden`` / ``model.supcon_dim``) or, with FrzProto's
     ``objective.head: fc``, one linear layer, on the online image tower. On a training batch of two
@@ -140,19 +140,12 @@ class SupconHead(Head):
     two_views = "every"
     config_fields = ("supcon_hidden", "supcon_dim")
 
-    def __init__(self, image: nn.Module):
-        super().__init__()
-        self.image = image
-
     @classmethod
     def build(cls, ctx) -> SupconHead:
         m, width = ctx.model_cfg, ctx.vision.width
         if getattr(ctx.run_cfg.objective, "head", "mlp") == "fc":  # FrzProto's Tab. 2c "FC" row
             return cls(nn.Linear(width, m.supcon_dim))
         return cls(SupconMLP(width, m.supcon_hidden, m.supcon_dim))
-
-    def forward(self, side, f, outs):
-        return {"supcon": self.image(f)}
 
     def from_towers(self, feats):
         if "image_views" not in feats:
