@@ -141,3 +141,12 @@ def test_build_heads_passes_the_class_count_only_when_asked(micro_overrides):
     assert list(build_heads(ctx)) == ["clip"]
     ctx = HeadContext(cfg, model.vision, model.text, frozenset({"xent"}), lambda: 7)
     assert build_heads(ctx)["xent"].image.out_features == 7
+
+
+def test_every_head_lists_model_fields_that_exist():
+    from nclip.config import ModelConfig
+
+    for cls in registered_heads():
+        missing = [f for f in cls.config_fields if f not in ModelConfig.model_fields]
+        assert not missing, (cls.name, missing)
+    assert head_class("nclip").config_fields and head_class("supcon").config_fields == ("supcon_hidden", "supcon_dim")
