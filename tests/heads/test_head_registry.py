@@ -150,3 +150,10 @@ def test_every_head_lists_model_fields_that_exist():
         missing = [f for f in cls.config_fields if f not in ModelConfig.model_fields]
         assert not missing, (cls.name, missing)
     assert head_class("nclip").config_fields and head_class("supcon").config_fields == ("supcon_hidden", "supcon_dim")
+
+
+def test_side_modules_follow_the_naming_rule(micro_overrides):
+    cfg = resolve("micro", micro_overrides + ["objective.name=cmsf"])
+    head = build_model(cfg, pretrained_text=False).heads["cmsf"]
+    assert head.side_modules("image") == [head.image, head.image_predictor]  # not the target copies
+    assert head.side_modules("text") == []

@@ -88,6 +88,10 @@ class Head(nn.Module):
         """Tower copies the head holds (CMSF's target tower): the trainer compiles them as towers."""
         return {}
 
+    def side_modules(self, side: str) -> list[nn.Module]:
+        """The head's modules of ``side`` ("image" or "text"): those named ``{side}*``."""
+        return [module for name, module in self.named_children() if name.startswith(side)]
+
     def encode_target(self, pixels: torch.Tensor) -> torch.Tensor:
         """A ``two_views = "target"`` head: its tower copy's features [B, d] of the second view."""
         raise NotImplementedError(f"the {self.name} head reads no target view")

@@ -45,7 +45,6 @@ import torch
 from torch import nn
 
 from nclip.errors import NclipError
-from nclip.heads import param_side
 
 
 def tower_layers(tower: nn.Module) -> list[nn.Module]:
@@ -114,8 +113,8 @@ def lock_image_side(model: nn.Module) -> None:
     """ProtoCLIP's locked-image tuning: the image tower locked whole and the image-side heads
     (each head's ``image*`` modules) frozen. Idempotent."""
     _lock_whole(model.vision)
-    for name, module in model.heads.named_modules(prefix="heads"):
-        if name.count(".") == 2 and param_side(name) == "image":
+    for head in model.heads.values():
+        for module in head.side_modules("image"):
             module.requires_grad_(False)
 
 
