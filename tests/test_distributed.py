@@ -235,7 +235,7 @@ def test_dual_encoder_grads_match_single_process(model_results, strategy, tower)
         for rank_result in model_results:  # running statistics of the global batch, on every rank
             for name, v in ref_bn.items():
                 torch.testing.assert_close(rank_result["ddp"][2][name], v, rtol=1e-10, atol=1e-12, msg=name)
-    assert any("nclip_head" in n for n in ref_grads) and any("vision" in n for n in ref_grads)
+    assert any("heads.nclip." in n for n in ref_grads) and any("vision" in n for n in ref_grads)
 
 
 # --------------------------------------------------------------------------------------------

@@ -108,7 +108,7 @@ class LoadedModel(nn.Module):
     @torch.no_grad()
     def image_outputs(self, images, batch_size: int = EVAL_BATCH_SIZE) -> dict[str, torch.Tensor]:
         """Every head's output for ``images``: PIL images / uint8 arrays, or pixels [N, 3, S, S]
-        already pre-processed by :meth:`transform`. {"features", "emb", "logits", ...} [N, ...]."""
+        already pre-processed by :meth:`transform`. {"features", "clip", "nclip", ...} [N, ...] (keyed by head name)."""
         if isinstance(images, torch.Tensor):
             pixels = images[None] if images.ndim == 3 else images
             if pixels.ndim != 4:

@@ -41,7 +41,7 @@ EVAL_BATCH_SIZE = 256
 # them: name -> key of DualEncoder.encode_image's outputs. "backbone" is the tower's own feature
 # ([CLS] / pooled, before any head); the others need the objective to train that head. Each
 # objective's paper default is its class attribute ``Objective.probe_features``.
-PROBE_FEATURES = {"backbone": "features", "clip": "emb", "nclip": "logits", "proto": "proto"}
+PROBE_FEATURES = {"backbone": "features", "clip": "clip", "nclip": "nclip", "proto": "proto"}
 PROBE_FEATURES_DETAIL = {
     "backbone": "image backbone features ({tower}, no projection)",
     "clip": "CLIP-head embeddings z, not normalised (k-NN and clustering L2-normalise)",

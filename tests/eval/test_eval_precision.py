@@ -43,8 +43,8 @@ def _tolerances(*pairs: tuple[dict, dict]) -> dict[str, float]:
     Δz_k − E_q[Δz]); through p it is Σ Δp_k (log q_k − c) ≤ ‖Δp‖₁ · R/2 ≤ δ·R for the mid-range c
     (Σ Δp = 0, ‖Δp‖₁ ≤ 2δ), R the largest range of a row of logits; 25 % on top for the
     second-order terms. A worst case: the measured change is ~100× smaller."""
-    delta = max((b[k]["logits"] - a[k]["logits"]).abs().max().item() for a, b in pairs for k in a)
-    spread = max((a[k]["logits"].amax(1) - a[k]["logits"].amin(1)).max().item() for a, _ in pairs for k in a)
+    delta = max((b[k]["nclip"] - a[k]["nclip"]).abs().max().item() for a, b in pairs for k in a)
+    spread = max((a[k]["nclip"].amax(1) - a[k]["nclip"].amin(1)).max().item() for a, _ in pairs for k in a)
     return {"clip": 4 * U, "nclip": 1.25 * delta * (2 + spread)}
 
 

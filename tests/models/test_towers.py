@@ -24,12 +24,12 @@ def test_convnet_tower_shapes_and_round_trip(tmp_path, micro_overrides):
     ids, mask = model.tokenizer(["a red circle", "two blue squares", "a star"])
     pixels = torch.randn(3, 3, 16, 16)
     out = model(pixels, ids, mask)
-    assert out.image_features.shape == (3, 16) and out.image_emb.shape == (3, 32)
+    assert out.image_features.shape == (3, 16) and out.image["clip"].shape == (3, 32)
     # 16 px → 8 after the stride-2 stem → 4 after the second stage's pool: 16 positions + the mean
     assert model.vision.position.shape == (17, 16)
     save_model(model, cfg, tmp_path / "m")
     loaded, _ = load_model(tmp_path / "m")
-    torch.testing.assert_close(loaded(pixels, ids, mask).image_emb, out.image_emb)
+    torch.testing.assert_close(loaded(pixels, ids, mask).image["clip"], out.image["clip"])
 
 
 def test_convnet_feature_depends_on_where_things_are(micro_overrides):

@@ -130,9 +130,8 @@ def test_frozen_prototypes_are_seeded_unit_vectors():
 
 
 def _out(x: dict) -> EncoderOutput:
-    return EncoderOutput(image_features=x["z"], text_features=None, image_emb=None, text_emb=None,
-                         image_logits=None, text_logits=None, logit_scale=torch.tensor(1.0, dtype=torch.float64),
-                         image_cmsf_pred=x["v"], image_cmsf_target=x["u"], image_supcon=x["z"][:, None])
+    return EncoderOutput(image_features=x["z"], text_features=None, logit_scale=torch.tensor(1.0, dtype=torch.float64),
+                         image={"cmsf_pred": x["v"], "cmsf_target": x["u"], "supcon": x["z"][:, None]})
 
 
 def _objective(name: str, x: dict, **cfg):

@@ -58,9 +58,9 @@ def ref_cross_modal_mask(frozen, index, bank_index, n):
 
 
 def _out(x: dict) -> EncoderOutput:
-    return EncoderOutput(image_features=x["img"], text_features=x["txt"], image_emb=x["img"], text_emb=x["txt"],
-                         image_logits=None, text_logits=None, logit_scale=x["scale"], image_cmsf_pred=x["v"],
-                         image_cmsf_target=x["u"], image_class_logits=x["logits"])
+    return EncoderOutput(image_features=x["img"], text_features=x["txt"], logit_scale=x["scale"],
+                         image={"clip": x["img"], "cmsf_pred": x["v"], "cmsf_target": x["u"], "xent": x["logits"]},
+                         text={"clip": x["txt"]})
 
 
 def _objective(name: str, x: dict, **cfg):
@@ -314,8 +314,8 @@ def test_nclip_train_runs_cmsf(tmp_path, name):
     from safetensors.torch import load_file
 
     w = load_file(str(tmp_path / "model" / "model.safetensors"))
-    assert "target_vision.embeddings.patch_embedding.weight" in w or any(k.startswith("target_vision.") for k in w)
-    assert not torch.equal(w["target_cmsf_head.0.weight"], w["image_cmsf_head.0.weight"])
+    assert any(k.startswith("heads.cmsf.target_vision.") for k in w)
+    assert not torch.equal(w["heads.cmsf.target_image.0.weight"], w["heads.cmsf.image.0.weight"])
     if name == "cmsf":  # nclip eval: the text tasks are skipped with a reason, the probes run
         from nclip.eval.runner import run_eval
 

@@ -113,9 +113,8 @@ def test_proto_terms_diagnostics_and_extremes():
 
 
 def _out(hi, ht, zi, zt, scale=14.0):
-    return EncoderOutput(image_features=zi, text_features=zt, image_emb=zi, text_emb=zt, image_logits=None,
-                         text_logits=None, logit_scale=torch.tensor(scale, dtype=zi.dtype), image_proto=hi,
-                         text_proto=ht)
+    return EncoderOutput(image_features=zi, text_features=zt, logit_scale=torch.tensor(scale, dtype=zi.dtype),
+                         image={"clip": zi, "proto": hi}, text={"clip": zt, "proto": ht})
 
 
 def _episode_state(m, k, ke, d, seed=0):
@@ -337,7 +336,8 @@ def test_episodic_run_end_to_end(tmp_path, capsys, shared_cache):
     w8 = load_file(str(out / "model" / "model.safetensors"))
     for k in w6:
         same = torch.equal(w6[k], w8[k])
-        if k.startswith(("vision.", "image_clip_head")) and "running" not in k and "num_batches" not in k:
+        image_side = k.startswith(("vision.", "heads.clip.image.", "heads.proto.image."))
+        if image_side and "running" not in k and "num_batches" not in k:
             assert same, k
         if k.startswith("text.") and w6[k].dtype.is_floating_point and w6[k].numel() > 1000:
             assert not same, k
@@ -416,7 +416,8 @@ def test_resnet_tower_builds_from_config():
     model = build_model(cfg, pretrained_text=False)
     ids, mask = model.tokenizer(["a red circle", "two blue squares"])
     out = model(torch.randn(2, 3, 16, 16), ids, mask)
-    assert out.image_features.shape == (2, 32) and out.image_emb.shape == (2, 32) and out.image_proto.shape == (2, 16)
+    assert out.image_features.shape == (2, 32)
+    assert out.image["clip"].shape == (2, 32) and out.image["proto"].shape == (2, 16)
     assert model.vision.kind == "resnet"
 
 

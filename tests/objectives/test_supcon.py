@@ -201,8 +201,8 @@ def test_bad_arguments_are_value_errors():
 
 
 def _out(x: dict) -> EncoderOutput:
-    return EncoderOutput(image_features=x["img"], text_features=x["txt"], image_emb=x["img"], text_emb=x["txt"],
-                         image_logits=None, text_logits=None, logit_scale=x["scale"], image_supcon=x["z"])
+    return EncoderOutput(image_features=x["img"], text_features=x["txt"], logit_scale=x["scale"],
+                         image={"clip": x["img"], "supcon": x["z"]}, text={"clip": x["txt"]})
 
 
 def _module(name: str, x: dict, **cfg):
@@ -332,10 +332,10 @@ def test_supcon_head_on_one_and_two_views():
     model = build_model(cfg, pretrained_text=False)
     ids, mask = torch.zeros(4, 16, dtype=torch.long), torch.ones(4, 16, dtype=torch.long)
     two = model(torch.randn(4, 2, 3, 16, 16), ids, mask)
-    assert two.image_supcon.shape == (4, 2, 8) and two.image_features.shape[0] == 4
+    assert two.image["supcon"].shape == (4, 2, 8) and two.image_features.shape[0] == 4
     model.eval()
     one = model(torch.randn(4, 3, 16, 16), ids, mask)
-    assert one.image_supcon.shape == (4, 1, 8)
+    assert one.image["supcon"].shape == (4, 1, 8)
     assert not any(p.requires_grad for p in model.text.parameters())  # image-only: the text tower is frozen
 
 

@@ -105,7 +105,7 @@ def test_trains_on_folder_and_csv_labels_with_two_views(tmp_path, monkeypatch, k
     forward = SupconObjective.forward
 
     def spy(self, out, batch):
-        seen.append((tuple(out.image_supcon.shape), batch.labels.tolist(), batch.true_labels.tolist()))
+        seen.append((tuple(out.image["supcon"].shape), batch.labels.tolist(), batch.true_labels.tolist()))
         return forward(self, out, batch)
 
     monkeypatch.setattr(SupconObjective, "forward", spy)

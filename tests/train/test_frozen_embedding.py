@@ -53,8 +53,8 @@ def test_nclip_checkpoint_embeds_every_training_sample(micro_run):
     text = frozen_table(cfg, FrozenEmbedding(str(micro_run), "text"))
     image = frozen_table(cfg, FrozenEmbedding(str(micro_run / "model"), "image"))
     assert text.shape == image.shape == (40, cfg.model.embed_dim)
-    torch.testing.assert_close(text, encode_texts(model, [s.caption for s in samples], "cpu")["emb"])
-    torch.testing.assert_close(image, encode_images(model, [s.image for s in samples], 16, "cpu")["emb"])
+    torch.testing.assert_close(text, encode_texts(model, [s.caption for s in samples], "cpu")["clip"])
+    torch.testing.assert_close(image, encode_images(model, [s.image for s in samples], 16, "cpu")["clip"])
 
 
 @pytest.mark.parametrize("spec,match", [

@@ -88,7 +88,7 @@ def test_the_recorder_sees_a_read_inside_a_cpp_op(tmp_path, monkeypatch):
 
     def forward(self, out, batch=None):
         terms = original(self, out, batch)
-        torch.bincount(torch.zeros(3, dtype=torch.long, device=out.image_emb.device))
+        torch.bincount(torch.zeros(3, dtype=torch.long, device=out.image["clip"].device))
         terms["loss"].detach().sum().item()
         terms["loss"] = terms["loss"] + torch.tensor(0.0)
         return terms

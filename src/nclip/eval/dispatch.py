@@ -131,8 +131,7 @@ def _check_head(st: EvalState, outputs: dict[str, torch.Tensor]) -> None:
                          f"(objective {st.ck.cfg.objective.name})")
     if st.head is None:  # image-only objective: no head is scored
         return
-    need = {"clip": "emb", "nclip": "logits"}[MODEL_HEAD[st.head]]
-    if need not in outputs:
+    if MODEL_HEAD[st.head] not in outputs:
         raise NclipError(f"head {st.head!r} is not in this checkpoint (objective {st.ck.cfg.objective.name})")
 
 
@@ -363,7 +362,7 @@ def _eval_segmentation(st: EvalState, data: EvalData, t: _Test, tasks: set[str])
     identity = st.identity(names=space.names, templates=space.templates, text_length=st.ck.cfg.data.text_length)
     prompts = st.cache.get(f"{data.name}-prompts-segmentation", identity,
                            lambda: prompt_outputs(st.model, space, st.device, st.autocast))
-    classes = ensemble(prompts, len(space))["emb"]
+    classes = ensemble(prompts, len(space))["clip"]
     r = segmentation.evaluate(f, classes, float(st.model.scale().detach()), st.settings.segment_threshold)
     st.put("segmentation", data.name, {"miou": r["miou"], "macc": r["macc"]})
     st.artifacts.setdefault("segmentation", {})[data.name] = {

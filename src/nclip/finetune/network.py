@@ -40,8 +40,8 @@ class FinetuneNet(nn.Module):
         if classifier == "cosine":
             if class_emb is None or class_emb.shape[0] != num_classes:
                 raise ValueError("the cosine classifier needs one text embedding per class")
-            self.shared = model.image_shared_head if model.shared_layers else nn.Identity()
-            self.head = model.image_clip_head
+            self.shared = model.heads["shared"].image if "shared" in model.heads else nn.Identity()
+            self.head = model.heads["clip"].image
             self.classifier = nn.Parameter(F.normalize(class_emb.detach().float(), dim=-1).clone())  # [C, D]
             self.logit_scale = nn.Parameter(model.logit_scale.detach().float().clone())
             self.logit_scale_max = getattr(model, "LOGIT_SCALE_MAX", LOGIT_SCALE_MAX)  # the model's cap (SigLIP's)
@@ -86,5 +86,5 @@ def build_net(ck, classifier: str, space, device) -> FinetuneNet:
     from nclip.eval.features import class_text_outputs
 
     model = ck.load(device)
-    emb = class_text_outputs(model, space, device)["emb"] if classifier == "cosine" else None
+    emb = class_text_outputs(model, space, device)["clip"] if classifier == "cosine" else None
     return FinetuneNet(model, classifier, len(space), emb).to(device)

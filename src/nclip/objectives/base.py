@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 import torch
@@ -21,37 +21,28 @@ HEAD_STAT_KEYS = ("acc_nC", "row_std", "col_std", "logit_row_std", "logit_col_st
 class EncoderOutput:
     """The dual encoder's outputs for one batch of B pairs.
 
-    image_features, text_features: backbone features f_I [B, d_img], f_T [B, d_txt].
-    image_emb, text_emb: CLIP-head outputs g [B, D], or None when the model has no CLIP head.
-    image_logits, text_logits: nCLIP-head outputs h [B, K], or None without an nCLIP head.
+    image_features, text_features: backbone features f_I [B, d_img], f_T [B, d_txt]; text_features
+        is None when the model skipped the text tower (no head of the objective reads it).
     logit_scale: the InfoNCE multiplier 1/σ = exp(s), already clamped (scalar tensor).
-    image_proto, text_proto: ProtoCLIP projection-head outputs [B, d_h] (not normalised), computed
-        from the CLIP embeddings; None without a "proto" head.
-    image_cmsf_pred, image_cmsf_target: CMSF's v = h(g(T2(x))) [B, D] (online projection and
+    image, text: each side's head outputs keyed by head name (:mod:`nclip.heads`: a head writes its
+        output under its name, further outputs under ``<name>_<what>``), only those of the heads the
+        model has:
+        "clip": CLIP-head outputs g [B, D]; "nclip": nCLIP-head outputs h [B, K];
+        "proto": ProtoCLIP projection-head outputs [B, d_h] (not normalised), computed from g;
+        image "cmsf_pred", "cmsf_target": CMSF's v = h(g(T2(x))) [B, D] (online projection and
         predictor on the strong view, pixels[:, 0]) and u = f(T1(x)) [B, D] (momentum branch on the
-        weak view, pixels[:, 1], no gradient), not normalised; None unless the model has a "cmsf"
-        head and the batch holds two views.
-    image_class_logits: [B, C] the linear classifier of the "xent" head on f_I (the supervised
-        cross-entropy baseline); None without that head.
-    image_supcon: [B, V, D] the "supcon" head's projections (SupCon's MLP on the online tower) of the
-        V views of each image, V = 2 for pixels [B, 2, 3, S, S] and 1 otherwise, not normalised;
-        None without that head.
-    text_features is None when the model skipped the text tower (no head of the objective reads it).
+        weak view, pixels[:, 1], no gradient), not normalised, with two views only ("cmsf" is the
+        online projection);
+        image "xent": [B, C] the linear classifier's logits on f_I (the supervised baseline);
+        image "supcon": [B, V, D] the SupCon family's projections of the V views of each image,
+        V = 2 for pixels [B, 2, 3, S, S] and 1 otherwise, not normalised.
     """
 
     image_features: torch.Tensor
-    text_features: torch.Tensor
-    image_emb: torch.Tensor | None
-    text_emb: torch.Tensor | None
-    image_logits: torch.Tensor | None
-    text_logits: torch.Tensor | None
+    text_features: torch.Tensor | None
     logit_scale: torch.Tensor
-    image_proto: torch.Tensor | None = None
-    text_proto: torch.Tensor | None = None
-    image_cmsf_pred: torch.Tensor | None = None
-    image_cmsf_target: torch.Tensor | None = None
-    image_class_logits: torch.Tensor | None = None
-    image_supcon: torch.Tensor | None = None
+    image: dict[str, torch.Tensor] = field(default_factory=dict)
+    text: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class ObjectiveConfig(BaseModel):

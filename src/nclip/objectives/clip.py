@@ -23,6 +23,6 @@ class ClipObjective(Objective):
 
     def forward(self, out: EncoderOutput, batch: Batch | None = None):
         cfg = self.cfg
-        terms = functional.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch,
-                                      reduction=cfg.clip_reduction)
+        terms = functional.clip_terms(out.image["clip"], out.text["clip"], out.logit_scale,
+                                      global_batch=cfg.global_batch, reduction=cfg.clip_reduction)
         return {"loss": terms["loss"], **{f"clip/{k}": v for k, v in terms.items()}}

@@ -209,8 +209,8 @@ class ClipSupconObjective(Objective):
         labels = batch.labels
         if labels is None:
             raise ValueError("clip_supcon needs the batch's labels")
-        clip = functional.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch,
-                                      reduction=cfg.clip_reduction)
+        clip = functional.clip_terms(out.image["clip"], out.text["clip"], out.logit_scale,
+                                     global_batch=cfg.global_batch, reduction=cfg.clip_reduction)
         loss = cfg.clip_weight * clip["loss"]
         logged = {f"clip/{k}": v for k, v in clip.items()}
         if cfg.contrastive == "xclip":
@@ -222,9 +222,9 @@ class ClipSupconObjective(Objective):
             if side == "image":
                 terms = aux.supcon_terms(out, labels)  # the "supcon" head's projections [B, 1, D]
             else:
-                if out.text_emb is None:
+                if "clip" not in out.text:
                     raise ValueError("clip_supcon on the text side needs the CLIP head's text embeddings")
-                terms = aux.contrast(out.text_emb[:, None], labels)  # [B, 1, D]: one caption per row
+                terms = aux.contrast(out.text["clip"][:, None], labels)  # [B, 1, D]: one caption per row
                 terms = {k.replace(f"{aux.prefix}/", f"{aux.prefix}_text/", 1): v for k, v in terms.items()}
             loss = loss + cfg.w_supcon * terms[f"{aux.prefix}{'' if side == 'image' else '_text'}/loss"]
             logged.update(terms)

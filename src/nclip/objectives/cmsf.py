@@ -59,7 +59,7 @@ from nclip.objectives.base import (
     ObjectiveConfig,
 )
 from nclip.objectives.cmsf_bank import MemoryBank
-from nclip.objectives.momentum import momentum_at
+from nclip.objectives.momentum import momentum_at, momentum_update
 
 LABELLED = ("labels", "noisy_labels", "semi")  # the constraints that read training labels
 
@@ -203,7 +203,7 @@ class CmsfObjective(Objective):
         the constraint reads them); enqueues it when training."""
         cfg = self.cfg
         labels, true_labels, index = batch.labels, batch.true_labels, batch.index
-        v, u = out.image_cmsf_pred, out.image_cmsf_target
+        v, u = out.image.get("cmsf_pred"), out.image.get("cmsf_target")
         if v is None or u is None:
             raise ValueError("CMSF needs the online prediction v and the target u: a model with a 'cmsf' head "
                              "and pixels of two views [B, 2, 3, S, S]")
@@ -243,7 +243,9 @@ class CmsfObjective(Objective):
         """θf ← m·θf + (1 − m)·θg after optimizer step ``step`` (0-based), m = momentum_at(step);
         nothing moves after a skipped step (``taken`` 0, gated on the device)."""
         cfg = self.cfg
-        model.update_cmsf_target(momentum_at(step, total_steps, cfg.momentum, cfg.momentum_schedule), taken)
+        m, head = momentum_at(step, total_steps, cfg.momentum, cfg.momentum_schedule), model.heads["cmsf"]
+        momentum_update(head.target_vision, model.vision, m, taken)  # the tower's copy, then the projection's
+        momentum_update(head.target_image, head.image, m, taken)
         following = momentum_at(min(step + 1, total_steps), total_steps, cfg.momentum, cfg.momentum_schedule)
         self.next_momentum.copy_(torch.where(taken.bool(), following, self.next_momentum))
 
@@ -257,8 +259,8 @@ class ClipCmsfObjective(CmsfObjective):
 
     def forward(self, out: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
         cfg = self.cfg
-        clip = functional.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch,
-                                      reduction=cfg.clip_reduction)
+        clip = functional.clip_terms(out.image["clip"], out.text["clip"], out.logit_scale,
+                                     global_batch=cfg.global_batch, reduction=cfg.clip_reduction)
         terms = self.cmsf_terms(out, batch)
         loss = cfg.w_clip * clip["loss"] + cfg.w_cmsf * terms["cmsf/loss"]
         return {"loss": loss, **{f"clip/{k}": v for k, v in clip.items()}, **terms}
@@ -293,9 +295,9 @@ class XentObjective(Objective):
         return _label_request(run_cfg.objective, run_cfg)
 
     def forward(self, out: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
-        if out.image_class_logits is None or batch.labels is None:
+        if "xent" not in out.image or batch.labels is None:
             raise ValueError("xent needs the 'xent' head's class logits and the batch's labels")
-        logits = out.image_class_logits  # [B, C]
+        logits = out.image["xent"]  # [B, C]
         loss = F.cross_entropy(logits, batch.labels)
         accuracies = functional.class_accuracies(logits.argmax(1), batch.labels, batch.true_labels)
         return {"loss": loss, "xent/loss": loss.detach(), **{f"xent/{k}": v for k, v in accuracies.items()}}

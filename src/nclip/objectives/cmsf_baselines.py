@@ -110,7 +110,7 @@ class ProtoNwObjective(CmsfObjective):
 
     def forward(self, out: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
         cfg = self.cfg
-        v, u = out.image_cmsf_pred, out.image_cmsf_target
+        v, u = out.image.get("cmsf_pred"), out.image.get("cmsf_target")
         labels, true_labels = batch.labels, batch.true_labels
         if v is None or u is None or labels is None:
             raise ValueError("ProtoNW needs the online prediction v, the target u (a 'cmsf' head and pixels of two "
@@ -161,9 +161,9 @@ class FrzProtoObjective(Objective):
         return _label_request(run_cfg.objective, run_cfg)
 
     def forward(self, out: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
-        if out.image_supcon is None or batch.labels is None:
+        if "supcon" not in out.image or batch.labels is None:
             raise ValueError("FrzProto needs the 'supcon' head's projection and the batch's labels")
-        t = functional.frzproto_terms(out.image_supcon[:, 0], self.prototypes, batch.labels,
+        t = functional.frzproto_terms(out.image["supcon"][:, 0], self.prototypes, batch.labels,
                                       true_labels=batch.true_labels)
         return {"loss": t["loss"], **{f"frzproto/{k}": v for k, v in t.items()}}
 

@@ -199,12 +199,12 @@ class ProtoclipObjective(Objective):
         """``batch.episode``: [B] int64 episode positions of the batch's rows (given by the episodic data)."""
         rows = batch.episode
         cfg = self.cfg
-        clip = functional.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch,
-                                      reduction=cfg.clip_reduction)
+        clip = functional.clip_terms(out.image["clip"], out.text["clip"], out.logit_scale,
+                                     global_batch=cfg.global_batch, reduction=cfg.clip_reduction)
         logged = {f"clip/{k}": v for k, v in clip.items()}
         loss = cfg.w_clip * clip["loss"]
-        h_i = F.normalize(_at_least_float32(out.image_proto), dim=-1)  # [B, d_h]
-        h_t = F.normalize(_at_least_float32(out.text_proto), dim=-1)  # [B, d_h]
+        h_i = F.normalize(_at_least_float32(out.image["proto"]), dim=-1)  # [B, d_h]
+        h_t = F.normalize(_at_least_float32(out.text["proto"]), dim=-1)  # [B, d_h]
         t_proto = self.t_proto()
         if not self.proto_active():
             # keep every parameter in the graph (zero gradient): DDP expects a gradient for each

@@ -48,7 +48,7 @@ class SiglipObjective(Objective):
 
     def _siglip(self, out: EncoderOutput) -> dict[str, torch.Tensor]:
         t = siglip_terms(
-            out.image_emb, out.text_emb, out.logit_scale, self.logit_bias, global_batch=self.cfg.global_batch
+            out.image["clip"], out.text["clip"], out.logit_scale, self.logit_bias, global_batch=self.cfg.global_batch
         )
         logged = {f"siglip/{k}": v for k, v in t.items() if k != "loss"}
         logged["siglip/logit_bias"] = self.logit_bias.detach()

@@ -182,7 +182,7 @@ class UnifiedObjective(Objective):
         cfg = self.cfg
         centers: dict[str, Any] = {}
         if cfg.uniform == "centering":
-            self._ensure_centers(out.image_logits)
+            self._ensure_centers(out.image["nclip"])
             # clones: the loss uses this batch's pre-update statistics (DINO updates after the loss)
             centers = {
                 f"{side}_center": (getattr(self, f"center_mean_{side}").clone(),
@@ -191,8 +191,8 @@ class UnifiedObjective(Objective):
                 for side in ("image", "text")
             }
         terms = functional.unified_terms(
-            out.image_logits,
-            out.text_logits,
+            out.image["nclip"],
+            out.text["nclip"],
             cfg.tau_s,
             cfg.tau,
             cfg.lambda1,
@@ -205,7 +205,7 @@ class UnifiedObjective(Objective):
             **centers,
         )
         if cfg.uniform == "centering" and self.training:
-            self._update_centers(out.image_logits, out.text_logits)
+            self._update_centers(out.image["nclip"], out.text["nclip"])
         named = {"L_CE": terms["ce"], "L_EH": terms["eh"], "L_HE": terms["he"], "L_KL": terms["kl"]}
         named.update({k: terms[k] for k in HEAD_STAT_KEYS})
         # + 0·s: the logit scale gets a zero gradient, as DDP needs (see NclipObjective.forward)

@@ -35,8 +35,8 @@ class YclipObjective(Objective):
 
     def forward(self, out: EncoderOutput, batch: Batch | None = None):
         t = yclip_terms(
-            out.image_logits,
-            out.text_logits,
+            out.image["nclip"],
+            out.text["nclip"],
             out.logit_scale,
             self.cfg.lambda1,
             self.cfg.lambda2,

@@ -36,9 +36,9 @@ from nclip.train.snapshot import BufferSnapshot
 
 
 def online_towers(model: nn.Module) -> nn.Module:
-    """The towers that pass 2 runs again (not CMSF's target tower): their buffers are put back after pass 1."""
-    return nn.ModuleDict({name: getattr(model, name) for name in TOWERS
-                          if hasattr(model, name) and name != "target_vision"})
+    """The towers that pass 2 runs again (not CMSF's target tower, held by its head): their buffers
+    are put back after pass 1."""
+    return nn.ModuleDict({name: getattr(model, name) for name in TOWERS if hasattr(model, name)})
 
 
 def _rng_state(device: torch.device) -> tuple:

@@ -69,7 +69,7 @@ def _nclip_table(cfg: RunConfig, directory: Path, modality: str, device) -> torc
         out = encode_texts(model, train_captions(cfg), device)
     else:
         out = encode_images(model, _train_images(cfg), cfg.data.image_size, device)
-    return (out["emb"] if "emb" in out else out["features"]).float().cpu()
+    return (out["clip"] if "clip" in out else out["features"]).float().cpu()
 
 
 def _train_images(cfg: RunConfig) -> list:

@@ -13,7 +13,7 @@ that the objective's own parameters (learnable biases, prototypes) are averaged 
 - ``train.strategy: ddp`` — DistributedDataParallel: every rank holds the full model, gradients
   are averaged over ranks (the convention that :mod:`nclip.distributed` is written against).
 - ``train.strategy: fsdp`` — FSDP2 (``torch.distributed.fsdp.fully_shard``): every entry of the
-  towers' layer lists and every ``*_head`` of the model is its own shard unit, then the root
+  towers' layer lists and every side of every head of the model is its own shard unit, then the root
   (0-d parameters such as the logit scale stay replicated, see :func:`sync_replicated_grads`); parameters,
   gradients and optimizer state are sharded over ranks. Gradients are averaged exactly like DDP's,
   so the objectives need no change. Works with gloo on CPU as well (tested on 2 ranks).
@@ -148,7 +148,8 @@ def _objective_terms(objective: nn.Module, out, batch: Batch) -> dict[str, torch
     return terms
 
 
-TOWERS = ("vision", "text", "target_vision")  # the DualEncoder's towers; every other part is a head
+# the DualEncoder's trained towers; every other part (the heads, with CMSF's target copy in its head) is a head
+TOWERS = ("vision", "text")
 
 
 class TowerPass(nn.Module):
@@ -238,9 +239,10 @@ def wrap(step: TrainStep, ctx: DistContext, cfg: RunConfig) -> nn.Module:
             for layer in module:
                 if any(True for _ in layer.parameters()):
                     fully_shard(layer, ignored_params=scalars)
-    for name, head in step.model.named_children():  # projection heads (the nCLIP ones are large)
-        if name.endswith("_head") and any(True for _ in head.parameters()):
-            fully_shard(head, ignored_params=scalars)
+    for head in step.model.heads.values():  # each side of a projection head (the nCLIP ones are large)
+        for name, part in head.named_children():
+            if name not in head.towers() and any(True for _ in part.parameters()):
+                fully_shard(part, ignored_params=scalars)
     fully_shard(step, ignored_params=scalars)
     # in registration order, the same on every rank (a set's order is not)
     step._nclip_replicated = [p for p in step.parameters() if p.ndim == 0 and not hasattr(p, "device_mesh")]
