@@ -222,7 +222,7 @@ class ModelConfig(Section):
     logit_scale_max: float = Field(math.log(100.0), gt=0)
     nclip_hidden: int = Field(4096, ge=1, description="nCLIP head hidden width (Sec. 3.2: 4096)")
     nclip_dim: int = Field(32768, ge=2, title="dim", description="nCLIP head output K (Sec. 3.2: 32768)")
-    # Tab. 9c/9d ablations of the nCLIP head (nclip.models.heads.NclipHead); the defaults are Sec. 3.2's
+    # Tab. 9c/9d ablations of the nCLIP head (nclip.heads.layers.NclipHead); the defaults are Sec. 3.2's
     nclip_layers: int = Field(1, ge=1, title="#TL", description="nCLIP head hidden layers (Sec. 3.2: 1)")
     nclip_shared_layers: int = Field(0, ge=0, title="#SL",
                                      description="of those, shared with the CLIP head (Tab. 9d; xCLIP only)")

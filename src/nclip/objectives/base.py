@@ -186,7 +186,7 @@ class Objective(nn.Module):
     # eval.probe_features override it
     probe_features: ClassVar[str] = "backbone"
     # the SGD linear-probe recipe of the objective's paper (`nclip eval --probe sgd`;
-    # nclip.eval.metrics.sgd_linear.SGD_RECIPES): xclip, cmsf, protoclip
+    # nclip.eval.sgd_recipes.SGD_RECIPES): xclip, cmsf, protoclip
     sgd_probe_recipe: ClassVar[str] = "xclip"
     # augmented views per image in a training batch: 1 = pixels [B, 3, S, S]; 2 = [B, 2, 3, S, S],
     # the online (strong) view first and the target (weak) view second (nclip.data.views)

@@ -308,13 +308,6 @@ class RecoObjective(SupconObjective):
         key = ((self.seed * _DRAW_MIX + self._step + 1) * _DRAW_MIX + self._forwards) % (2**63 - 1)
         return torch.Generator(device=device).manual_seed(key)
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
-        if prefix + "draws" in unexpected_keys:  # the device draw counter of checkpoints before issue 32
-            unexpected_keys.remove(prefix + "draws")
-
     def contrast(self, z: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
         cfg = self.cfg
         queue = self._queue()
