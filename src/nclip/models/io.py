@@ -58,8 +58,10 @@ def checkpoint_step(path: str | Path) -> int | None:
 
 
 def weights_metadata() -> dict[str, str]:
-    """The safetensors header of every nclip weights file: what it is, and its model format."""
-    return {"format": "nclip", FORMAT_KEY: str(MODEL_FORMAT)}
+    """The safetensors header of every nclip weights file: its model format. One entry only: safetensors
+    writes its metadata in a hash map's order, which differs between processes, so a second entry
+    would make the same weights a different file (a resumed run's model no longer equal byte for byte)."""
+    return {FORMAT_KEY: str(MODEL_FORMAT)}
 
 
 def check_weights(path: str | Path) -> None:
