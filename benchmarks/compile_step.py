@@ -39,10 +39,11 @@ import torch  # noqa: E402
 
 import nclip.train.compile as compile_mod  # noqa: E402
 import nclip.train.loop as loop_mod  # noqa: E402
+from nclip.batch import Batch  # noqa: E402
 from nclip.config import load_preset, resolve  # noqa: E402
+from nclip.data.labels import label_space_for  # noqa: E402
 from nclip.models import build_model  # noqa: E402
 from nclip.objectives import REGISTRY, build_objective  # noqa: E402
-from nclip.train.labels import label_space_for  # noqa: E402
 from nclip.train.launch import TrainStep  # noqa: E402
 from nclip.train.memory_check import probe_batch  # noqa: E402
 from nclip.train.optim import build_optimizer  # noqa: E402
@@ -60,7 +61,7 @@ def micro_sizes() -> list[str]:
     return [f"{key}={json.dumps(value)}" for key, value in leaves(sizes)]
 
 
-def build(cfg, seed: int = 0) -> tuple[TrainStep, torch.optim.Optimizer, tuple]:
+def build(cfg, seed: int = 0) -> tuple[TrainStep, torch.optim.Optimizer, Batch]:
     """The step, its AdamW and a stand-in batch (normalised pixels), built as the trainer builds them."""
     torch.manual_seed(seed)
     model = build_model(cfg, pretrained_text=False)
@@ -133,18 +134,18 @@ def table(names: list[str], steps: int) -> None:
                                                 "data.train_length=64", "train.compile=true", "train.eval_every=0"])
         step, _, batch = build(cfg)
         step.objective.before_step(1, steps)
-        graphs, breaks = compile_mod.graph_breaks(step, *batch)
+        graphs, breaks = compile_mod.graph_breaks(step, batch)
         again, failed = recompilations(cfg, steps)
         where = "; ".join(f"{reason[:60]} at `{line}`" for reason, line in breaks) or "none"
         guards = f" ({'; '.join(f'`{g}`' for g in failed)})" if failed else ""
         print(f"| {name} | {graphs} | {where} | {again}{guards} |", flush=True)
 
 
-def window(step: TrainStep, optimizer, batch: tuple, steps: int) -> float:
+def window(step: TrainStep, optimizer, batch: Batch, steps: int) -> float:
     """Process CPU seconds per step over ``steps`` steps."""
     t0 = time.process_time()
     for _ in range(steps):
-        step(*batch)["loss"].backward()
+        step(batch)["loss"].backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return (time.process_time() - t0) / steps

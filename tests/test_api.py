@@ -14,7 +14,7 @@ from PIL import Image
 import nclip
 from nclip.cli import main
 from nclip.config import resolve
-from nclip.data.loader import eval_tensor
+from nclip.data.transforms import eval_tensor
 from nclip.errors import NclipError
 from nclip.eval import zeroshot
 from nclip.eval.features import encode_images, encode_texts
@@ -58,8 +58,8 @@ def test_load_encodes_as_the_evaluation_does(tmp_path, micro_overrides):
     ref_img = encode_images(model.model, arrays, 16, "cpu")
     ref_txt = encode_texts(model.model, CAPTIONS, "cpu")
     emb_i, emb_t = model.encode_image(images), model.encode_text(CAPTIONS)
-    torch.testing.assert_close(emb_i, F.normalize(ref_img["emb"], dim=-1))
-    torch.testing.assert_close(emb_t, F.normalize(ref_txt["emb"], dim=-1))
+    torch.testing.assert_close(emb_i, F.normalize(ref_img["clip"], dim=-1))
+    torch.testing.assert_close(emb_t, F.normalize(ref_txt["clip"], dim=-1))
     torch.testing.assert_close(emb_i.norm(dim=-1), torch.ones(4))
 
     # prepared inputs: transform's pixels, the tokenizer's (ids, mask), ids alone

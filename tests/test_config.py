@@ -81,3 +81,34 @@ def test_override_syntax_and_yaml_files(tmp_path):
     bad.write_text("train: [unclosed\n")
     with pytest.raises(NclipError, match="cannot parse"):
         load_preset(str(bad))
+
+
+def test_tower_kinds_come_from_one_table():
+    """model.vision.kind and model.text.kind accept exactly the kinds of their tables, and the
+    towers module builds a tower for each (it refuses to import otherwise)."""
+    from nclip.config.model import TEXT_KINDS, VISION_KINDS
+
+    with pytest.raises(NclipError, match="model.vision.kind: Input should be 'vit', 'resnet', 'convnet', "
+                                         "'clip_resnet' or 'groupvit'"):
+        resolve("micro", ["model.vision.kind=vitt"])
+    with pytest.raises(NclipError, match="model.text.kind: Input should be 'transformer' or 'pretrained'"):
+        resolve("micro", ["model.text.kind=bert"])
+    from nclip.models.towers import VISION_TOWERS
+
+    assert set(VISION_TOWERS) == set(VISION_KINDS) and set(TEXT_KINDS) == {"transformer", "pretrained"}
+
+
+def test_unknown_preset_lists_the_shipped_ones():
+    with pytest.raises(NclipError, match=r"unknown preset 'tiniest'; available: .*micro.*tiny"):
+        load_preset("tiniest")
+
+
+def test_config_sections_are_modules_of_the_package():
+    """One module per section; the package exports the public names."""
+    import nclip.config as config
+
+    assert config.DataConfig.__module__ == "nclip.config.data"
+    assert config.VisionConfig.__module__ == config.ModelConfig.__module__ == "nclip.config.model"
+    assert config.TrainConfig.__module__ == "nclip.config.train"
+    assert config.EvalConfig.__module__ == "nclip.config.eval"
+    assert config.RunConfig.__module__ == "nclip.config.run"

@@ -32,16 +32,16 @@ ROW_KEYS = ("img", "txt", "img_logits", "txt_logits")
 # name -> loss(inputs) of the functional API; every registered objective's module is checked the
 # same way in tests/objectives/test_registry.py
 FUNCTIONAL_CASES = {
-    "clip": lambda x: functional.clip_loss(x["img"], x["txt"], x["scale"]),
-    "nclip": lambda x: functional.nclip_loss(x["img_logits"], x["txt_logits"], 0.5, 1.5),
+    "clip": lambda x: functional.clip_terms(x["img"], x["txt"], x["scale"])["loss"],
+    "nclip": lambda x: functional.nclip_terms(x["img_logits"], x["txt_logits"], 0.5, 1.5)["loss"],
     "xclip": lambda x: functional.xclip_loss(x["img"], x["txt"], x["img_logits"], x["txt_logits"], x["scale"]),
-    "unified/none": lambda x: functional.unified_loss(x["img_logits"], x["txt_logits"], 0.7, 0.5, 0.5, 1.5),
-    "unified/sinkhorn": lambda x: functional.unified_loss(x["img_logits"], x["txt_logits"], 0.7, 0.5,
-                                                          uniform="sinkhorn"),
-    "unified/batch_softmax": lambda x: functional.unified_loss(x["img_logits"], x["txt_logits"], 0.7, 0.5,
-                                                       uniform="batch_softmax"),
-    "yclip": lambda x: functional.yclip_loss(x["img_logits"], x["txt_logits"], x["scale"]),
-    "siglip": lambda x: functional.siglip_loss(x["img"], x["txt"], x["scale"], x["bias"]),
+    "unified/none": lambda x: functional.unified_terms(x["img_logits"], x["txt_logits"], 0.7, 0.5, 0.5, 1.5)["loss"],
+    "unified/sinkhorn": lambda x: functional.unified_terms(x["img_logits"], x["txt_logits"], 0.7, 0.5,
+                                                          uniform="sinkhorn")["loss"],
+    "unified/batch_softmax": lambda x: functional.unified_terms(x["img_logits"], x["txt_logits"], 0.7, 0.5,
+                                                       uniform="batch_softmax")["loss"],
+    "yclip": lambda x: functional.yclip_terms(x["img_logits"], x["txt_logits"], x["scale"])["loss"],
+    "siglip": lambda x: functional.siglip_terms(x["img"], x["txt"], x["scale"], x["bias"])["loss"],
 }
 
 
@@ -152,6 +152,7 @@ CAPTIONS = ["a red circle", "two blue squares", "a green star", "a small yellow 
 
 
 def _model_and_batch(strategy: str = "ddp", tower: str = "vit"):
+    from nclip.batch import Batch
     from nclip.config import resolve
     from nclip.models import build_model
     from nclip.objectives import build_objective
@@ -167,7 +168,7 @@ def _model_and_batch(strategy: str = "ddp", tower: str = "vit"):
     g = torch.Generator().manual_seed(1)
     pixels = torch.randn(B, 3, 16, 16, generator=g, dtype=torch.float64)
     ids, mask = model.tokenizer(CAPTIONS)
-    return cfg, step, (pixels, ids, mask)
+    return cfg, step, Batch(pixels, ids, mask)
 
 
 def _grads(module) -> dict[str, torch.Tensor]:
@@ -190,11 +191,10 @@ def _model_rank(rank: int, world: int):
     for tower in MODEL_TOWERS:
         results[tower] = {}
         for strategy in ("ddp", "fsdp"):
-            cfg, step, (pixels, ids, mask) = _model_and_batch(strategy, tower)
+            cfg, step, batch = _model_and_batch(strategy, tower)
             module = wrap(step, DistContext(rank, world), cfg)
             n = B // world
-            sl = slice(rank * n, (rank + 1) * n)
-            terms = module(pixels[sl], ids[sl], mask[sl])
+            terms = module(batch.rows(rank * n, (rank + 1) * n))  # a Batch through DDP's and FSDP2's forward
             terms["loss"].backward()
             sync_replicated_grads(module)
             bn = {}
@@ -213,7 +213,7 @@ def model_results(ranks):
 
 def _model_reference(tower: str):
     _, step, batch = _model_and_batch(tower=tower)
-    terms = step(*batch)
+    terms = step(batch)
     terms["loss"].backward()
     return terms["loss"].detach(), _grads(step), _bn_stats(step)
 
@@ -235,7 +235,7 @@ def test_dual_encoder_grads_match_single_process(model_results, strategy, tower)
         for rank_result in model_results:  # running statistics of the global batch, on every rank
             for name, v in ref_bn.items():
                 torch.testing.assert_close(rank_result["ddp"][2][name], v, rtol=1e-10, atol=1e-12, msg=name)
-    assert any("nclip_head" in n for n in ref_grads) and any("vision" in n for n in ref_grads)
+    assert any("heads.nclip." in n for n in ref_grads) and any("vision" in n for n in ref_grads)
 
 
 # --------------------------------------------------------------------------------------------

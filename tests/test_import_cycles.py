@@ -1,6 +1,6 @@
-"""No import cycle among nclip's modules (docs/design.md, layers): every ``import`` of an nclip
-module counts, module-level or inside a function (a lazy import is still an import), read with
-:mod:`ast` from the source, so nothing is imported to check it."""
+"""No import cycle among nclip's modules, and no import up the layers (docs/design.md, layers):
+every ``import`` of an nclip module counts, module-level or inside a function (a lazy import is
+still an import), read with :mod:`ast` from the source, so nothing is imported to check it."""
 
 import ast
 from pathlib import Path
@@ -81,9 +81,76 @@ def import_graph() -> dict[str, set[str]]:
 
 def test_the_graph_sees_function_level_imports():
     graph = import_graph()
-    assert "nclip.data.synthetic" in graph["nclip.data.loader"]  # imported inside build_dataset only
+    assert "nclip.data.synthetic" in graph["nclip.data.sources"]  # imported inside build_dataset only
 
 
 def test_no_import_cycle_among_nclip_modules():
     cycles = _cycles(import_graph())
     assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+# --------------------------------------------------------------------------------------------
+# Layers: docs/design.md's table, as module prefix -> layer (the longest prefix names a module's
+# unit). A module may import its own unit and units of lower layers; across units of one layer only
+# the pairs in SAME_LAYER (the table's "may import" column). A module under no prefix fails the test:
+# a new package takes its row in docs/design.md and here.
+# --------------------------------------------------------------------------------------------
+
+LAYERS = {
+    # 0: no nclip import but the pairs in SAME_LAYER
+    "nclip.errors": 0, "nclip.jsonio": 0, "nclip.fileperm": 0, "nclip.runlock": 0, "nclip.rowlog": 0,
+    "nclip.distributed": 0, "nclip.precision": 0, "nclip.defaults": 0, "nclip.hierarchy": 0,
+    "nclip.config_files": 0, "nclip.batch": 0, "nclip.dataset_specs": 0,
+    "nclip.objectives": 1, "nclip.heads": 1,
+    "nclip.config": 2,
+    "nclip.data": 3,
+    "nclip.models": 4,
+    "nclip.eval": 5,
+    "nclip.train": 6,
+    "nclip.embed": 7, "nclip.sweep": 7, "nclip.bench": 7, "nclip.finetune": 7,
+    "nclip": 8, "nclip.__main__": 8, "nclip.cli": 8, "nclip.api": 8, "nclip.merge_command": 8,
+}
+SAME_LAYER = {
+    ("nclip.jsonio", "nclip.errors"), ("nclip.config_files", "nclip.errors"),
+    ("nclip.runlock", "nclip.errors"), ("nclip.runlock", "nclip.jsonio"),
+    ("nclip.hierarchy", "nclip.errors"), ("nclip.hierarchy", "nclip.jsonio"),
+    ("nclip.objectives", "nclip.heads"),
+    ("nclip.dataset_specs", "nclip.errors"), ("nclip.dataset_specs", "nclip.defaults"),
+    ("nclip.bench", "nclip.embed"),  # the embedding pipeline's row of `nclip bench`
+}
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in LAYERS:
+            return ".".join(parts[:end])
+    raise AssertionError(f"{module} is in no layer: give its package a row in docs/design.md and in LAYERS")
+
+
+def upward_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(importer, imported) for every import, lazy or not, of a higher layer or of another unit of the
+    same layer that SAME_LAYER does not allow. Layer 8 (cli, api, the package) imports anything."""
+    found = set()
+    for module, imported in graph.items():
+        unit = _unit(module)
+        for target in imported:
+            other = _unit(target)
+            if LAYERS[unit] == 8 or other == unit or LAYERS[other] < LAYERS[unit]:
+                continue
+            if LAYERS[other] == LAYERS[unit] and (unit, other) in SAME_LAYER:
+                continue
+            found.add((module, target))
+    return found
+
+
+def test_the_layers_test_sees_an_upward_import():
+    graph = {"nclip.data.loader": {"nclip.models.towers", "nclip.config"}, "nclip.config": {"nclip.errors"},
+             "nclip.errors": set(), "nclip.models.towers": set(), "nclip.embed.writer": {"nclip.sweep.grid"},
+             "nclip.sweep.grid": set(), "nclip.bench.runner": {"nclip.embed.writer"}}
+    assert upward_imports(graph) == {("nclip.data.loader", "nclip.models.towers"),
+                                     ("nclip.embed.writer", "nclip.sweep.grid")}
+
+
+def test_no_module_imports_up_the_layers():
+    found = upward_imports(import_graph())
+    assert not found, "imports up the layers (docs/design.md): " + "; ".join(f"{a} -> {b}" for a, b in sorted(found))
+

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from nclip.batch import Batch
 from nclip.config import resolve
 from nclip.models import build_model
 from nclip.objectives import build_objective
@@ -26,9 +27,17 @@ class _Recorder(torch.nn.Module):
         super().__init__()
         self.objective, self.seen = objective, None
 
-    def forward(self, out, *rows):
+    def forward(self, out, batch=None):
         self.seen = out
-        return self.objective(out, *rows)
+        return self.objective(out, batch)
+
+
+def _detached(out: EncoderOutput) -> EncoderOutput:
+    def d(v):
+        return v.detach().float() if torch.is_tensor(v) else v
+
+    return EncoderOutput(d(out.image_features), d(out.text_features), d(out.logit_scale),
+                         {k: d(v) for k, v in out.image.items()}, {k: d(v) for k, v in out.text.items()})
 
 
 @pytest.mark.parametrize("objective", ["clip", "nclip", "xclip", "yclip", "siglip", "xsiglip",
@@ -41,14 +50,13 @@ def test_objective_terms_are_float32_under_bf16_towers(micro_overrides, objectiv
     step = TrainStep(model, recorder, amp=torch.bfloat16)
     pixels = torch.randn(8, 3, 16, 16)
     ids, mask = model.tokenizer(["a red circle left of a blue square"] * 4 + ["two green stars"] * 4)
-    terms = step(pixels, ids, mask)
+    terms = step(Batch(pixels, ids, mask))
     # the towers did run in bf16: their head outputs carry bf16's rounding ...
-    head = recorder.seen.image_emb if recorder.seen.image_emb is not None else recorder.seen.image_logits
+    head = recorder.seen.image["clip"] if "clip" in recorder.seen.image else recorder.seen.image["nclip"]
     assert head.dtype == torch.float32
     assert all(_on_bf16_grid(v) for v in head.flatten()[:64].tolist())
     # ... and the objective computed in float32 on exactly those outputs
-    expected = reference(EncoderOutput(**{k: (v.detach().float() if torch.is_tensor(v) else v)
-                                          for k, v in vars(recorder.seen).items()}))
+    expected = reference(_detached(recorder.seen))
     for key, value in expected.items():
         if key == "logit_scale":
             continue
@@ -79,10 +87,10 @@ def test_logged_losses_are_not_on_the_bf16_grid(tmp_path, micro_overrides, prese
 
 
 def test_to_float32_casts_half_tensors_in_any_container():
-    out = EncoderOutput(torch.ones(2, 3, dtype=torch.bfloat16), torch.ones(2, 3), None, None,
-                        torch.ones(2, 4, dtype=torch.float16), None, torch.tensor(2.0))
+    out = EncoderOutput(torch.ones(2, 3, dtype=torch.bfloat16), torch.ones(2, 3), torch.tensor(2.0),
+                        image={"nclip": torch.ones(2, 4, dtype=torch.float16)})
     cast = to_float32(out)
-    assert cast.image_features.dtype == cast.image_logits.dtype == torch.float32
-    assert cast.text_features is out.text_features and cast.image_emb is None
+    assert cast.image_features.dtype == cast.image["nclip"].dtype == torch.float32
+    assert cast.text_features is out.text_features and "clip" not in cast.image and cast.text == {}
     nested = to_float32({"a": [torch.zeros(1, dtype=torch.bfloat16)], "b": torch.zeros(1, dtype=torch.long)})
     assert nested["a"][0].dtype == torch.float32 and nested["b"].dtype == torch.long

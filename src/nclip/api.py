@@ -3,7 +3,7 @@
 
 Everything here is the evaluation suite's own code behind a small object: the checkpoint is found
 by :func:`nclip.eval.checkpoint.resolve_checkpoint`, images are pre-processed by the eval transform
-(:func:`nclip.data.loader.eval_tensor`: shorter side to the run's image size, bicubic, centre crop,
+(:func:`nclip.data.transforms.eval_tensor`: shorter side to the run's image size, bicubic, centre crop,
 CLIP's mean and std), features come from :func:`nclip.eval.features.encode_images` /
 :func:`~nclip.eval.features.encode_texts`, and zero-shot scores from
 :func:`nclip.eval.zeroshot.scores` on prompt ensembles (:func:`nclip.eval.features.ensemble`), so a
@@ -21,9 +21,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from nclip.data.folders import FOLDER_TEMPLATES
-from nclip.data.loader import eval_tensor
-from nclip.data.transforms import model_resize
-from nclip.data.types import LabelSpace
+from nclip.data.transforms import eval_tensor, model_resize
+from nclip.data.types import LabelKind
 from nclip.defaults import EVAL_BATCH_SIZE
 from nclip.errors import NclipError
 from nclip.eval import zeroshot
@@ -44,7 +43,7 @@ class LoadedModel(nn.Module):
 
     def __init__(self, model, cfg, device: torch.device, path: Path | None = None, logit_bias: float | None = None):
         super().__init__()
-        from nclip.objectives import REGISTRY
+        from nclip.objectives import plan_for
 
         self.model = model.eval()
         self.cfg = cfg
@@ -52,7 +51,7 @@ class LoadedModel(nn.Module):
         self.device = torch.device(device)
         self.tokenizer = model.tokenizer
         self.image_size = cfg.data.image_size
-        objective = REGISTRY[cfg.objective.name][1]
+        objective = plan_for(cfg)
         self.head = objective.zero_shot_head
         self.probe_features = objective.probe_features
         self.nclip_score = cfg.eval.nclip_score
@@ -109,7 +108,7 @@ class LoadedModel(nn.Module):
     @torch.no_grad()
     def image_outputs(self, images, batch_size: int = EVAL_BATCH_SIZE) -> dict[str, torch.Tensor]:
         """Every head's output for ``images``: PIL images / uint8 arrays, or pixels [N, 3, S, S]
-        already pre-processed by :meth:`transform`. {"features", "emb", "logits", ...} [N, ...]."""
+        already pre-processed by :meth:`transform`. {"features", "clip", "nclip", ...} [N, ...] (keyed by head name)."""
         if isinstance(images, torch.Tensor):
             pixels = images[None] if images.ndim == 3 else images
             if pixels.ndim != 4:
@@ -172,7 +171,7 @@ class LoadedModel(nn.Module):
         templates = tuple(templates) if templates is not None else FOLDER_TEMPLATES
         if not names or not templates or any(t.count("{}") != 1 for t in templates):
             raise NclipError("zero_shot needs at least one class name and templates with one '{}' each")
-        space = LabelSpace(tuple(names), templates)
+        space = LabelKind(tuple(names), templates)
         prompts = encode_texts(self.model, [p for c in range(len(space)) for p in space.prompts(c)],
                                self.device, batch_size)
         classes = ensemble(prompts, len(space))

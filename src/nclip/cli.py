@@ -178,7 +178,7 @@ def _cmd_train(args) -> int:
 
     result = train(cfg, args.out, resume=resume, progress=not args.no_progress, evaluate=not args.no_eval,
                    force=args.force, extend_to=args.extend_to, preset=preset)
-    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 reports
+    if not _is_rank0():
         return 0
     if result.already_finished:
         print(f"nclip: {args.out} already finished at step {result.steps}; nothing to do "
@@ -330,17 +330,10 @@ def _cmd_bench(args) -> int:
     return 0
 
 
-COMMANDS = {"bench": _cmd_bench, "train": _cmd_train, "config": _cmd_config, "presets": _cmd_presets,
-            "export": _cmd_export, "sweep": _cmd_sweep, "data": _cmd_data}
-
-
 def _cmd_eval(args) -> int:
     from nclip.eval.command import run_eval_command
 
     return run_eval_command(args)
-
-
-COMMANDS["eval"] = _cmd_eval
 
 
 def _cmd_finetune(args) -> int:
@@ -349,16 +342,10 @@ def _cmd_finetune(args) -> int:
     return run_finetune_command(args)
 
 
-COMMANDS["finetune"] = _cmd_finetune
-
-
 def _cmd_embed(args) -> int:
     from nclip.embed.command import run_embed_command, run_search_command
 
     return (run_embed_command if args.command == "embed" else run_search_command)(args)
-
-
-COMMANDS["embed"] = COMMANDS["search"] = _cmd_embed
 
 
 def _cmd_merge(args) -> int:
@@ -367,7 +354,16 @@ def _cmd_merge(args) -> int:
     return run_merge_command(args)
 
 
-COMMANDS["merge"] = _cmd_merge
+# every subcommand of build_parser's, and what runs it
+COMMANDS = {"train": _cmd_train, "config": _cmd_config, "presets": _cmd_presets, "export": _cmd_export,
+            "data": _cmd_data, "sweep": _cmd_sweep, "bench": _cmd_bench, "eval": _cmd_eval, "finetune": _cmd_finetune,
+            "embed": _cmd_embed, "search": _cmd_embed, "merge": _cmd_merge}
+
+
+def _is_rank0() -> bool:
+    """Whether this process speaks for the run: always outside torchrun; under it, rank 0 only
+    (every rank meets the same outcome, one reports it)."""
+    return int(os.environ.get("RANK", "0") or 0) == 0
 
 
 def _check_outputs(args) -> None:
@@ -384,7 +380,7 @@ def _check_outputs(args) -> None:
 def _fail(message: str) -> int:
     """A user error: one line on stderr, exit status 2. Under torchrun every rank meets the same
     error (rank 0 decides and tells the others, nclip.train.rundir.agree); rank 0 alone says it."""
-    if int(os.environ.get("RANK", "0") or 0) == 0:
+    if _is_rank0():
         print(f"nclip: error: {message}", file=sys.stderr)
     return 2
 
@@ -404,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         return _fail(f"{e.filename or 'cannot write'}: {e.strerror or e}")
     except KeyboardInterrupt:
-        if int(os.environ.get("RANK", "0") or 0) == 0:
+        if _is_rank0():
             print(f"nclip: interrupted{_how_to_go_on(args)}", file=sys.stderr)
         return 130
 
@@ -418,7 +414,9 @@ def _how_to_go_on(args) -> str:
     out = args.out
     if not (out / "config.yaml").is_file():
         return "; the run had not started: nothing was written, run the same command again"
-    steps = sorted(int(p.name[5:]) for p in (out / "checkpoints").glob("step_*") if p.name[5:].isdigit())
+    from nclip.models.io import checkpoint_step
+
+    steps = sorted(n for n in map(checkpoint_step, (out / "checkpoints").glob("step_*")) if n is not None)
     since = f"from its step-{steps[-1]} checkpoint" if steps else "from step 0 (no checkpoint yet)"
     return f"; continue the run {since} with: nclip train --out {shlex.quote(str(out))} --resume auto"
 

@@ -25,9 +25,17 @@ def preset_names() -> list[str]:
     return sorted(p.name[: -len(SUFFIX)] for p in preset_dir().iterdir() if p.name.endswith(SUFFIX))
 
 
+def preset_text(name: str) -> str:
+    """The YAML text of the shipped preset ``name``; an unknown name is a one-line error listing them."""
+    path = preset_dir() / f"{name}{SUFFIX}"
+    if not path.is_file():
+        raise NclipError(f"unknown preset {name!r}; available: {', '.join(preset_names())}")
+    return path.read_text(encoding="utf-8")
+
+
 def preset_description(name: str) -> str:
     """The first line of the shipped preset's header comment ("" without one)."""
-    first = (preset_dir() / f"{name}{SUFFIX}").read_text(encoding="utf-8").lstrip().partition("\n")[0]
+    first = preset_text(name).lstrip().partition("\n")[0]
     return first.removeprefix("#").strip() if first.startswith("#") else ""
 
 

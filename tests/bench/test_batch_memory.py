@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from nclip.bench import batch_memory as bm
-from nclip.bench import runner
+from nclip.bench import context, stages
 
 MIB, GIB = 2**20, 2**30
 
@@ -76,9 +76,9 @@ def test_the_patch_dropout_rows_say_why_on_a_convnet():
 
     cfg = resolve("tiny", [])
     assert cfg.model.vision.kind != "vit"
-    b = runner._Bench("tiny", [], cfg, None, runner.Sizes.pick(True, False), runner.Budget(None), lambda m: None)
-    stage = next(s for s in runner.STAGES if s.name == "patch_dropout")
+    b = context.Bench("tiny", [], cfg, None, context.Sizes.pick(True, False), context.Budget(None), lambda m: None)
+    stage = next(s for s in stages.STAGES if s.name == "patch_dropout")
     assert stage.estimate(b) == 0.0  # skipped at once: the budget never skips it for want of time
-    runner._stage_patch_dropout(b)
-    assert [r.what for r in b.rep.rows] == list(runner.PATCH_ROWS)
+    stages._stage_patch_dropout(b)
+    assert [r.what for r in b.rep.rows] == list(stages.PATCH_ROWS)
     assert all(r.value is None and r.detail.startswith("skipped: patch dropout needs a ViT tower") for r in b.rep.rows)

@@ -8,8 +8,9 @@ import math
 import pytest
 from bench_helpers import count_builds, scratch_home
 
-from nclip.bench import loop_overhead, runner
-from nclip.bench.runner import Report, Sizes
+from nclip.bench import loop_overhead, runner, stages
+from nclip.bench.budget import Sizes
+from nclip.bench.report import Report
 from nclip.cli import main
 from nclip.config import resolve
 
@@ -127,7 +128,7 @@ def _check_builds_and_writes(doc: dict, build_calls: list, written: int, weights
 
 def _check_batch_memory_and_patch_dropout_rows(doc: dict) -> None:
     rows = {r["row"]: r for r in doc["rows"]}
-    for name in [*runner.BATCH_ROWS.values(), *runner.PATCH_ROWS]:
+    for name in [*stages.BATCH_ROWS.values(), *stages.PATCH_ROWS]:
         row = rows[name]
         assert isinstance(row["wall_s"], float) and row["wall_s"] >= 0, name
         assert row["value"] is not None and math.isfinite(row["value"]) and row["value"] > 0, (name, row["detail"])

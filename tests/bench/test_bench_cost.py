@@ -11,7 +11,7 @@ import pytest
 import torch
 from bench_helpers import count_builds
 
-from nclip.bench import loop_overhead, parts, runner
+from nclip.bench import context, loop_overhead, parts, stages
 from nclip.bench.budget import ModelCosts
 from nclip.bench.shared_models import ModelCache, model_key, shared_models
 from nclip.config import resolve
@@ -80,11 +80,11 @@ def test_the_hand_loop_trains_on_the_pixels_the_trainer_trains_on(preset):
     cfg = resolve(preset, ["train.batch_size=8", "train.threads=1"])
     batch = loop_overhead.one_batch(cfg)
     hand = loop_overhead.HandLoop(cfg, batch, warmup=1)  # made, then one warm-up step
-    pixels = next(hand.feed)[0]
-    expected = next(iter(DeviceFeed([batch], "cpu")))[0]
+    pixels = next(hand.feed).pixels
+    expected = next(iter(DeviceFeed([batch], "cpu"))).pixels
     assert pixels.dtype == torch.float32 and torch.equal(pixels, expected)
-    if batch[0].dtype == torch.uint8:
-        assert not torch.equal(pixels, batch[0].float())  # normalised, not the raw values
+    if batch.pixels.dtype == torch.uint8:
+        assert not torch.equal(pixels, batch.pixels.float())  # normalised, not the raw values
     assert hand.window(1)[0] > 0
 
 
@@ -104,9 +104,9 @@ def np_equal(a, b) -> bool:
     return a.shape == b.shape and bool(np.array_equal(a, b))
 
 
-def _bench(compile_: bool = False) -> runner._Bench:
+def _bench(compile_: bool = False) -> context.Bench:
     cfg = resolve("micro", [f"train.compile={str(compile_).lower()}"])
-    b = runner._Bench("micro", [], cfg, torch.device("cpu"), runner.Sizes.pick(True, False), runner.Budget(None),
+    b = context.Bench("micro", [], cfg, torch.device("cpu"), context.Sizes.pick(True, False), context.Budget(None),
                       lambda m: None)
     cost = {"step_s": 0.1, "build_s": 5.0, "copy_s": 0.5, "first_step_s": 1.0, "process_s": 8.0}
     b.costs = {"clip": cost, "xclip": cost}
@@ -127,19 +127,19 @@ def test_the_estimates_count_builds_copies_and_compilation():
     c = ModelCosts(build_s=5.0, copy_s=0.5, compile_s=30.0, first_s=1.0, step_s=0.1)
     assert c.seconds(1, 2, 10, compiles=3) == pytest.approx(5 + 1 + 90 + 3 + 1)
     b = _bench()
-    fresh = runner._models(b, 2, 1)  # the loop row: a build and a copy
+    fresh = context.models_seconds(b, 2, 1)  # the loop row: a build and a copy
     # --compare open_clip: nclip's CLIP model is another config (a build), OpenCLIP's a build too
-    assert runner._open_clip_estimate(b) == pytest.approx(2 * runner._models(b, 1, 2, builds=1))
+    assert stages._open_clip_estimate(b) == pytest.approx(2 * context.models_seconds(b, 1, 2, builds=1))
     b.models.templates[model_key(b.cfg)] = None  # the bench has built the run's model
-    assert fresh - runner._models(b, 2, 1) == pytest.approx(5.0 - 0.5)
+    assert fresh - context.models_seconds(b, 2, 1) == pytest.approx(5.0 - 0.5)
     compiled = _bench(compile_=True)
     assert compiled.step_costs().compile_s == 60.0  # budget.COMPILE_GUESS_S until one is timed
-    assert runner._models(compiled, 2, 1) - fresh == pytest.approx(2 * 60.0)
+    assert context.models_seconds(compiled, 2, 1) - fresh == pytest.approx(2 * 60.0)
     compiled.compile_s = 12.0
-    assert runner._models(compiled, 2, 1) - fresh == pytest.approx(2 * 12.0)
+    assert context.models_seconds(compiled, 2, 1) - fresh == pytest.approx(2 * 12.0)
     # the memory rows on the CPU: the subprocess's start, two builds (plain, checkpointed), a copy per run
-    memory = runner._memory_estimate(b)
-    points, _ = runner._memory_points(b)
+    memory = stages._memory_estimate(b)
+    points, _ = stages._memory_points(b)
     assert memory >= 8.0 + 2 * 5.0 + (len(points) + 1) * 0.5 and math.isfinite(memory)
 
 

@@ -60,7 +60,7 @@ def test_options():
     small = DigitsPairs("train", image_size=16, val_fraction=0.0)
     assert small[0].image.shape == (16, 16, 3) and small[0].masks.shape == (1, 16, 16)
     assert len(DigitsPairs("val", val_fraction=0.0)) == 0
-    assert DigitsPairs("train").label_spaces["digit"].names == DIGIT_NAMES
+    assert DigitsPairs("train").label_kinds["digit"].names == DIGIT_NAMES
 
 
 @pytest.mark.parametrize("kwargs", [

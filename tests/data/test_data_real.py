@@ -173,7 +173,7 @@ def test_bad_samples_are_skipped_and_counted(tmp_path, tokenizer):
                "train.steps=12")
     data = train_loader(cfg, tokenizer)
     batches = list(data)
-    assert len(batches) == 12 and all(b[0].shape == (8, 3, 16, 16) for b in batches)
+    assert len(batches) == 12 and all(b.pixels.shape == (8, 3, 16, 16) for b in batches)
     consumed = data.state()["streams"][0][0]
     src = Source("s", tuple(urls), 1.0)
     expected_bad = sum(isinstance(decode(r), Bad) for r, _ in zip(raw_stream([src], 0, 0, 0, 0, 1, False, 0),
@@ -217,13 +217,13 @@ def test_stream_resumes_exactly_from_its_saved_position(tmp_path, tokenizer):
     resumed = list(train_loader(cfg, tokenizer, start_step=3, state=saved))
     assert len(resumed) == 4
     for a, b in zip(full[3:], resumed):
-        for x, y in zip(a, b):
+        for x, y in zip(a.tensors(), b.tensors()):
             assert torch.equal(x, y)
     # other world sizes / worker counts, or exact_resume off: re-seeded, valid, different data
     other = list(train_loader(_cfg("data.source=webdataset", f"data.shards={urls}", "data.shuffle_buffer=6",
                                    "data.num_workers=2", "train.steps=7", "data.exact_resume=false"),
                               tokenizer, start_step=3, state=saved))
-    assert len(other) == 4 and not torch.equal(other[0][0], full[3][0])
+    assert len(other) == 4 and not torch.equal(other[0].pixels, full[3].pixels)
 
 
 @pytest.mark.slow
@@ -258,13 +258,13 @@ def test_csv_source_skips_bad_rows_and_trains(tmp_path, tokenizer):
                "train.steps=8")
     data = train_loader(cfg, tokenizer)
     batches = list(data)
-    assert len(batches) == 8 and all(b[0].shape == (8, 3, 16, 16) for b in batches)
+    assert len(batches) == 8 and all(b.pixels.shape == (8, 3, 16, 16) for b in batches)
     # every epoch (32 rows = 4 steps) draws both bad rows once; the missing file's stand-in is the
     # next row, the empty caption, so it is skipped too: 3 per epoch
     assert data.skipped == 3 * 2
     # step-indexed: a resumed loader gives the same batches
     later = list(train_loader(cfg, tokenizer, start_step=5, state=data.state()))
-    assert all(torch.equal(a[0], b[0]) for a, b in zip(batches[5:], later))
+    assert all(torch.equal(a.pixels, b.pixels) for a, b in zip(batches[5:], later))
     assert main(["data", "inspect", str(tsv), "--image-key", "path", "--caption-key", "caption"]) == 0
 
 
@@ -318,7 +318,7 @@ def test_dedup_of_shards_excluded_from_training_removes_exactly_those_samples(tm
     assert set(decoded) == everything - leaked and len(decoded) == 56
     # the decode-free replay of a resume skips the same records: the same batches follow
     resumed = list(train_loader(cfg, tokenizer, start_step=3, state=saved))
-    assert len(resumed) == 4 and all(torch.equal(a[0], b[0]) for a, b in zip(batches[3:], resumed))
+    assert len(resumed) == 4 and all(torch.equal(a.pixels, b.pixels) for a, b in zip(batches[3:], resumed))
 
 
 def test_excluding_every_shard_sample_is_one_line(tmp_path, tokenizer):

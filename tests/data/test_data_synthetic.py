@@ -8,7 +8,7 @@ import pytest
 from nclip.data.synthetic import COLOURS, REALMS, SHAPE_REALM, SHAPES, SyntheticScenes, sts, sts_pairs
 from nclip.data.synthetic.picker import Picker
 from nclip.data.synthetic.shapes import RGB
-from nclip.data.types import LabelSpace, Sample
+from nclip.data.types import LabelKind, Sample
 
 
 def mentions(text: str, noun: str) -> bool:
@@ -30,9 +30,9 @@ def test_vocabulary_sizes():
 
 def test_label_spaces():
     ds = SyntheticScenes(length=1, max_objects=3)
-    spaces = ds.label_spaces
+    spaces = ds.label_kinds
     assert set(spaces) == {"shape", "colour", "count", "realm", "size"}
-    assert all(isinstance(s, LabelSpace) for s in spaces.values())
+    assert all(isinstance(s, LabelKind) for s in spaces.values())
     assert spaces["shape"].names == SHAPES and len(spaces["shape"].templates) >= 4
     assert spaces["count"].names == ("one", "two", "three")
     for space in spaces.values():

@@ -198,7 +198,7 @@ def test_training_loader_leaves_out_the_excluded_samples(tmp_path):
 
     data = train_loader(cfg, CaptionTokenizer(cfg.data.text_length), views=2,
                         labels=LabelRequest(optional=True, frozen=FrozenEmbedding()))
-    seen = {i for batch in data for i in batch[-1].tolist()}
+    seen = {i for batch in data for i in batch.index.tolist()}
     assert seen and not seen & excluded and len(seen) > 600  # 40 × 16 draws over the 808 kept digits
     bad = tmp_path / "none.txt"
     bad.write_text("\n".join(f"digits:train:{i}" for i in range(1212)))

@@ -10,9 +10,11 @@ import pytest
 import torch
 from PIL import Image
 
+from nclip.batch import Batch
 from nclip.config import resolve
 from nclip.data.device_feed import DeviceFeed
-from nclip.data.loader import _AUG_STREAM, build_dataset, train_loader
+from nclip.data.loader import _AUG_STREAM, train_loader
+from nclip.data.sources import build_dataset
 from nclip.data.tokenization import CaptionTokenizer
 from nclip.data.transforms import augment, normalize_pixels, random_resized_crop, to_tensor, to_uint8_tensor
 from nclip.data.views import ViewCrops, finish_views
@@ -51,7 +53,9 @@ def test_a_full_size_crop_is_the_image_itself():
 def test_loader_pixels_are_uint8_and_normalise_to_the_old_floats(tokenizer):
     """The colour augmentations round to uint8 themselves: no pixel changes, jitter or not."""
     cfg = _cfg(*JITTER)
-    pixels, ids, mask = next(iter(train_loader(cfg, tokenizer)))
+    batch = next(iter(train_loader(cfg, tokenizer)))
+    pixels = batch.pixels
+    assert batch.labels is None and batch.index is None  # xCLIP asks for no per-row tensors
     assert pixels.dtype == torch.uint8 and pixels.shape == (8, 3, cfg.data.image_size, cfg.data.image_size)
     samples = build_dataset(cfg, "train")
     keys = train_loader(cfg, tokenizer).loader.batch_sampler.global_batch(0)
@@ -66,9 +70,9 @@ def test_feed_on_the_cpu_normalises_and_passes_the_rest_through(tokenizer):
     feed = DeviceFeed(train_loader(cfg, tokenizer), "cpu")
     fed = list(feed)
     assert len(fed) == len(plain) == len(feed) == 4 and feed.size == cfg.data.train_length
-    for (p, i, m), (fp, fi, fm) in zip(plain, fed):
-        assert fp.dtype == torch.float32 and torch.equal(fp, normalize_pixels(p))
-        assert torch.equal(fi, i) and torch.equal(fm, m)
+    for p, f in zip(plain, fed):
+        assert f.pixels.dtype == torch.float32 and torch.equal(f.pixels, normalize_pixels(p.pixels))
+        assert torch.equal(f.ids, p.ids) and torch.equal(f.mask, p.mask)
     waited, steps = feed.pop_wait()
     assert steps == 4 and waited >= 0 and feed.pop_wait() == (0.0, 0)
 
@@ -79,19 +83,19 @@ def test_two_views_travel_as_uint8_crops_and_the_feed_finishes_them(tokenizer):
     through a worker process."""
     cfg = _cfg()
     raw = next(iter(train_loader(cfg, tokenizer, views=2, device="cpu")))
-    crops = raw[0]
+    crops = raw.pixels
     assert isinstance(crops, ViewCrops) and crops.pixels.dtype == torch.uint8
     assert crops.pixels.shape == (8, 2, 3, cfg.data.image_size, cfg.data.image_size)
     plain = list(train_loader(cfg, tokenizer, views=2))
     fed = list(DeviceFeed(train_loader(cfg, tokenizer, views=2, device="cpu"), "cpu"))
     assert len(fed) == len(plain) == 4
     for p, f in zip(plain, fed):
-        assert p[0].dtype == torch.float32 and p[0].shape[1] == 2
-        assert all(torch.equal(a, b) for a, b in zip(p, f))
-    assert torch.equal(plain[0][0], finish_views(crops))
+        assert p.pixels.dtype == torch.float32 and p.pixels.shape[1] == 2
+        assert all(torch.equal(a, b) for a, b in zip(p.tensors(), f.tensors()))
+    assert torch.equal(plain[0].pixels, finish_views(crops))
     worker = list(train_loader(_cfg("data.num_workers=1"), tokenizer, views=2, device="cpu"))
-    assert isinstance(worker[0][0], ViewCrops) and worker[0][0].order == crops.order
-    assert torch.equal(worker[0][0].pixels, crops.pixels) and torch.equal(worker[0][0].params, crops.params)
+    assert isinstance(worker[0].pixels, ViewCrops) and worker[0].pixels.order == crops.order
+    assert torch.equal(worker[0].pixels.pixels, crops.pixels) and torch.equal(worker[0].pixels.params, crops.params)
 
 
 def test_pinning_keeps_the_crops_whole(tokenizer, monkeypatch):
@@ -103,10 +107,10 @@ def test_pinning_keeps_the_crops_whole(tokenizer, monkeypatch):
     pinned = []
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a: pinned.append(self.shape) or self.clone())
     batch = next(iter(train_loader(_cfg(), tokenizer, views=2, device="cpu")))
-    crops = pin_memory(batch)[0]
-    assert isinstance(crops, ViewCrops) and crops.order == batch[0].order and crops.recipe == batch[0].recipe
-    assert torch.equal(crops.pixels, batch[0].pixels) and torch.equal(crops.params, batch[0].params)
-    assert batch[0].pixels.shape in pinned and batch[0].params.shape in pinned
+    crops, sent = pin_memory(batch).pixels, batch.pixels
+    assert isinstance(crops, ViewCrops) and crops.order == sent.order and crops.recipe == sent.recipe
+    assert torch.equal(crops.pixels, sent.pixels) and torch.equal(crops.params, sent.params)
+    assert sent.pixels.shape in pinned and sent.params.shape in pinned and batch.ids.shape in pinned
 
 
 class _Counting:
@@ -132,7 +136,8 @@ class _Counting:
             if b == self.fail_at:
                 raise NclipError("bad batch")
             self.read += 1
-            yield torch.full((2, 3, 4, 4), b, dtype=torch.uint8), torch.zeros(2, 5, dtype=torch.long)
+            ids = torch.zeros(2, 5, dtype=torch.long)
+            yield Batch(torch.full((2, 3, 4, 4), b, dtype=torch.uint8), ids, ids)
 
 
 @pytest.mark.parametrize("lookahead", [True, False])
@@ -140,7 +145,8 @@ def test_state_and_skipped_are_those_after_the_batch_handed_out(lookahead):
     source = _Counting(4)
     feed = DeviceFeed(source, "cpu", lookahead=lookahead)
     assert feed.state() == {"kind": "map", "skipped": 0}
-    for b, (pixels, _) in enumerate(feed):
+    for b, batch in enumerate(feed):
+        pixels = batch.pixels
         assert source.read == (min(b + 2, 4) if lookahead else b + 1)  # reading ahead, or not
         assert feed.skipped == 10 * (b + 1) and feed.state() == {"kind": "map", "skipped": 10 * (b + 1)}
         assert torch.equal(pixels, normalize_pixels(torch.full((2, 3, 4, 4), b, dtype=torch.uint8)))
@@ -149,8 +155,8 @@ def test_state_and_skipped_are_those_after_the_batch_handed_out(lookahead):
 def test_an_error_read_ahead_is_raised_at_its_own_step():
     got = []
     with pytest.raises(NclipError, match="bad batch"):
-        for pixels, _ in DeviceFeed(_Counting(4, fail_at=2), "cpu"):
-            got.append(int(pixels[0, 0, 0, 0].round()))
+        for batch in DeviceFeed(_Counting(4, fail_at=2), "cpu"):
+            got.append(int(batch.pixels[0, 0, 0, 0].round()))
     assert len(got) == 2  # batches 0 and 1 were handed out before the error
 
 
@@ -192,11 +198,12 @@ def test_a_worker_gives_the_in_process_batches(tokenizer):
     cfg = _cfg(*JITTER)
     here = list(train_loader(cfg, tokenizer))
     worker = list(train_loader(_cfg(*JITTER, "data.num_workers=1"), tokenizer))
-    assert all(torch.equal(a, b) for x, y in zip(here, worker) for a, b in zip(x, y)) and len(worker) == 4
+    assert all(torch.equal(a, b) for x, y in zip(here, worker) for a, b in zip(x.tensors(), y.tensors()))
+    assert len(worker) == 4
 
 
 def test_the_epoch_permutation_kept_between_steps_changes_no_batch():
-    from nclip.data.loader import StepBatches
+    from nclip.data.step_batches import StepBatches
 
     steps = [0, 1, 9, 10, 3, 25, 2]  # epochs of 8 steps, visited out of order
     kept = StepBatches(64, 8, 40, seed=3)

@@ -14,7 +14,7 @@ from nclip.errors import NclipError
     ("digits", lambda: DigitsPairs("test"), ("digit",)),
 ])
 def test_builtin_hierarchies_cover_the_labels(source, data, keys):
-    spaces = data().label_spaces
+    spaces = data().label_kinds
     for key in keys:
         h = builtin_hierarchy(source, key)
         h.check_covers(spaces[key].names)

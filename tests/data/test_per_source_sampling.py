@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import nclip.data.webdataset as webdataset
+from nclip.batch import Batch
 from nclip.config import resolve
 from nclip.data.shards import ShardWriter
 from nclip.data.webdataset import ShardStreamDataset, batch_source
@@ -40,13 +41,13 @@ def _cfg(sources, *extra):
                              "data.sampling=per_source", "data.shuffle_buffer=5", "train.batch_size=8", *extra])
 
 
-def _captions(items):  # a collate that keeps the captions, to see where every row came from
-    return torch.stack([x[0] for x in items]), [x[1] for x in items], None, None
+def _captions(items):  # a collate that keeps the captions (as the ids), to see where every row came from
+    return Batch(torch.stack([x[0] for x in items]), [x[1] for x in items], None), {}
 
 
 def _batches(cfg, n, rank=0, world=2, workers=1, start=0, saved=None, monkeypatch=None):
     """``n`` batches of a rank as a DataLoader with ``workers`` workers gives them: batch b from
-    worker b mod W (the workers simulated in this process)."""
+    worker b mod W (the workers simulated in this process), as (pixels, captions, info)."""
     cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"num_workers": workers})})
     ds = ShardStreamDataset(cfg, _captions, cfg.train.batch_size // world, rank, world, start)
     ds.plan_resume(saved, True)
@@ -59,7 +60,7 @@ def _batches(cfg, n, rank=0, world=2, workers=1, start=0, saved=None, monkeypatc
     out = [first for _, first in iters]
     while len(out) < n:
         out.append(next(iters[len(out) % workers][0]))
-    return out[:n]
+    return [(batch.pixels, batch.ids, info) for batch, info in out[:n]]
 
 
 def _source_of(captions):

@@ -10,7 +10,10 @@ from nclip.cli import main
 from nclip.config import resolve
 from nclip.data.digits import DIGIT_NAMES, DIGIT_TEMPLATES
 from nclip.data.folders import FOLDER_TEMPLATES
-from nclip.data.loader import StepBatches, build_dataset, label_space, tag_captions, train_loader
+from nclip.data.labels import label_kind, tag_captions
+from nclip.data.loader import train_loader
+from nclip.data.sources import build_dataset
+from nclip.data.step_batches import StepBatches
 from nclip.data.tokenization import CaptionTokenizer
 from nclip.errors import NclipError
 from nclip.objectives import REGISTRY
@@ -101,14 +104,14 @@ def test_tagged_batches_resume_exactly_and_split_over_ranks(tokenizer):
     full = list(train_loader(cfg, tokenizer))
     resumed = list(train_loader(cfg, tokenizer, start_step=155))
     for a, b in zip(resumed, full[155:]):
-        assert all(torch.equal(x, y) for x, y in zip(a, b))
+        assert all(torch.equal(x, y) for x, y in zip(a.tensors(), b.tensors()))
     halves = [list(train_loader(cfg, tokenizer, start_step=150, rank=r, world_size=2)) for r in range(2)]
     for step in range(150, 160):  # the two ranks hold the halves of the same global batch, captions included
-        for i in range(3):
-            assert torch.equal(torch.cat([halves[0][step - 150][i], halves[1][step - 150][i]]), full[step][i])
+        parts = zip(halves[0][step - 150].tensors(), halves[1][step - 150].tensors(), full[step].tensors())
+        assert all(torch.equal(torch.cat([first, second]), whole) for first, second, whole in parts)
     plain = list(train_loader(_cfg(*[o for o in DIGITS if "tagging" not in o], "train.steps=160"), tokenizer,
                               start_step=150))
-    assert not torch.equal(plain[0][1], full[150][1])  # the tagging captions replace the digits' own
+    assert not torch.equal(plain[0].ids, full[150].ids)  # the tagging captions replace the digits' own
 
 
 def test_synthetic_scenes_tag_their_main_shape_or_a_named_label(tokenizer):
@@ -116,11 +119,11 @@ def test_synthetic_scenes_tag_their_main_shape_or_a_named_label(tokenizer):
     data = train_loader(cfg, tokenizer)
     s = build_dataset(cfg, "train")[3]
     spaces = s.labels
-    shape = label_space(cfg, "shape")[1]
+    shape = label_kind(cfg, "shape")[1]
     assert _caption(data, 0, 3) in shape.prompts(spaces["shape"])
     colour = _cfg("data.source=synthetic", "data.tagging.enabled=true", "data.tagging.label_key=colour",
                   "data.train_length=64", "train.batch_size=8")
-    assert _caption(train_loader(colour, tokenizer), 0, 3) in label_space(colour, "colour")[1].prompts(spaces["colour"])
+    assert _caption(train_loader(colour, tokenizer), 0, 3) in label_kind(colour, "colour")[1].prompts(spaces["colour"])
 
 
 def test_a_user_templates_file_is_used(tmp_path, tokenizer):
@@ -177,7 +180,7 @@ def test_folder_source_labels_names_and_captions(tmp_path, tokenizer):
     cfg = _cfg("data.source=folder", f"data.folder={root}", "train.batch_size=6")
     samples = build_dataset(cfg, "train")
     assert len(samples) == 12 and [s.name for s in samples.paths[:2]] == ["0.png", "1.png"]
-    key, space = label_space(cfg)
+    key, space = label_kind(cfg)
     # class ids: the sorted folder names; names with spaces
     assert key == "label" and space.names == ("blue circle", "green star", "red square")
     assert samples[0].caption == "blue circle" and samples[0].labels == {"label": 0}
@@ -199,12 +202,11 @@ def test_csv_label_column_gives_labels_to_cmsf_and_xent(tmp_path, tokenizer):
         assert request is not None and not request.optional
         views = REGISTRY[cfg.objective.name][1].views
         batches = list(train_loader(cfg, tokenizer, views=views, labels=request))
-        index = batches[0][0].shape[0]
-        assert index == 6
+        assert len(batches[0]) == 6
         keys = train_loader(cfg, tokenizer).loader.batch_sampler.global_batch(0)
         expected = torch.tensor([("bird", "cat", "dog").index(("cat", "dog", "bird")[i % 3]) for i in keys])
-        assert torch.equal(batches[0][3], expected) and torch.equal(batches[0][4], expected)  # true = the label
-    assert label_space(_cfg(*base))[1].names == ("bird", "cat", "dog")
+        assert torch.equal(batches[0].labels, expected) and torch.equal(batches[0].true_labels, expected)  # clean
+    assert label_kind(_cfg(*base))[1].names == ("bird", "cat", "dog")
     tagged = _cfg(*base, "data.tagging.enabled=true", "data.csv_caption_key=absent")  # captions not read
     assert _caption(train_loader(tagged, tokenizer), 0, 1) in {t.format("dog") for t in FOLDER_TEMPLATES}
 

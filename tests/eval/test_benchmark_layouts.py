@@ -28,7 +28,7 @@ def test_wds_classification_two_shards(tmp_path):
     test = data.splits["test"]
     assert len(test) == 9  # both shards
     assert [test[i].labels["class"] for i in range(len(test))] == [0, 1, 2] * 3
-    space = data.label_spaces["class"]
+    space = data.label_kinds["class"]
     assert space.names == COLOURS and space.templates == ("a photo of a {}.", "a {} picture.")
     s = test[4]
     assert s.image.shape == (12, 12, 3) and s.image[..., 1].mean() > 150  # green, decoded from webp
@@ -42,15 +42,15 @@ def test_wds_user_prompts_and_split(tmp_path):
     names = tmp_path / "names.txt"
     names.write_text("crimson\nlime\nnavy\n")
     data = _build(f"wds:{root}:val", classnames=str(names), templates="imagenet80")
-    assert data.label_spaces["class"].names == ("crimson", "lime", "navy")
-    assert len(data.label_spaces["class"].templates) == 80
+    assert data.label_kinds["class"].names == ("crimson", "lime", "navy")
+    assert len(data.label_kinds["class"].templates) == 80
     assert len(data.splits["test"]) == 3 and "train" not in data.splits
 
 
 def test_wds_retrieval_captions(tmp_path):
     root = write_wds(tmp_path / "wds_flickr", per_class=2, shards=2, retrieval=True, fmt="jpg")
     data = _build(f"wds:{root}")
-    assert data.retrieval and not data.label_spaces
+    assert data.retrieval and not data.label_kinds
     s = data.splits["test"][0]
     assert s.captions == ("a red square", "a mostly red picture number 0")
 
@@ -91,13 +91,13 @@ def test_imagefolder_split_with_class_index_file(tmp_path):
     root = write_imagefolder(tmp_path / "imagenet", per_class=2, splits=("val", "train"))
     data = _build(f"imagefolder:{root / 'val'}", classnames=str(root / "class_index.json"))
     assert data.name == "imagenet"
-    assert data.label_spaces["class"].names == COLOURS
+    assert data.label_kinds["class"].names == COLOURS
     test = data.splits["test"]
     assert len(test) == 6  # the whole split: no 70/30 carving
     assert [test[i].labels["class"] for i in range(6)] == [0, 0, 1, 1, 2, 2]
     assert len(data.splits["train"]) == 6  # the sibling train/ for probes
     plain = _build(f"imagefolder:{root / 'val'}")  # default names: the folder names
-    assert plain.label_spaces["class"].names[0] == "n000000"
+    assert plain.label_kinds["class"].names[0] == "n000000"
 
 
 @pytest.mark.parametrize("index, needle", [

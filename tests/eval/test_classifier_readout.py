@@ -54,9 +54,9 @@ def test_readout_is_argmax_over_the_pretraining_classifier(tmp_path, objective):
     with torch.no_grad():
         f = test["image.features"]
         if objective == "xent":
-            scores = model.image_xent_head(f)
+            scores = model.heads["xent"].image(f)
         else:  # the nearest of the prototypes the objective trained with (seed 3, 10 digits, D 16)
-            scores = F.normalize(model.image_supcon_head(f), dim=-1) @ functional.frozen_prototypes(10, 16, 3).T
+            scores = F.normalize(model.heads["supcon"].image(f), dim=-1) @ functional.frozen_prototypes(10, 16, 3).T
     y = test["label.digit"]
     assert scores.argmax(-1).unique().numel() >= 3  # the check below can tell classifiers apart
     assert top1 == pytest.approx(float((scores.argmax(-1) == y).float().mean()), abs=1e-6)

@@ -23,7 +23,7 @@ def test_image_folder_with_and_without_splits(tmp_path):
         for i in range(10):
             _png(tmp_path / "flat" / name / f"{i}.png", (80 * c, 10, 10))
     data = eval_data.image_folder(tmp_path / "flat", seed=0)
-    assert data.name == "flat" and data.label_spaces["class"].names == ("blue boat", "green tree", "red car")
+    assert data.name == "flat" and data.label_kinds["class"].names == ("blue boat", "green tree", "red car")
     assert len(data.splits["train"]) == 21 and len(data.splits["test"]) == 9  # stratified 70 / 30
     s = data.splits["test"][0]
     assert s.image.shape == (12, 12, 3) and s.captions[0].startswith("a photo of a ")
@@ -48,8 +48,8 @@ def test_realm_folders(tmp_path):
                 _png(tmp_path / "r" / realm / name / f"{i}.png")
     data = eval_data.realm_folders(tmp_path / "r")
     assert data.realm == ("realm", "class")
-    assert data.label_spaces["realm"].names == ("animals", "tools")
-    assert data.label_spaces["class"].names == ("cat", "dog", "drill", "hammer", "saw")
+    assert data.label_kinds["realm"].names == ("animals", "tools")
+    assert data.label_kinds["class"].names == ("cat", "dog", "drill", "hammer", "saw")
     labels = data.splits["train"].labels + data.splits["test"].labels
     assert {(lab["realm"], lab["class"]) for lab in labels} == {(0, 0), (0, 1), (1, 2), (1, 3), (1, 4)}
 
@@ -154,14 +154,6 @@ def test_folder_errors(tmp_path):
     files = eval_data.FileSamples([tmp_path / "bad" / "a" / "0.png"], [("x",)], [{}], ["caps.csv line 7: "])
     with pytest.raises(NclipError, match="caps.csv line 7: cannot read image"):
         files[0]
-
-
-def test_spec_parsing():
-    assert eval_data.parse_spec("synthetic") == ("synthetic", None)
-    assert eval_data.parse_spec("folder:/data/x") == ("folder", "/data/x")
-    for bad in ("imagenet", "folder", "folder:", "synthetic:/x"):
-        with pytest.raises(NclipError, match="unknown dataset"):
-            eval_data.parse_spec(bad)
 
 
 def test_feature_cache_roundtrip_and_identity(tmp_path):

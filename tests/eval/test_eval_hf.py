@@ -24,12 +24,11 @@ def _clipmodel_scores(hf, directory: Path, seed: int) -> torch.Tensor:
     from transformers import AutoTokenizer
 
     from nclip.data.digits import DigitsPairs
-    from nclip.data.loader import eval_tensor
-    from nclip.data.transforms import CLIP_MEAN, CLIP_STD
+    from nclip.data.transforms import CLIP_MEAN, CLIP_STD, eval_tensor
 
     tok = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     test = DigitsPairs("test", seed=seed, image_size=IMAGE_SIZE, val_fraction=0.0)
-    space = test.label_spaces["digit"]
+    space = test.label_kinds["digit"]
     images = torch.stack([eval_tensor(test[i].image, IMAGE_SIZE) for i in range(len(test))])
     raw = images * torch.from_numpy(CLIP_STD).view(1, 3, 1, 1) + torch.from_numpy(CLIP_MEAN).view(1, 3, 1, 1)
     with torch.no_grad():

@@ -12,7 +12,7 @@ import torch
 
 from nclip.cli import main
 from nclip.config import resolve
-from nclip.data.loader import build_dataset
+from nclip.data.sources import build_dataset
 from nclip.eval import retrieval, zeroshot
 from nclip.eval.features import class_text_outputs, extract, similarity
 from nclip.models import build_model
@@ -43,8 +43,8 @@ def _tolerances(*pairs: tuple[dict, dict]) -> dict[str, float]:
     Δz_k − E_q[Δz]); through p it is Σ Δp_k (log q_k − c) ≤ ‖Δp‖₁ · R/2 ≤ δ·R for the mid-range c
     (Σ Δp = 0, ‖Δp‖₁ ≤ 2δ), R the largest range of a row of logits; 25 % on top for the
     second-order terms. A worst case: the measured change is ~100× smaller."""
-    delta = max((b[k]["logits"] - a[k]["logits"]).abs().max().item() for a, b in pairs for k in a)
-    spread = max((a[k]["logits"].amax(1) - a[k]["logits"].amin(1)).max().item() for a, _ in pairs for k in a)
+    delta = max((b[k]["nclip"] - a[k]["nclip"]).abs().max().item() for a, b in pairs for k in a)
+    spread = max((a[k]["nclip"].amax(1) - a[k]["nclip"].amin(1)).max().item() for a, _ in pairs for k in a)
     return {"clip": 4 * U, "nclip": 1.25 * delta * (2 + spread)}
 
 
@@ -76,7 +76,7 @@ def test_bf16_autocast_scores_match_float32_within_the_rounding_bound():
             i2t, t2i = _unstable(s32, s16, tol[head], k), _unstable(s32.T, s16.T, tol[head], k)
             assert abs(r16[f"i2t@{k}"] - r32[f"i2t@{k}"]) <= i2t.float().mean() + 1e-9, (head, k)
             assert abs(r16[f"t2i@{k}"] - r32[f"t2i@{k}"]) <= t2i.float().mean() + 1e-9, (head, k)
-    for kind, space in data.label_spaces.items():
+    for kind, space in data.label_kinds.items():
         classes = [class_text_outputs(model, space, "cpu", a) for a in (None, torch.bfloat16)]
         ztol = _tolerances(outs, ({"classes": classes[0]}, {"classes": classes[1]}))
         for head in ("clip", "nclip"):

@@ -27,10 +27,10 @@ def test_zeroshot_known_answer_and_sklearn():
     from sklearn.metrics import balanced_accuracy_score, top_k_accuracy_score
 
     # 3 classes on the axes; image i points at class i % 3 except image 5 (points at class 0)
-    classes = {"emb": torch.eye(3, 8)}
+    classes = {"clip": torch.eye(3, 8)}
     labels = torch.tensor([0, 1, 2, 0, 1, 2])
     dirs = torch.tensor([0, 1, 2, 0, 1, 0])
-    image = {"emb": torch.eye(3, 8)[dirs] * 3.0 + 0.01}
+    image = {"clip": torch.eye(3, 8)[dirs] * 3.0 + 0.01}
     s = zeroshot.scores(image, classes, "clip")
     m, pred = zeroshot.evaluate(s, labels)
     assert pred.tolist() == dirs.tolist()
@@ -57,13 +57,13 @@ def test_prompt_ensemble_clip_and_nclip():
     emb = torch.randn(n_cls * n_tpl, 6, generator=g)
     logits = torch.randn(n_cls * n_tpl, 10, generator=g)
     feats = torch.randn(n_cls * n_tpl, 5, generator=g)
-    out = ensemble({"emb": emb, "logits": logits, "features": feats}, n_cls)
+    out = ensemble({"clip": emb, "nclip": logits, "features": feats}, n_cls)
     for c in range(n_cls):
         rows = slice(c * n_tpl, (c + 1) * n_tpl)
         ref = F.normalize(F.normalize(emb[rows], dim=1).mean(0), dim=0)  # CLIP: mean of unit vectors, renormalised
-        assert torch.allclose(out["emb"][c], ref, atol=1e-6)
+        assert torch.allclose(out["clip"][c], ref, atol=1e-6)
         p = F.softmax(logits[rows], dim=1).mean(0)  # nCLIP: mean of the prompts' distributions
-        assert torch.allclose(F.softmax(out["logits"][c], dim=0), p, atol=1e-6)
+        assert torch.allclose(F.softmax(out["nclip"][c], dim=0), p, atol=1e-6)
         assert torch.allclose(out["features"][c], feats[rows].mean(0), atol=1e-6)
 
 
@@ -78,14 +78,14 @@ def test_zeroshot_nclip_head_scores_are_minus_cross_entropy():
     g = torch.Generator().manual_seed(2)
     img, cls = 2 * torch.randn(30, 7, generator=g), 2 * torch.randn(4, 7, generator=g)
     # default: −L_CE symmetrised (xCLIP Sec. 3.1, Eq. 2); image_to_text: the one direction
-    s = zeroshot.scores({"logits": img}, {"logits": cls}, "nclip")
+    s = zeroshot.scores({"nclip": img}, {"nclip": cls}, "nclip")
     assert s.dtype == torch.float32
     assert torch.allclose(s.double(), _minus_ce_loops(img, cls, True), atol=1e-5)
-    one = zeroshot.scores({"logits": img}, {"logits": cls}, "nclip", "image_to_text")
+    one = zeroshot.scores({"nclip": img}, {"nclip": cls}, "nclip", "image_to_text")
     assert torch.allclose(one.double(), _minus_ce_loops(img, cls, False), atol=1e-5)
     assert (s.argmax(1) != one.argmax(1)).any()
     # retrieval scores the same way
-    assert torch.equal(similarity({"logits": img}, {"logits": cls}, "nclip"), s)
+    assert torch.equal(similarity({"nclip": img}, {"nclip": cls}, "nclip"), s)
 
 
 def test_yclip_is_scored_with_its_own_s():
@@ -98,8 +98,8 @@ def test_yclip_is_scored_with_its_own_s():
     assert head in HEADS and MODEL_HEAD[head] == "nclip"  # S reads the nCLIP head's logits
     p, q = F.softmax(img.double(), 1), F.softmax(txt.double(), 1)
     s_ref = p @ q.log().T + p.log() @ q.T  # App. B.2 Eq. 2: S_ij = p_i·log q_j + log p_i·q_j
-    for sim in (similarity({"logits": img}, {"logits": txt}, head),
-                zeroshot.scores({"logits": img}, {"logits": txt}, head, "image_to_text")):  # nclip_score ignored
+    for sim in (similarity({"nclip": img}, {"nclip": txt}, head),
+                zeroshot.scores({"nclip": img}, {"nclip": txt}, head, "image_to_text")):  # nclip_score ignored
         assert torch.allclose(sim.double(), s_ref, atol=1e-5)
 
 
@@ -263,7 +263,7 @@ def test_sts_against_scipy():
     g = torch.Generator().manual_seed(8)
     a, b = torch.randn(50, 16, generator=g), torch.randn(50, 16, generator=g)
     gold = torch.rand(50, generator=g) * 5
-    r = sts.evaluate({"features": a, "emb": a[:, :4]}, {"features": b, "emb": b[:, :4]}, gold)
+    r = sts.evaluate({"features": a, "clip": a[:, :4]}, {"features": b, "clip": b[:, :4]}, gold)
     cos = (a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1))
     assert r["spearman"] == pytest.approx(spearmanr(cos.numpy(), gold.numpy()).statistic, abs=1e-9)
     cos4 = F.cosine_similarity(a[:, :4], b[:, :4])
@@ -330,15 +330,15 @@ def test_diagnostics_collapsed_and_spread():
     t2i = torch.tensor([0, 0, 1, 2, 2, 3])
     assert diagnostics.first_caption(t2i, 5).tolist() == [0, 2, 3, 5, -1]
     n = 4
-    collapsed = {"features": torch.ones(n, 5), "emb": torch.ones(n, 3), "logits": torch.zeros(n, 6)}
-    text = {"emb": torch.ones(6, 3), "logits": torch.zeros(6, 6)}
+    collapsed = {"features": torch.ones(n, 5), "clip": torch.ones(n, 3), "nclip": torch.zeros(n, 6)}
+    text = {"clip": torch.ones(6, 3), "nclip": torch.zeros(6, 6)}
     r = diagnostics.evaluate(collapsed, text, t2i)
     assert r["erank_image_features"] == pytest.approx(1.0)
     assert r["uniformity_image_emb"] == pytest.approx(0.0, abs=1e-6)
     assert r["alignment_emb"] == pytest.approx(0.0, abs=1e-6)
     assert r["proto_used_image"] == 1 and r["row_std_image"] == pytest.approx(0.0)
-    spread = {"features": torch.eye(n, 5), "emb": torch.eye(n, 4), "logits": 20 * torch.eye(n, 6)}
-    text = {"emb": torch.eye(6, 4)[[0, 0, 1, 2, 2, 3]], "logits": torch.zeros(6, 6)}
+    spread = {"features": torch.eye(n, 5), "clip": torch.eye(n, 4), "nclip": 20 * torch.eye(n, 6)}
+    text = {"clip": torch.eye(6, 4)[[0, 0, 1, 2, 2, 3]], "nclip": torch.zeros(6, 6)}
     r = diagnostics.evaluate(spread, text, t2i)
     assert r["erank_image_features"] == pytest.approx(4.0)
     assert r["alignment_emb"] == pytest.approx(0.0, abs=1e-6)  # every image equals its first caption

@@ -100,8 +100,8 @@ def test_cli_features_match_the_ablation_script(proto_model, tmp_path, monkeypat
     data = synthetic(cfg.data.image_size, cfg.data.max_objects, 0, 40, 60)
     tr = extract(model, data.splits["train"], cfg.data.image_size, "cpu", texts=False)
     te = extract(model, data.splits["test"], cfg.data.image_size, "cpu", texts=False)
-    knn = probe.knn(tr.image["emb"], tr.labels["colour"], te.image["emb"], te.labels["colour"],
-                    len(data.label_spaces["colour"]))
+    knn = probe.knn(tr.image["clip"], tr.labels["colour"], te.image["clip"], te.labels["colour"],
+                    len(data.label_kinds["colour"]))
     assert knn["top1"] == pytest.approx(runs["clip"]["knn/synthetic-colour/top1"])
 
 

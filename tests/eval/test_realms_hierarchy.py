@@ -20,8 +20,8 @@ def test_builtin_hierarchy_reproduces_the_synthetic_realm_labels():
     data = SyntheticScenes("test", length=60, image_size=32)
     shapes = torch.tensor([data[i].labels["shape"] for i in range(len(data))])
     truth = torch.tensor([data[i].labels["realm"] for i in range(len(data))])
-    ids, names = realms.from_hierarchy(builtin_hierarchy("synthetic"), data.label_spaces["shape"].names, shapes)
-    assert names == list(data.label_spaces["realm"].names)
+    ids, names = realms.from_hierarchy(builtin_hierarchy("synthetic"), data.label_kinds["shape"].names, shapes)
+    assert names == list(data.label_kinds["realm"].names)
     assert torch.equal(ids, truth)
 
 

@@ -50,8 +50,8 @@ def test_tsne_names_classes_in_a_legend_not_over_the_points(captured):
     g = torch.Generator().manual_seed(0)
     labels = torch.arange(5).repeat(6)  # 30 images
     t = {"head": "clip", "names": names, "labels": labels, "dataset": "synthetic", "kind": "shape",
-         "image": {"emb": torch.randn(30, 8, generator=g)}, "prompts": {"emb": torch.randn(15, 8, generator=g)},
-         "classes": {"emb": torch.randn(5, 8, generator=g)}}
+         "image": {"clip": torch.randn(30, 8, generator=g)}, "prompts": {"clip": torch.randn(15, 8, generator=g)},
+         "classes": {"clip": torch.randn(5, 8, generator=g)}}
     figures.tsne_figure(t)
     fig = captured[0]
     _labelled(fig)

@@ -24,8 +24,8 @@ def _report(names, capsys) -> tuple[str, list[str], list[str]]:
     n = len(names)
     g = torch.Generator().manual_seed(0)
     t = {"head": "clip", "names": names, "labels": torch.arange(n).repeat(6), "dataset": "pets", "kind": "class",
-         "image": {"emb": torch.randn(6 * n, 8, generator=g)}, "prompts": {"emb": torch.randn(2 * n, 8, generator=g)},
-         "classes": {"emb": torch.randn(n, 8, generator=g)}}
+         "image": {"clip": torch.randn(6 * n, 8, generator=g)}, "prompts": {"clip": torch.randn(2 * n, 8, generator=g)},
+         "classes": {"clip": torch.randn(n, 8, generator=g)}}
     doc = {"results": {"zeroshot/pets-class/top1": 0.5}, "config": {"tsne_iters": 250}, "cache": {}, "timing": {},
            "checkpoint": {"path": "m", "objective": "clip", "heads": ["clip"], "head": "clip",
                           "weights_sha256": "ab" * 32}}

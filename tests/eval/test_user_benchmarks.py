@@ -47,17 +47,17 @@ def test_folder_with_the_users_class_names_and_templates(tmp_path):
     (tmp_path / "names.txt").write_text("a blue boat\n\nan oak\na red car\n")  # blank lines skipped
     (tmp_path / "t.txt").write_text("# mine\na snapshot of {}.\n{}, seen from afar\n")
     space = eval_data.image_folder(root, classnames=str(tmp_path / "names.txt"),
-                                   templates=str(tmp_path / "t.txt")).label_spaces["class"]
+                                   templates=str(tmp_path / "t.txt")).label_kinds["class"]
     assert space.names == ("a blue boat", "an oak", "a red car")
     assert space.prompts(1) == ["a snapshot of an oak.", "an oak, seen from afar"]
 
     (tmp_path / "names.json").write_text(json.dumps({"red_car": "sports car", "green-tree": "tree",
                                                      "blue_boat": "rowing boat", "unused": "x"}))
     space = eval_data.image_folder(root, classnames=str(tmp_path / "names.json"),
-                                   templates="imagenet80").label_spaces["class"]
+                                   templates="imagenet80").label_kinds["class"]
     assert space.names == ("rowing boat", "tree", "sports car")  # sorted folder order, from the map
     assert space.templates == prompts.IMAGENET80 and len(space.prompts(0)) == 80
-    default = eval_data.image_folder(root).label_spaces["class"]
+    default = eval_data.image_folder(root).label_kinds["class"]
     assert default.names == ("blue boat", "green tree", "red car") and len(default.templates) == 4
 
 
@@ -133,15 +133,15 @@ def test_multilabel_file_reads_targets_and_names(tmp_path):
                                      f"{tmp_path / 'img' / '2.png'},grass\n")
     data = multilabel_file(tmp_path / "ml.csv")
     assert data.name == "ml" and data.multilabel_kinds == ("label",) and not data.retrieval
-    assert data.label_spaces["label"].names == ("dog", "grass", "traffic light")
+    assert data.label_kinds["label"].names == ("dog", "grass", "traffic light")
     samples = data.splits["test"]
     assert len(samples) == 3 and samples[1].labels == {}
     assert [s.multilabels["label"].tolist() for s in samples] == [[True, True, False], [True, False, True],
                                                                   [False, True, False]]
     (tmp_path / "names.json").write_text('{"dog": "puppy", "grass": "lawn", "traffic_light": "traffic light"}')
     data = multilabel_file(tmp_path / "ml.csv", str(tmp_path / "names.json"), "imagenet80")
-    assert data.label_spaces["label"].names == ("puppy", "lawn", "traffic light")
-    assert data.label_spaces["label"].templates == prompts.IMAGENET80
+    assert data.label_kinds["label"].names == ("puppy", "lawn", "traffic light")
+    assert data.label_kinds["label"].templates == prompts.IMAGENET80
 
 
 @pytest.mark.parametrize(
@@ -186,7 +186,7 @@ def _voc(root, n=2, size=(8, 8), val=None):
 
 def test_voc_masks_reach_the_jaccard_with_void_pixels_left_out(tmp_path):
     data = mask_folder(_voc(tmp_path / "voc"))
-    assert data.masks and data.name == "voc" and len(data.splits["test"]) == 2 and not data.label_spaces
+    assert data.masks and data.name == "voc" and len(data.splits["test"]) == 2 and not data.label_kinds
     s = data.splits["test"][0]
     assert s.masks.shape == (1, 8, 8) and s.masks[0, :, :3].all() and not s.masks[0, :, 3:].any()
     assert s.mask_classes.tolist() == [0]  # VOC class 1 (aeroplane), for zero-shot segmentation

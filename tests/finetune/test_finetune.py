@@ -42,9 +42,9 @@ def _net(model_dir, classifier="linear"):
 
     ck = resolve_checkpoint(model_dir)
     from nclip.data.digits import DIGIT_NAMES, DIGIT_TEMPLATES
-    from nclip.data.types import LabelSpace
+    from nclip.data.types import LabelKind
 
-    return ck, build_net(ck, classifier, LabelSpace(DIGIT_NAMES, DIGIT_TEMPLATES), torch.device("cpu"))
+    return ck, build_net(ck, classifier, LabelKind(DIGIT_NAMES, DIGIT_TEMPLATES), torch.device("cpu"))
 
 
 CLIP_RESNET = ["model.vision.kind=clip_resnet", "model.vision.embedding_size=8", "model.vision.depths=[1,2]",
@@ -177,7 +177,7 @@ def _folder(root, classes=4, per_class=10):
 
 
 def test_fraction_never_takes_test_or_validation_images(tmp_path):
-    from nclip.data.loader import eval_tensor
+    from nclip.data.transforms import eval_tensor
     from nclip.eval.datasets import image_folder
     from nclip.finetune.data import prepare
 

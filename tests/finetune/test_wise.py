@@ -28,12 +28,12 @@ def _model_dir(tmp_path, objective="xclip"):
 
 def _net(model_dir, classifier):
     from nclip.data.digits import DIGIT_NAMES, DIGIT_TEMPLATES
-    from nclip.data.types import LabelSpace
+    from nclip.data.types import LabelKind
     from nclip.eval.checkpoint import resolve_checkpoint
     from nclip.finetune.network import build_net
 
     ck = resolve_checkpoint(model_dir)
-    return ck, build_net(ck, classifier, LabelSpace(DIGIT_NAMES, DIGIT_TEMPLATES), torch.device("cpu"))
+    return ck, build_net(ck, classifier, LabelKind(DIGIT_NAMES, DIGIT_TEMPLATES), torch.device("cpu"))
 
 
 def test_mixes_run_from_the_start_network_to_the_tuned_one(tmp_path):

@@ -105,12 +105,12 @@ def test_dual_encoder_shapes_and_round_trip(tmp_path, micro_overrides):
     ids, mask = model.tokenizer(["a red circle", "two blue squares", "a star"])
     pixels = torch.randn(3, 3, 16, 16)
     out = model(pixels, ids, mask)
-    assert out.image_features.shape == (3, 24) and out.image_emb.shape == (3, 32)
+    assert out.image_features.shape == (3, 24) and out.image["clip"].shape == (3, 32)
     # 16 px → 8 (stride-2 conv) → 4 (stem pool) → 2 (second stage): 4 positions + the mean token
     assert model.vision.pool.position.shape == (5, 32)
     save_model(model, cfg, tmp_path / "m")
     loaded, _ = load_model(tmp_path / "m")
-    torch.testing.assert_close(loaded(pixels, ids, mask).image_emb, out.image_emb)
+    torch.testing.assert_close(loaded(pixels, ids, mask).image["clip"], out.image["clip"])
 
 
 def test_attention_maps_are_the_weights_that_make_the_feature(micro_overrides):
@@ -132,7 +132,7 @@ def test_attention_maps_are_the_weights_that_make_the_feature(micro_overrides):
 
 
 def test_mask_probing_runs_through_the_attention_pool(micro_overrides):
-    from nclip.data.loader import build_dataset
+    from nclip.data.sources import build_dataset
     from nclip.eval import masks
 
     assert masks.unsupported("clip_resnet") is None

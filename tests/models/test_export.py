@@ -24,8 +24,8 @@ def test_hf_export_round_trip(tmp_path, micro_overrides):
     pixels = torch.randn(3, 3, cfg.data.image_size, cfg.data.image_size)
     ids, mask = model.tokenizer(["a red star", "two blue circles left of a green square", "x"])
     with torch.no_grad():
-        ours_i = model.encode_image(pixels)["emb"]
-        ours_t = model.encode_text(ids, mask)["emb"]
+        ours_i = model.encode_image(pixels)["clip"]
+        ours_t = model.encode_text(ids, mask)["clip"]
         hf_i = hf.get_image_features(pixel_values=pixels)
         hf_t = hf.get_text_features(input_ids=ids, attention_mask=mask)
     hf_i = getattr(hf_i, "pooler_output", hf_i)

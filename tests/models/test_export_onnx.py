@@ -99,8 +99,8 @@ def test_onnxruntime_gives_nclip_loads_embeddings(tmp_path, micro_overrides, nam
 def test_an_image_only_objective_has_no_text_embedding():
     cfg = resolve("micro", ["objective.name=cmsf"])
     score, key, normalise = embedding_space(cfg)
-    assert score is None and key in ("features", "emb", "cmsf") and normalise
-    assert embedding_space(resolve("micro", ["objective.name=yclip"])) == ("yclip", "logits", False)
+    assert score is None and key in ("features", "clip", "cmsf") and normalise
+    assert embedding_space(resolve("micro", ["objective.name=yclip"])) == ("yclip", "nclip", False)
 
 
 def test_a_missing_onnx_package_is_one_line(tmp_path, micro_overrides, monkeypatch, capsys):

@@ -36,7 +36,7 @@ def test_feature_is_the_mean_of_the_last_groups(micro_overrides):
     torch.testing.assert_close(tower(pixels), groups.mean(1))
     torch.testing.assert_close(assign.sum(1), torch.ones(3, 4, 4))  # each patch's share over the groups
     out = model.encode_image(pixels)
-    assert out["features"].shape == (3, 32) and out["emb"].shape == (3, 32)
+    assert out["features"].shape == (3, 32) and out["clip"].shape == (3, 32)
 
 
 def test_patch_assignment_multiplies_the_stages():

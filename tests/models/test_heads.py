@@ -7,8 +7,8 @@ from torch import nn
 
 from nclip.config import resolve
 from nclip.errors import NclipError
+from nclip.heads.layers import L2Norm, NclipHead
 from nclip.models import build_model
-from nclip.models.heads import L2Norm, NclipHead
 from nclip.objectives import build_objective
 
 # Sec. 3.2's head: Linear → BN → GELU → Linear → BN(affine=False); checkpoints hold these keys
@@ -32,7 +32,7 @@ def _batch(model, b=6):
 def test_default_head_keeps_its_layout_and_state_dict_keys(micro_overrides):
     assert list(NclipHead(8, 16, 32).state_dict()) == DEFAULT_HEAD_KEYS
     _, model = _model(micro_overrides)
-    keys = [k.removeprefix("image_nclip_head.") for k in model.state_dict() if k.startswith("image_nclip_head.")]
+    keys = [k.removeprefix("heads.nclip.image.") for k in model.state_dict() if k.startswith("heads.nclip.image.")]
     assert keys == DEFAULT_HEAD_KEYS
     assert not any("shared" in k for k in model.state_dict())
 
@@ -46,7 +46,7 @@ def test_temperature_divides_the_standardised_logits_and_adds_no_key(micro_overr
     col = warm(x)
     assert torch.allclose(col.std(dim=0, unbiased=False), torch.full((32,), 4.0), atol=3e-3)  # BN's unit std × 1/τ
     cfg, model = _model(micro_overrides, "model.nclip_temperature=0.5")
-    assert model.image_nclip_head[-1].tau == 0.5 and model.text_nclip_head[-1].tau == 0.5
+    assert model.heads["nclip"].image[-1].tau == 0.5 and model.heads["nclip"].text[-1].tau == 0.5
     with pytest.raises(NclipError, match="nclip_temperature"):
         resolve("micro", micro_overrides + ["model.nclip_temperature=0"])
 
@@ -68,7 +68,7 @@ def test_bottleneck_and_l2norm_layer_feed_the_last_layer_a_unit_vector():
 
 def test_no_last_bn_head_has_no_final_batchnorm_and_trains_a_step(micro_overrides):
     cfg, model = _model(micro_overrides, "model.nclip_last_bn=false")
-    head = model.image_nclip_head
+    head = model.heads["nclip"].image
     assert isinstance(head[-1], nn.Linear)
     assert not any(isinstance(m, nn.BatchNorm1d) and not m.affine for m in head)
     objective = build_objective(cfg.objective, cfg)
@@ -82,22 +82,22 @@ def test_no_last_bn_head_has_no_final_batchnorm_and_trains_a_step(micro_override
 
 def test_total_hidden_layers(micro_overrides):
     _, model = _model(micro_overrides, "model.nclip_layers=3")
-    assert sum(isinstance(m, nn.GELU) for m in model.text_nclip_head) == 3
+    assert sum(isinstance(m, nn.GELU) for m in model.heads["nclip"].text) == 3
 
 
 def test_shared_layers_are_one_set_of_weights_trained_by_both_heads(micro_overrides):
     cfg, model = _model(micro_overrides, "model.nclip_layers=2", "model.nclip_shared_layers=1")
     hidden = cfg.model.nclip_hidden
-    shared = model.image_shared_head
-    assert model.image_clip_head.in_features == hidden and model.image_nclip_head[0].in_features == hidden
-    assert sum(isinstance(m, nn.GELU) for m in model.image_nclip_head) == 1  # #TL − #SL
+    shared = model.heads["shared"].image
+    assert model.heads["clip"].image.in_features == hidden and model.heads["nclip"].image[0].in_features == hidden
+    assert sum(isinstance(m, nn.GELU) for m in model.heads["nclip"].image) == 1  # #TL − #SL
     state = model.state_dict()
-    assert "image_shared_head.0.weight" in state and "text_shared_head.0.weight" in state
+    assert "heads.shared.image.0.weight" in state and "heads.shared.text.0.weight" in state
     # one tensor: no other state-dict entry aliases the shared layer's weight
     ptr = shared[0].weight.data_ptr()
-    assert [k for k, v in state.items() if v.data_ptr() == ptr] == ["image_shared_head.0.weight"]
+    assert [k for k, v in state.items() if v.data_ptr() == ptr] == ["heads.shared.image.0.weight"]
     out = model(*_batch(model))
-    for emb in (out.image_emb, out.image_logits):  # each head alone reaches the shared weights
+    for emb in (out.image["clip"], out.image["nclip"]):  # each head alone reaches the shared weights
         model.zero_grad()
         emb.square().sum().backward(retain_graph=True)
         assert shared[0].weight.grad is not None and shared[0].weight.grad.abs().sum() > 0

@@ -43,16 +43,16 @@ def test_towers_reproduce_the_clipmodel(tmp_path, legacy_eos):
         ours_i, ours_t = model.encode_image(nclip_pixels(raw)), model.encode_text(ids, mask)
         hf_i = features(hf.get_image_features(pixel_values=hf_pixels(raw)))
         hf_t = features(hf.get_text_features(input_ids=ids, attention_mask=mask))
-    torch.testing.assert_close(ours_i["emb"], hf_i, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(ours_t["emb"], hf_t, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours_i["clip"], hf_i, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours_t["clip"], hf_t, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(model.logit_scale.detach(), hf.logit_scale.detach())
-    assert "logits" in ours_t  # the nCLIP head of xclip is there, freshly initialised
+    assert "nclip" in ours_t  # the nCLIP head of xclip is there, freshly initialised
 
     # ids whose largest id is not the first end-of-text: the two poolings read different positions
     odd = torch.tensor([[514, 40, 515, 300, 515, 515], [514, 513, 60, 515, 515, 515]]).repeat(1, 1)
     odd = torch.cat([odd, torch.full((2, 10), 515)], dim=1)
     with torch.no_grad():
-        torch.testing.assert_close(model.encode_text(odd, torch.ones_like(odd))["emb"],
+        torch.testing.assert_close(model.encode_text(odd, torch.ones_like(odd))["clip"],
                                    features(hf.get_text_features(input_ids=odd, attention_mask=torch.ones_like(odd))),
                                    rtol=1e-5, atol=1e-5)
 
@@ -84,13 +84,13 @@ def test_init_from_an_nclip_model_and_from_its_hf_export(tmp_path, micro_overrid
     pixels = torch.randn(2, 3, cfg.data.image_size, cfg.data.image_size)
     ids, mask = source.tokenizer(CAPTIONS)
     with torch.no_grad():
-        want_i, want_t = source.encode_image(pixels)["emb"], source.encode_text(ids, mask)["emb"]
+        want_i, want_t = source.encode_image(pixels)["clip"], source.encode_text(ids, mask)["clip"]
     for init in (tmp_path / "run", tmp_path / "hf"):  # the run directory; the CLIPModel nclip exported
         new_cfg, model = _from_init(init, objective="protoclip")
         assert new_cfg.data.text_length == cfg.data.text_length and new_cfg.model.text.tokenizer is None
         with torch.no_grad():
-            torch.testing.assert_close(model.encode_image(pixels)["emb"], want_i, rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(model.encode_text(ids, mask)["emb"], want_t, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(model.encode_image(pixels)["clip"], want_i, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(model.encode_text(ids, mask)["clip"], want_t, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.slow
@@ -114,8 +114,8 @@ def test_training_starts_from_the_clipmodel_and_stands_alone(tmp_path, micro_ove
     raw = torch.rand(2, 3, 32, 32)
     ids, mask = model.tokenizer(CAPTIONS)
     with torch.no_grad():  # lr 1e-12: after two steps the weights are still the CLIPModel's
-        torch.testing.assert_close(model.encode_image(nclip_pixels(raw))["emb"],
+        torch.testing.assert_close(model.encode_image(nclip_pixels(raw))["clip"],
                                    features(hf.get_image_features(pixel_values=hf_pixels(raw))), rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(model.encode_text(ids, mask)["emb"],
+        torch.testing.assert_close(model.encode_text(ids, mask)["clip"],
                                    features(hf.get_text_features(input_ids=ids, attention_mask=mask)),
                                    rtol=1e-4, atol=1e-4)

@@ -148,7 +148,7 @@ def test_init_config_names_the_source_and_the_clip_head_loads(tmp_path):
     net = build_model(run_cfg).eval()
     line = load_init_weights(net, run_cfg.model.init)
     assert "the CLIP head and logit scale" in line
-    torch.testing.assert_close(net.image_clip_head.weight, torch.eye(32))
+    torch.testing.assert_close(net.heads["clip"].image.weight, torch.eye(32))
 
 
 def test_nclip_load_imports_neither_open_clip_nor_timm(tmp_path):

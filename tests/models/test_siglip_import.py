@@ -269,4 +269,4 @@ def test_init_config_carries_scale_cap_and_bias(siglip, objective):
     model = build_model(cfg)
     load_init_weights(model, cfg.model.init)
     assert float(model.scale().detach()) == pytest.approx(math.exp(LOGIT_SCALE), rel=1e-6)  # not cut to 100
-    assert torch.equal(model.text_clip_head.weight, torch.eye(32))
+    assert torch.equal(model.heads["clip"].text.weight, torch.eye(32))

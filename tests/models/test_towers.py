@@ -6,7 +6,8 @@ import torch
 
 from nclip.cli import main
 from nclip.config import resolve
-from nclip.data.loader import StepBatches, train_loader
+from nclip.data.loader import train_loader
+from nclip.data.step_batches import StepBatches
 from nclip.data.tokenization import CaptionTokenizer
 from nclip.errors import NclipError
 from nclip.models import build_model
@@ -23,12 +24,12 @@ def test_convnet_tower_shapes_and_round_trip(tmp_path, micro_overrides):
     ids, mask = model.tokenizer(["a red circle", "two blue squares", "a star"])
     pixels = torch.randn(3, 3, 16, 16)
     out = model(pixels, ids, mask)
-    assert out.image_features.shape == (3, 16) and out.image_emb.shape == (3, 32)
+    assert out.image_features.shape == (3, 16) and out.image["clip"].shape == (3, 32)
     # 16 px → 8 after the stride-2 stem → 4 after the second stage's pool: 16 positions + the mean
     assert model.vision.position.shape == (17, 16)
     save_model(model, cfg, tmp_path / "m")
     loaded, _ = load_model(tmp_path / "m")
-    torch.testing.assert_close(loaded(pixels, ids, mask).image_emb, out.image_emb)
+    torch.testing.assert_close(loaded(pixels, ids, mask).image["clip"], out.image["clip"])
 
 
 def test_convnet_feature_depends_on_where_things_are(micro_overrides):
@@ -107,11 +108,11 @@ def test_batches_keep_hard_negative_groups_whole():
 
 
 def test_training_batches_are_whole_groups_of_the_grouped_scenes(micro_overrides):
-    from nclip.data.loader import build_dataset
+    from nclip.data.sources import build_dataset
 
     cfg = resolve("micro", micro_overrides + ["data.hard_negative_group=4", "train.batch_size=8"])
     tokenizer = CaptionTokenizer(length=cfg.data.text_length)
-    _, ids, _ = next(iter(train_loader(cfg, tokenizer)))
+    ids = next(iter(train_loader(cfg, tokenizer))).ids
     scenes = build_dataset(cfg, "train")
     assert scenes.hard_negative_group == 4
     idx = StepBatches(len(scenes), 8, cfg.train.steps, cfg.seed, group=4).global_batch(0)

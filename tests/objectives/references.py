@@ -316,10 +316,11 @@ def assert_loss_and_grads_close(ours, theirs, a: dict, b: dict, keys, msg: str =
 
 def encoder_output(h_i=None, h_t=None, g_i=None, g_t=None, scale=14.0):
     some = next(x for x in (h_i, g_i) if x is not None)
-    return EncoderOutput(
-        image_features=some, text_features=some, image_emb=g_i, text_emb=g_t,
-        image_logits=h_i, text_logits=h_t, logit_scale=torch.tensor(scale, dtype=some.dtype),
-    )
+    def side(g, h):  # the heads given, keyed by name
+        return {k: v for k, v in (("clip", g), ("nclip", h)) if v is not None}
+
+    return EncoderOutput(image_features=some, text_features=some, logit_scale=torch.tensor(scale, dtype=some.dtype),
+                         image=side(g_i, h_i), text=side(g_t, h_t))
 
 
 def ref_proto_loss(h, c, labels, t_proto, t_target, c_target=None):

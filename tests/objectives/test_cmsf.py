@@ -42,7 +42,7 @@ def test_cmsf_matches_eq1_values_and_grads(seed, b, n, d, k, classes, include_ta
     pred, target, bank = leaves((b, d), (b, d), (n, d), seed=seed)
     lab = {} if classes is None else {"query_labels": _labels(b, classes, seed),
                                       "bank_labels": _labels(n, classes, seed + 1)}
-    ours = functional.cmsf_loss(pred, target, bank, k=k, include_target=include_target, **lab)
+    ours = functional.cmsf_terms(pred, target, bank, k=k, include_target=include_target, **lab)["loss"]
     ref = ref_cmsf(pred, target, bank, k, lab.get("query_labels"), lab.get("bank_labels"), include_target)
     # gradient to pred only: target and bank are constants of the loss
     assert torch.autograd.grad(ours, [target, bank], retain_graph=True, allow_unused=True) == (None, None)
@@ -55,7 +55,7 @@ def test_constraint_mask_matches_transcription(k):
     pred, target, bank = leaves((b, d), (b, d), (n, d), seed=11)
     mask = torch.rand(b, b + n, generator=torch.Generator().manual_seed(3)) < 0.4
     ql, bl = _labels(b, 2, 4), _labels(n, 2, 5)
-    ours = functional.cmsf_loss(pred, target, bank, k=k, constraint_mask=mask, query_labels=ql, bank_labels=bl)
+    ours = functional.cmsf_terms(pred, target, bank, k=k, constraint_mask=mask, query_labels=ql, bank_labels=bl)["loss"]
     assert_value_and_grads(ours, ref_cmsf(pred, target, bank, k, ql, bl, True, mask), [pred])
 
 
@@ -63,7 +63,7 @@ def test_k1_is_byol():
     pred, target, bank = leaves((7, 5), (7, 5), (30, 5), seed=2)
     for lab in ({}, {"query_labels": _labels(7, 3, 0), "bank_labels": _labels(30, 3, 1)}):
         byol = (2 - 2 * torch.cosine_similarity(pred, target.detach(), dim=1)).mean()
-        assert_value_and_grads(functional.cmsf_loss(pred, target, bank, k=1, **lab), byol, [pred])
+        assert_value_and_grads(functional.cmsf_terms(pred, target, bank, k=1, **lab)["loss"], byol, [pred])
 
 
 @pytest.mark.parametrize("k", [1, 5, 36])
@@ -74,10 +74,10 @@ def test_no_labels_is_msf(k):
     mem = torch.cat([t, _unit(bank.detach())])  # [B + N, D]: the batch is enqueued before the search
     idx = (2 - 2 * t @ mem.T).topk(k, dim=1, largest=False).indices
     msf = torch.gather(2 - 2 * q @ mem.T, 1, idx).mean(1).mean()
-    ours = functional.cmsf_loss(pred, target, bank, k=k)
+    ours = functional.cmsf_terms(pred, target, bank, k=k)["loss"]
     assert_value_and_grads(ours, msf, [pred])
-    one_class = functional.cmsf_loss(pred, target, bank, k=k, query_labels=torch.zeros(6, dtype=torch.long),
-                                     bank_labels=torch.zeros(30, dtype=torch.long))
+    one_class = functional.cmsf_terms(pred, target, bank, k=k, query_labels=torch.zeros(6, dtype=torch.long),
+                                     bank_labels=torch.zeros(30, dtype=torch.long))["loss"]
     torch.testing.assert_close(one_class, ours.detach())
 
 
@@ -85,7 +85,7 @@ def test_top_all_is_the_mean_of_the_constrained_set():
     pred, target, bank = leaves((5, 4), (5, 4), (11, 4), seed=8)
     ql, bl = _labels(5, 3, 1), _labels(11, 3, 2)
     top_all = functional.cmsf_terms(pred, target, bank, k=None, query_labels=ql, bank_labels=bl)
-    large_k = functional.cmsf_loss(pred, target, bank, k=1000, query_labels=ql, bank_labels=bl)
+    large_k = functional.cmsf_terms(pred, target, bank, k=1000, query_labels=ql, bank_labels=bl)["loss"]
     torch.testing.assert_close(top_all["loss"], large_k)
     cand, cand_lab = _unit(torch.cat([target, bank]).detach()), torch.cat([ql, bl])
     rows = [2 - 2 * _unit(pred[i]) @ cand[cand_lab == ql[i]].mean(0) for i in range(5)]
@@ -93,7 +93,7 @@ def test_top_all_is_the_mean_of_the_constrained_set():
     torch.testing.assert_close(top_all["neighbours"], top_all["constrained_size"])
     # MSF top-all: every candidate
     all_rows = 2 - 2 * (_unit(pred) @ cand.mean(0))
-    torch.testing.assert_close(functional.cmsf_loss(pred, target, bank, k=None), all_rows.mean())
+    torch.testing.assert_close(functional.cmsf_terms(pred, target, bank, k=None)["loss"], all_rows.mean())
 
 
 # ---- the constraint: a candidate outside M̂ is never selected -----------------------------------
@@ -135,9 +135,9 @@ def test_include_target_false_drops_u_only():
     v = torch.tensor([[0.0, 1.0]], dtype=F64, requires_grad=True)
     near, far = _unit(torch.tensor([1.0, 0.2], dtype=F64)), _unit(torch.tensor([-1.0, 0.3], dtype=F64))
     bank = torch.stack([far, near])
-    out = functional.cmsf_loss(v, u, bank, k=1, include_target=False)  # S = {nearest other row}
+    out = functional.cmsf_terms(v, u, bank, k=1, include_target=False)["loss"]  # S = {nearest other row}
     torch.testing.assert_close(out, ((v[0] - near) ** 2).sum())
-    torch.testing.assert_close(functional.cmsf_loss(v, u, bank, k=1), ((v[0] - u[0]) ** 2).sum())
+    torch.testing.assert_close(functional.cmsf_terms(v, u, bank, k=1)["loss"], ((v[0] - u[0]) ** 2).sum())
     # alone in its class: no neighbour at all, a zero contribution (and zero gradient)
     alone = functional.cmsf_terms(v, u, bank, k=3, include_target=False, query_labels=torch.tensor([1]),
                                   bank_labels=torch.tensor([0, 0]))
@@ -188,7 +188,7 @@ def test_topk_constraint_hand_made_and_in_the_loss():
     aux, bank_aux = leaves((b, 3), (n, 3), seed=5)
     mask = functional.topk_constraint(aux, functional.cmsf_candidates(aux, bank_aux), 6)  # n = 6 > k = 3 (Tab. 4)
     assert mask.sum(1).eq(6).all() and mask[torch.arange(b), torch.arange(b)].all()  # the query is its own neighbour
-    ours = functional.cmsf_loss(pred, target, bank, k=3, constraint_mask=mask)
+    ours = functional.cmsf_terms(pred, target, bank, k=3, constraint_mask=mask)["loss"]
     assert_value_and_grads(ours, ref_cmsf(pred, target, bank, 3, mask=mask), [pred])
 
 
@@ -206,14 +206,14 @@ def test_semi_supervised_constraint_layout_and_limits():
     lab_labels = _labels(8, 3, 1)
     both = torch.cat([lab, unl])
     labelled = _labels(b, 3, 2)
-    semi = functional.cmsf_loss(pred, target, both, k=3,
-                                constraint_mask=functional.semi_supervised_constraint(labelled, lab_labels, 10))
-    supervised = functional.cmsf_loss(pred, target, lab, k=3, query_labels=labelled, bank_labels=lab_labels)
+    semi = functional.cmsf_terms(pred, target, both, k=3,
+                                constraint_mask=functional.semi_supervised_constraint(labelled, lab_labels, 10))["loss"]
+    supervised = functional.cmsf_terms(pred, target, lab, k=3, query_labels=labelled, bank_labels=lab_labels)["loss"]
     torch.testing.assert_close(semi, supervised)
     none = torch.full((b,), functional.UNLABELLED)
-    semi = functional.cmsf_loss(pred, target, both, k=3,
-                                constraint_mask=functional.semi_supervised_constraint(none, lab_labels, 10))
-    torch.testing.assert_close(semi, functional.cmsf_loss(pred, target, unl, k=3))
+    semi = functional.cmsf_terms(pred, target, both, k=3,
+                                constraint_mask=functional.semi_supervised_constraint(none, lab_labels, 10))["loss"]
+    torch.testing.assert_close(semi, functional.cmsf_terms(pred, target, unl, k=3)["loss"])
 
 
 # ---- errors ------------------------------------------------------------------------------------
@@ -243,7 +243,7 @@ def test_shape_errors():
                         ((torch.randn(3, 5), torch.randn(3, 5), torch.randn(4)), "bank must be"),
                         ((torch.randn(5), torch.randn(5), torch.randn(4, 5)), "2-D")]:
         with pytest.raises(ValueError, match=match) as err:
-            functional.cmsf_loss(*args)
+            functional.cmsf_terms(*args)["loss"]
         assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match="k_prime"):
         functional.topk_constraint(torch.randn(2, 3), torch.randn(4, 3), 0)

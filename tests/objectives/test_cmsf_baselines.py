@@ -11,12 +11,13 @@ import json
 import pytest
 import torch
 
+from batches import row_batch
 from nclip.cli import main
 from nclip.config import resolve
+from nclip.data.labels import label_space_for
 from nclip.errors import NclipError
 from nclip.objectives import REGISTRY, EncoderOutput, build_objective, functional
 from nclip.objectives.cmsf_baselines import FrzProtoConfig, FrzProtoObjective, ProtoNwConfig, ProtoNwObjective
-from nclip.train.labels import label_space_for
 
 from distributed_utils import combine_ranks, loss_and_grads, only_leaves, run_ranks, split_rows
 from references import assert_loss_and_grads_close, ref_frzproto, ref_protonw
@@ -129,9 +130,8 @@ def test_frozen_prototypes_are_seeded_unit_vectors():
 
 
 def _out(x: dict) -> EncoderOutput:
-    return EncoderOutput(image_features=x["z"], text_features=None, image_emb=None, text_emb=None,
-                         image_logits=None, text_logits=None, logit_scale=torch.tensor(1.0, dtype=torch.float64),
-                         image_cmsf_pred=x["v"], image_cmsf_target=x["u"], image_supcon=x["z"][:, None])
+    return EncoderOutput(image_features=x["z"], text_features=None, logit_scale=torch.tensor(1.0, dtype=torch.float64),
+                         image={"cmsf_pred": x["v"], "cmsf_target": x["u"], "supcon": x["z"][:, None]})
 
 
 def _objective(name: str, x: dict, **cfg):
@@ -147,7 +147,7 @@ def _objective(name: str, x: dict, **cfg):
 
 def _module_loss(name: str, **cfg):
     def loss(x: dict) -> torch.Tensor:
-        return _objective(name, x, **cfg)(_out(x), x["labels"], x["true"])["loss"]
+        return _objective(name, x, **cfg)(_out(x), row_batch(x["labels"], x["true"]))["loss"]
 
     return loss
 
@@ -174,7 +174,7 @@ def _rank(rank: int, world: int) -> dict:
            for case, (name, cfg, _) in MODULE_REFERENCES.items()}
     x = _split(_inputs(), rank, world)
     obj = _objective("protonw", x)
-    obj(_out(x), x["labels"], x["true"])
+    obj(_out(x), row_batch(x["labels"], x["true"]))
     out["bank"] = obj.bank.view()
     return out
 
@@ -191,7 +191,7 @@ def test_two_ranks_match_one_process():
             torch.testing.assert_close(grads[k], ref_grads[k], rtol=1e-9, atol=1e-12, msg=f"{case}: d/d{k}")
     x = _inputs()
     single = _objective("protonw", x)
-    single(_out(x), x["labels"], x["true"])
+    single(_out(x), row_batch(x["labels"], x["true"]))
     for r in results:  # the bank is global: every rank enqueued the whole batch, in rank order
         torch.testing.assert_close(r["bank"].embeddings, single.bank.view().embeddings)
         assert torch.equal(r["bank"].labels, single.bank.view().labels)
@@ -200,7 +200,7 @@ def test_two_ranks_match_one_process():
 def test_protonw_enqueues_logs_and_moves_its_target():
     x = _inputs(4)
     obj = _objective("protonw", x)
-    terms = obj(_out(x), x["labels"], x["true"])
+    terms = obj(_out(x), row_batch(x["labels"], x["true"]))
     view = obj.bank.view()
     torch.testing.assert_close(view.embeddings[-B:], torch.nn.functional.normalize(x["u"], dim=-1))
     assert torch.equal(view.labels[-B:], x["labels"])
@@ -209,7 +209,7 @@ def test_protonw_enqueues_logs_and_moves_its_target():
     assert terms["protonw/classes"] == len(set(x["labels"].tolist() + x["bank_labels"].tolist()))
     assert terms["protonw/bank_fill"] == 1.0 and terms["protonw/momentum"] == pytest.approx(0.99)
     obj.eval()
-    obj(_out(x), x["labels"], x["true"])
+    obj(_out(x), row_batch(x["labels"], x["true"]))
     assert int(obj.bank.ptr) == 0  # eval: no enqueue
     assert ProtoNwObjective.after_step is REGISTRY["cmsf"][1].after_step  # CMSF's momentum update
 

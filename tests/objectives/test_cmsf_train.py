@@ -11,6 +11,7 @@ import random
 import pytest
 import torch
 
+from batches import row_batch
 from nclip.cli import main
 from nclip.config import resolve
 from nclip.errors import NclipError
@@ -57,9 +58,9 @@ def ref_cross_modal_mask(frozen, index, bank_index, n):
 
 
 def _out(x: dict) -> EncoderOutput:
-    return EncoderOutput(image_features=x["img"], text_features=x["txt"], image_emb=x["img"], text_emb=x["txt"],
-                         image_logits=None, text_logits=None, logit_scale=x["scale"], image_cmsf_pred=x["v"],
-                         image_cmsf_target=x["u"], image_class_logits=x["logits"])
+    return EncoderOutput(image_features=x["img"], text_features=x["txt"], logit_scale=x["scale"],
+                         image={"clip": x["img"], "cmsf_pred": x["v"], "cmsf_target": x["u"], "xent": x["logits"]},
+                         text={"clip": x["txt"]})
 
 
 def _objective(name: str, x: dict, **cfg):
@@ -79,7 +80,7 @@ def _objective(name: str, x: dict, **cfg):
 def _module_loss(name: str, **cfg):
     def loss(x: dict) -> torch.Tensor:
         index = (x["index"],) if cfg.get("constraint") == "cross_modal" else ()
-        return _objective(name, x, **cfg)(_out(x), x["labels"], x["true"], *index)["loss"]
+        return _objective(name, x, **cfg)(_out(x), row_batch(x["labels"], x["true"], *index))["loss"]
 
     return loss
 
@@ -126,7 +127,7 @@ def test_objective_matches_float64_reference(case):
 def test_cmsf_enqueues_the_batch_and_logs_its_diagnostics():
     x = _inputs(1)
     obj = _objective("cmsf", x, k=3)
-    terms = obj(_out(x), x["labels"], x["true"])
+    terms = obj(_out(x), row_batch(x["labels"], x["true"]))
     view = obj.bank.view()
     torch.testing.assert_close(view.embeddings[-B:], torch.nn.functional.normalize(x["u"], dim=-1))
     assert torch.equal(view.labels[-B:], x["labels"]) and torch.equal(obj.true_bank.view().labels[-B:], x["true"])
@@ -134,7 +135,7 @@ def test_cmsf_enqueues_the_batch_and_logs_its_diagnostics():
                           "cmsf/neighbours", "cmsf/momentum"}
     assert terms["cmsf/bank_fill"] == 1.0 and terms["cmsf/momentum"] == pytest.approx(0.99)
     obj.eval()
-    obj(_out(x), x["labels"], x["true"])
+    obj(_out(x), row_batch(x["labels"], x["true"]))
     assert int(obj.bank.ptr) == 0 and torch.equal(obj.bank.view().labels[-B:], x["labels"])  # eval: no enqueue
 
 
@@ -143,7 +144,7 @@ def test_semi_supervised_bank_pair():
     obj = CmsfObjective(CmsfConfig(constraint="semi", k=3, bank_size=32), dim=D).double().train()
     labels = x["labels"].clone()
     labels[::2] = -1  # unlabelled rows
-    obj(_out(x), labels, x["true"])
+    obj(_out(x), row_batch(labels, x["true"]))
     assert int(obj.bank.filled) == B and int(obj.labelled_bank.filled) == B // 2
 
 
@@ -153,7 +154,7 @@ def _rank(rank: int, world: int) -> dict:
         out[case] = loss_and_grads(_module_loss(case.split("-")[0], **cfg), _split(_inputs(), rank, world))
     x = _split(_inputs(), rank, world)
     obj = _objective("cmsf", x, k=3)
-    obj(_out(x), x["labels"], x["true"])
+    obj(_out(x), row_batch(x["labels"], x["true"]))
     out["bank"] = obj.bank.view().embeddings
     return out
 
@@ -171,7 +172,7 @@ def test_two_ranks_match_one_process():
             torch.testing.assert_close(grads[k], ref_grads[k], rtol=1e-9, atol=1e-12, msg=f"{case}: d/d{k}")
     x = _inputs()
     single = _objective("cmsf", x, k=3)
-    single(_out(x), x["labels"], x["true"])
+    single(_out(x), row_batch(x["labels"], x["true"]))
     for r in results:  # the bank is global: every rank enqueued the whole batch, in rank order
         torch.testing.assert_close(r["bank"], single.bank.view().embeddings)
 
@@ -246,24 +247,24 @@ def _batches(cfg, start=0, rank=0, world=1, labels=True):
 def test_two_views_differ_are_reproducible_and_split_over_ranks():
     cfg = resolve("micro", MICRO + ["train.steps=3"])
     full = _batches(cfg)
-    pixels, _, _, labels, true = full[0]
+    pixels, labels, true = full[0].pixels, full[0].labels, full[0].true_labels
     assert pixels.shape == (16, 2, 3, 16, 16) and labels.shape == true.shape == (16,)
     assert not torch.equal(pixels[:, 0], pixels[:, 1])  # online (strong) and target (weak) views differ
     assert torch.equal(labels, true)  # no noise
     again = _batches(cfg)
     for a, b in zip(full, again):
-        assert all(torch.equal(x, y) for x, y in zip(a, b))
+        assert all(torch.equal(x, y) for x, y in zip(a.tensors(), b.tensors()))
     resumed = _batches(cfg, start=2)  # a resumed run sees the same views
-    assert all(torch.equal(x, y) for x, y in zip(resumed[0], full[2]))
+    assert all(torch.equal(x, y) for x, y in zip(resumed[0].tensors(), full[2].tensors()))
     halves = [_batches(cfg, rank=r, world=2) for r in range(2)]
     for step in range(3):  # 2 ranks hold the halves of the single process's batch, views included
-        for i in range(5):
-            assert torch.equal(torch.cat([halves[0][step][i], halves[1][step][i]]), full[step][i])
-    assert not torch.equal(full[0][0], full[1][0][: full[0][0].shape[0]])
+        for first, second, whole in zip(halves[0][step].tensors(), halves[1][step].tensors(), full[step].tensors()):
+            assert torch.equal(torch.cat([first, second]), whole)
+    assert not torch.equal(full[0].pixels, full[1].pixels[: full[0].pixels.shape[0]])
 
 
 def test_noisy_labels_have_the_exact_rate_and_keep_the_clean_ones():
-    from nclip.data.loader import RowLabels
+    from nclip.data.label_noise import RowLabels
     from nclip.objectives.base import LabelRequest
 
     rows = RowLabels(1000, 10, LabelRequest(noise=0.25), seed=3)
@@ -273,7 +274,7 @@ def test_noisy_labels_have_the_exact_rate_and_keep_the_clean_ones():
     semi = RowLabels(1000, 10, LabelRequest(labelled=0.1), seed=3)
     assert sum(semi(i, 1)[0] == -1 for i in range(1000)) == 900
     cfg = resolve("micro", MICRO + ["train.steps=40", "objective.constraint=noisy_labels", "objective.label_noise=0.5"])
-    got = torch.cat([torch.stack(b[3:]) for b in _batches(cfg)], 1)  # [2, rows]
+    got = torch.cat([torch.stack([b.labels, b.true_labels]) for b in _batches(cfg)], 1)  # [2, rows]
     share = (got[0] != got[1]).float().mean()
     assert 0.4 < share < 0.6
 
@@ -313,8 +314,8 @@ def test_nclip_train_runs_cmsf(tmp_path, name):
     from safetensors.torch import load_file
 
     w = load_file(str(tmp_path / "model" / "model.safetensors"))
-    assert "target_vision.embeddings.patch_embedding.weight" in w or any(k.startswith("target_vision.") for k in w)
-    assert not torch.equal(w["target_cmsf_head.0.weight"], w["image_cmsf_head.0.weight"])
+    assert any(k.startswith("heads.cmsf.target_vision.") for k in w)
+    assert not torch.equal(w["heads.cmsf.target_image.0.weight"], w["heads.cmsf.image.0.weight"])
     if name == "cmsf":  # nclip eval: the text tasks are skipped with a reason, the probes run
         from nclip.eval.runner import run_eval
 
@@ -331,8 +332,8 @@ def test_momentum_hook_once_per_taken_step(tmp_path, monkeypatch):
     calls, forwards = [], []
     original_forward, original_after = CmsfObjective.forward, CmsfObjective.after_step
 
-    def forward(self, out, *rows):
-        terms = original_forward(self, out, *rows)
+    def forward(self, out, batch):
+        terms = original_forward(self, out, batch)
         forwards.append(1)
         if len(forwards) == 3:  # the third step is not finite: skipped, no momentum update
             terms["loss"] = terms["loss"] * float("nan")

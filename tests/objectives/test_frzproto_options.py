@@ -12,8 +12,8 @@ from nclip.cli import main
 from nclip.config import resolve
 from nclip.errors import NclipError
 from nclip.models.dual_encoder import build_model
-from nclip.models.heads import SupconMLP
 from nclip.objectives import build_objective
+from nclip.objectives.supcon import SupconMLP
 
 SIZES = ["data.source=digits", "model.supcon_hidden=32", "model.supcon_dim=16", "train.threads=1",
          "train.log_every=1", "train.batch_size=16"]
@@ -30,7 +30,7 @@ def test_paper_scale_frzproto_is_2048_wide_and_cpu_presets_stay_small():
 def test_head_option_builds_the_mlp_or_one_linear_layer(head):
     cfg = resolve("micro", ["objective.name=frzproto", *SIZES, f"objective.head={head}"])
     model = build_model(cfg, pretrained_text=False)
-    h, width = model.image_supcon_head, model.vision.width
+    h, width = model.heads["supcon"].image, model.vision.width
     if head == "fc":
         assert isinstance(h, torch.nn.Linear) and h.weight.shape == (16, width)
         assert sum(p.numel() for p in h.parameters()) == width * 16 + 16

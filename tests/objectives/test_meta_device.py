@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from nclip.config import resolve
+from nclip.data.labels import label_space_for
 from nclip.models.dual_encoder import build_model
 from nclip.objectives import REGISTRY, build_objective
 from nclip.objectives.supcon import RecoObjective
-from nclip.train.labels import label_space_for
 from nclip.train.launch import TrainStep
 from nclip.train.loop import _term_vector
 from nclip.train.memory_check import probe_batch
@@ -65,9 +65,9 @@ def _step_on_meta(name: str, overrides: list[str]):
     step = TrainStep(model, objective).to(META).train()
     batch = probe_batch(model, cfg, B, cls.views, cls.label_request(cfg), META)
     if cls.episodic:
-        batch = (*batch, _set_episode(objective, cfg))
+        batch.episode = _set_episode(objective, cfg)
     objective.before_step(3, STEPS)
-    terms = step(*batch)
+    terms = step(batch)
     terms["loss"].backward()
     vector = _term_vector(terms, list(terms))  # the trainer's stack of the terms, as on every step
     objective.after_step(model, 3, STEPS, taken=torch.ones((), device=META))
@@ -95,8 +95,8 @@ def test_a_cpu_tensor_in_the_step_fails_on_the_meta_device(monkeypatch):
 
     original = XclipObjective.forward
 
-    def forward(self, out):
-        terms = original(self, out)
+    def forward(self, out, batch=None):
+        terms = original(self, out, batch)
         terms["nclip/lambda"] = torch.tensor(0.5)  # the CPU tensor issue 32 found
         return terms
 
@@ -111,8 +111,8 @@ def test_a_host_read_in_the_step_fails_on_the_meta_device(monkeypatch):
 
     original = ClipObjective.forward
 
-    def forward(self, out):
-        terms = original(self, out)
+    def forward(self, out, batch=None):
+        terms = original(self, out, batch)
         if terms["loss"] > 0:  # a bool() of a device tensor
             pass
         return terms

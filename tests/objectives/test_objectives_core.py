@@ -14,7 +14,7 @@ from references import leaves, ref_clip, ref_nclip, ref_nclip_score, ref_yclip_s
 def test_clip_loss_matches_eq1_values_and_grads(seed, b, d):
     g_i, g_t = leaves((b, d), (b, d), seed=seed)
     scale = torch.tensor(1 / 0.07, dtype=torch.float64, requires_grad=True)
-    ours = functional.clip_loss(g_i, g_t, scale)
+    ours = functional.clip_terms(g_i, g_t, scale)["loss"]
     ref = ref_clip(g_i, g_t, scale)
     torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
     ga = torch.autograd.grad(ours, [g_i, g_t, scale])
@@ -28,7 +28,7 @@ def test_nclip_loss_matches_algorithm1_values_and_grads(seed, b, k):
     g = torch.Generator().manual_seed(seed + 100)
     lam1, lam2 = float(torch.rand(1, generator=g)) * 2, float(torch.rand(1, generator=g)) * 3
     h_i, h_t = leaves((b, k), (b, k), seed=seed, scale=3.0)
-    ours = functional.nclip_loss(h_i, h_t, lam1, lam2)
+    ours = functional.nclip_terms(h_i, h_t, lam1, lam2)["loss"]
     ref = ref_nclip(h_i, h_t, lam1, lam2)
     torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
     for a, r in zip(torch.autograd.grad(ours, [h_i, h_t]), torch.autograd.grad(ref, [h_i, h_t])):
@@ -126,8 +126,8 @@ def test_clip_diagnostics():
 
 def test_shape_errors_are_value_errors():
     with pytest.raises(ValueError, match="same shape"):
-        functional.clip_loss(torch.randn(3, 4), torch.randn(2, 4), 1.0)
+        functional.clip_terms(torch.randn(3, 4), torch.randn(2, 4), 1.0)["loss"]
     with pytest.raises(ValueError, match="2-D"):
-        functional.nclip_loss(torch.randn(3), torch.randn(3))
+        functional.nclip_terms(torch.randn(3), torch.randn(3))["loss"]
     with pytest.raises(ValueError, match="head widths"):
         functional.nclip_similarity(torch.randn(3, 4), torch.randn(3, 5))

@@ -59,8 +59,8 @@ def test_sinkhorn_extreme_logits_and_batch_of_one():
 def test_unified_nclip_row_is_nclip():
     h_i, h_t = leaves((7, 12), (7, 12), seed=2, scale=2.0)
     cfg = TABLE_A1_SETTINGS["nCLIP"]
-    ours = functional.unified_loss(h_i, h_t, cfg["tau_s"], cfg["tau"], cfg["lambda1"], cfg["lambda2"])
-    assert_value_and_grads(ours, functional.nclip_loss(h_i, h_t, 0.5, 1.5), [h_i, h_t])
+    ours = functional.unified_terms(h_i, h_t, cfg["tau_s"], cfg["tau"], cfg["lambda1"], cfg["lambda2"])["loss"]
+    assert_value_and_grads(ours, functional.nclip_terms(h_i, h_t, 0.5, 1.5)["loss"], [h_i, h_t])
 
 
 @pytest.mark.parametrize("uniform", ["none", "sinkhorn", "batch_softmax", "centering"])
@@ -79,7 +79,7 @@ def test_unified_matches_algorithm1(uniform, seed, b, k):
         kw.update(image_center=ci, text_center=ct)
         ref_kw.update(ci=ci, ct=ct)
         wrt += [ci[2], ct[2]]  # gradients of the scale parameters too
-    ours = functional.unified_loss(h_i, h_t, tau_s, tau, lam1, lam2, **kw)
+    ours = functional.unified_terms(h_i, h_t, tau_s, tau, lam1, lam2, **kw)["loss"]
     ref = ref_unified(h_i, h_t, tau_s, tau, lam1, lam2, uniform, **ref_kw)
     assert_value_and_grads(ours, ref, wrt)
 
@@ -205,13 +205,13 @@ def test_unified_yclip_siglip_finite_for_extreme_inputs(magnitude):
         h_i = (magnitude * torch.randn(b, 32, generator=g)).requires_grad_()
         h_t = (magnitude * torch.randn(b, 32, generator=g)).requires_grad_()
         losses = [
-            functional.unified_loss(h_i, h_t, 0.25, 1.0, 0.5, 1.5, uniform=u,
+            functional.unified_terms(h_i, h_t, 0.25, 1.0, 0.5, 1.5, uniform=u,
                                     image_center=(torch.zeros(32), torch.zeros(32), torch.ones(32)),
-                                    text_center=(torch.zeros(32), torch.zeros(32), torch.ones(32)))
+                                    text_center=(torch.zeros(32), torch.zeros(32), torch.ones(32)))["loss"]
             for u in functional.UNIFORM_CHOICES
         ]
-        losses += [functional.yclip_loss(h_i, h_t, torch.tensor(100.0)),
-                   functional.siglip_loss(h_i, h_t, torch.tensor(100.0), -10.0)]
+        losses += [functional.yclip_terms(h_i, h_t, torch.tensor(100.0))["loss"],
+                   functional.siglip_terms(h_i, h_t, torch.tensor(100.0), -10.0)["loss"]]
         for loss in losses:
             gi, gt = torch.autograd.grad(loss, [h_i, h_t])
             assert torch.isfinite(loss) and torch.isfinite(gi).all() and torch.isfinite(gt).all()
@@ -224,7 +224,7 @@ def test_unified_yclip_siglip_finite_for_extreme_inputs(magnitude):
 def test_yclip_matches_eq2_eq3(seed, b, k, lam1, lam2):
     h_i, h_t = leaves((b, k), (b, k), seed=seed, scale=2.0)
     scale = torch.tensor(7.0, dtype=torch.float64, requires_grad=True)
-    ours = functional.yclip_loss(h_i, h_t, scale, lam1, lam2)
+    ours = functional.yclip_terms(h_i, h_t, scale, lam1, lam2)["loss"]
     assert_value_and_grads(ours, ref_yclip(h_i, h_t, scale, lam1, lam2), [h_i, h_t, scale])
 
 
@@ -248,7 +248,7 @@ def test_siglip_matches_paper(seed, b, d):
     x, y = leaves((b, d), (b, d), seed=seed)
     t = torch.tensor(10.0, dtype=torch.float64, requires_grad=True)
     bias = torch.tensor(-3.0, dtype=torch.float64, requires_grad=True)
-    assert_value_and_grads(functional.siglip_loss(x, y, t, bias), ref_siglip(x, y, t, bias), [x, y, t, bias])
+    assert_value_and_grads(functional.siglip_terms(x, y, t, bias)["loss"], ref_siglip(x, y, t, bias), [x, y, t, bias])
 
 
 def test_siglip_and_xsiglip_modules():
@@ -264,7 +264,7 @@ def test_siglip_and_xsiglip_modules():
     x = build_objective(XsiglipConfig(w_clip=0.3, w_nclip=0.9, lambda1=0.2, lambda2=1.2))
     assert x.heads == frozenset({"clip", "nclip"}) and x.zero_shot_head == "clip"
     ref = (0.3 * ref_siglip(g_i, g_t, torch.tensor(14.0, dtype=torch.float64), -10.0)
-           + 0.9 * functional.nclip_loss(h_i, h_t, 0.2, 1.2))
+           + 0.9 * functional.nclip_terms(h_i, h_t, 0.2, 1.2)["loss"])
     torch.testing.assert_close(x(out)["loss"], ref)
 
 
@@ -330,12 +330,12 @@ def _two_rank_checks(rank, world):
     scale = torch.tensor(6.0, dtype=torch.float64)
     bias = torch.tensor(-2.0, dtype=torch.float64)
     cases = {
-        "sinkhorn": lambda hi, ht, gi, gt, s, c, gb: functional.unified_loss(
-            hi, ht, 0.5, 1.0, 0.2, 1.0, uniform="sinkhorn", global_batch=gb),
-        "batch_softmax": lambda hi, ht, gi, gt, s, c, gb: functional.unified_loss(
-            hi, ht, 0.5, 1.0, 0.3, 1.3, uniform="batch_softmax", global_batch=gb),
-        "yclip": lambda hi, ht, gi, gt, s, c, gb: functional.yclip_loss(hi, ht, s, 0.5, 1.5, global_batch=gb),
-        "siglip": lambda hi, ht, gi, gt, s, c, gb: functional.siglip_loss(gi, gt, s, c, global_batch=gb),
+        "sinkhorn": lambda hi, ht, gi, gt, s, c, gb: functional.unified_terms(
+            hi, ht, 0.5, 1.0, 0.2, 1.0, uniform="sinkhorn", global_batch=gb)["loss"],
+        "batch_softmax": lambda hi, ht, gi, gt, s, c, gb: functional.unified_terms(
+            hi, ht, 0.5, 1.0, 0.3, 1.3, uniform="batch_softmax", global_batch=gb)["loss"],
+        "yclip": lambda hi, ht, gi, gt, s, c, gb: functional.yclip_terms(hi, ht, s, 0.5, 1.5, global_batch=gb)["loss"],
+        "siglip": lambda hi, ht, gi, gt, s, c, gb: functional.siglip_terms(gi, gt, s, c, global_batch=gb)["loss"],
     }
     sl = slice(rank * b, (rank + 1) * b)
     for name, fn in cases.items():

@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from batches import row_batch
 from nclip.cli import main
 from nclip.config import resolve
 from nclip.objectives import functional
@@ -73,7 +74,7 @@ def test_proto_loss_matches_algorithm1(seed, b, k, t_target, from_teacher):
     c_t = _unit(k, 5, seed=seed + 2) if from_teacher else None
     labels = torch.randint(0, k, (b,), generator=torch.Generator().manual_seed(seed))
     t = torch.tensor(0.07, dtype=torch.float64, requires_grad=True)
-    ours = functional.proto_loss(h, c, labels, t, t_target, teacher_centroids=c_t)
+    ours = functional.proto_terms(h, c, labels, t, t_target, teacher_centroids=c_t)["loss"]
     ref = ref_proto_loss(h, c, labels, t, t_target, c_t)
     torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
     for a, r in zip(torch.autograd.grad(ours, [h, c, t]), torch.autograd.grad(ref, [h, c, t])):
@@ -92,7 +93,7 @@ def test_proto_loss_drops_empty_clusters():
         ref = ref_proto_loss(h, c[keep], torch.tensor([remap[int(x)] for x in labels]), 0.1, tt)
         torch.testing.assert_close(ours["loss"], ref)
     # without the mask a zero (empty) prototype competes with logit 0: a different loss
-    assert not torch.isclose(functional.proto_loss(h, c * valid[:, None], labels, 0.1, 0.01), ours["loss"])
+    assert not torch.isclose(functional.proto_terms(h, c * valid[:, None], labels, 0.1, 0.01)["loss"], ours["loss"])
 
 
 def test_proto_terms_diagnostics_and_extremes():
@@ -101,8 +102,8 @@ def test_proto_terms_diagnostics_and_extremes():
     assert t["acc"].item() == 1.0 and t["target_entropy"].item() == 0.0
     # float32, τ at its clamp (0.01) and τ_y = 0.01 with collapsed inputs: finite loss and grads
     h = torch.ones(3, 8, requires_grad=True)
-    loss = functional.proto_loss(torch.nn.functional.normalize(h, dim=-1), torch.ones(5, 8) / 8**0.5,
-                         torch.tensor([0, 1, 4]), 0.01, 0.01)
+    loss = functional.proto_terms(torch.nn.functional.normalize(h, dim=-1), torch.ones(5, 8) / 8**0.5,
+                         torch.tensor([0, 1, 4]), 0.01, 0.01)["loss"]
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(h.grad).all()
     assert loss.item() == pytest.approx(math.log(5), rel=1e-5)  # uniform scores and targets
@@ -112,9 +113,8 @@ def test_proto_terms_diagnostics_and_extremes():
 
 
 def _out(hi, ht, zi, zt, scale=14.0):
-    return EncoderOutput(image_features=zi, text_features=zt, image_emb=zi, text_emb=zt, image_logits=None,
-                         text_logits=None, logit_scale=torch.tensor(scale, dtype=zi.dtype), image_proto=hi,
-                         text_proto=ht)
+    return EncoderOutput(image_features=zi, text_features=zt, logit_scale=torch.tensor(scale, dtype=zi.dtype),
+                         image={"clip": zi, "proto": hi}, text={"clip": zt, "proto": ht})
 
 
 def _episode_state(m, k, ke, d, seed=0):
@@ -139,23 +139,23 @@ def test_objective_combines_eq6_terms_and_warmup():
     zi, zt = _unit(b, 3, seed=9), _unit(b, 3, seed=10)
     rows = torch.arange(3, 3 + b)
     obj.set_episode(0)  # warm-up: L_CLIP only
-    warm = obj(_out(hi, ht, zi, zt), rows)
-    torch.testing.assert_close(warm["loss"], 0.5 * functional.clip_loss(zi, zt, 14.0))
+    warm = obj(_out(hi, ht, zi, zt), row_batch(episode=rows))
+    torch.testing.assert_close(warm["loss"], 0.5 * functional.clip_terms(zi, zt, 14.0)["loss"])
     assert "proto/L_proto" not in warm
     obj.set_episode(1, labels, **st)
-    t = obj(_out(hi, ht, zi, zt), rows)
+    t = obj(_out(hi, ht, zi, zt), row_batch(episode=rows))
     lab = labels[rows]
-    i2t = functional.proto_loss(hi, st["i2t_centroids"], lab[:, 1], 0.07, 0.01, valid=st["i2t_valid"])
-    t2i = functional.proto_loss(ht, st["t2i_centroids"], lab[:, 0], 0.07, 0.01, valid=st["t2i_valid"])
-    i2e = functional.proto_loss(hi, st["i2e_centroids"], lab[:, 2], 0.07, 0.0, valid=st["i2e_valid"])
-    t2e = functional.proto_loss(ht, st["t2e_centroids"], lab[:, 2], 0.07, 0.0, valid=st["t2e_valid"])
-    want = 0.5 * functional.clip_loss(zi, zt, 14.0) + 2.0 * (i2t + t2i) / 2 + 0.3 * (i2e + t2e) / 2
+    i2t = functional.proto_terms(hi, st["i2t_centroids"], lab[:, 1], 0.07, 0.01, valid=st["i2t_valid"])["loss"]
+    t2i = functional.proto_terms(ht, st["t2i_centroids"], lab[:, 0], 0.07, 0.01, valid=st["t2i_valid"])["loss"]
+    i2e = functional.proto_terms(hi, st["i2e_centroids"], lab[:, 2], 0.07, 0.0, valid=st["i2e_valid"])["loss"]
+    t2e = functional.proto_terms(ht, st["t2e_centroids"], lab[:, 2], 0.07, 0.0, valid=st["t2e_valid"])["loss"]
+    want = 0.5 * functional.clip_terms(zi, zt, 14.0)["loss"] + 2.0 * (i2t + t2i) / 2 + 0.3 * (i2e + t2e) / 2
     torch.testing.assert_close(t["loss"], want)
     torch.testing.assert_close(t["proto/t_proto"], torch.tensor(0.07, dtype=torch.float64))
     # the episode state survives a state_dict round trip into a fresh module (resume)
     fresh = ProtoclipObjective(cfg).double()
     fresh.load_state_dict(obj.state_dict())
-    torch.testing.assert_close(fresh(_out(hi, ht, zi, zt), rows)["loss"], t["loss"])
+    torch.testing.assert_close(fresh(_out(hi, ht, zi, zt), row_batch(episode=rows))["loss"], t["loss"])
 
 
 def test_clip_reduction_sum_is_algorithm1s_l_clip():
@@ -167,7 +167,7 @@ def test_clip_reduction_sum_is_algorithm1s_l_clip():
     obj.set_episode(0)  # warm-up: L_CLIP only
     hi, ht = _unit(8, 5, seed=7), _unit(8, 5, seed=8)
     leaves = [_unit(8, 3, seed=s).requires_grad_() for s in (9, 10, 9, 10)]
-    t = obj(_out(hi, ht, leaves[0], leaves[1]), torch.arange(8))
+    t = obj(_out(hi, ht, leaves[0], leaves[1]), row_batch(episode=torch.arange(8)))
     want = ref_clip_algorithm1(leaves[2], leaves[3], torch.tensor(14.0, dtype=torch.float64))
     torch.testing.assert_close(t["clip/loss"], want, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(t["loss"], 0.5 * want, rtol=1e-10, atol=1e-12)
@@ -336,7 +336,8 @@ def test_episodic_run_end_to_end(tmp_path, capsys, shared_cache):
     w8 = load_file(str(out / "model" / "model.safetensors"))
     for k in w6:
         same = torch.equal(w6[k], w8[k])
-        if k.startswith(("vision.", "image_clip_head")) and "running" not in k and "num_batches" not in k:
+        image_side = k.startswith(("vision.", "heads.clip.image.", "heads.proto.image."))
+        if image_side and "running" not in k and "num_batches" not in k:
             assert same, k
         if k.startswith("text.") and w6[k].dtype.is_floating_point and w6[k].numel() > 1000:
             assert not same, k
@@ -368,7 +369,7 @@ def _objective_on_two_ranks(rank, world):
         obj = ProtoclipObjective(cfg.model_copy(update={"global_batch": global_batch})).double()
         obj.set_episode(0, got["labels"], **{k: v for k, v in got.items() if k != "labels"})
         leaves = {k: v.clone().requires_grad_() for k, v in inputs.items()}
-        loss = obj(_out(leaves["hi"], leaves["ht"], leaves["zi"], leaves["zt"]), rws)["loss"]
+        loss = obj(_out(leaves["hi"], leaves["ht"], leaves["zi"], leaves["zt"]), row_batch(episode=rws))["loss"]
         loss.backward()
         return loss.detach(), {k: v.grad for k, v in leaves.items()}, obj.logit_scale_proto.grad
 
@@ -415,7 +416,8 @@ def test_resnet_tower_builds_from_config():
     model = build_model(cfg, pretrained_text=False)
     ids, mask = model.tokenizer(["a red circle", "two blue squares"])
     out = model(torch.randn(2, 3, 16, 16), ids, mask)
-    assert out.image_features.shape == (2, 32) and out.image_emb.shape == (2, 32) and out.image_proto.shape == (2, 16)
+    assert out.image_features.shape == (2, 32)
+    assert out.image["clip"].shape == (2, 32) and out.image["proto"].shape == (2, 16)
     assert model.vision.kind == "resnet"
 
 

@@ -91,8 +91,9 @@ def _module_loss(name: str, **cfg):
 
     def loss(x: dict[str, torch.Tensor]) -> torch.Tensor:
         objective = objective_cls(config_cls(**cfg)).double()
-        out = EncoderOutput(image_features=x["img"], text_features=x["txt"], image_emb=x["img"], text_emb=x["txt"],
-                            image_logits=x["img_logits"], text_logits=x["txt_logits"], logit_scale=x["scale"])
+        out = EncoderOutput(image_features=x["img"], text_features=x["txt"], logit_scale=x["scale"],
+                            image={"clip": x["img"], "nclip": x["img_logits"]},
+                            text={"clip": x["txt"], "nclip": x["txt_logits"]})
         return objective(out)["loss"]
 
     return loss
@@ -134,8 +135,9 @@ def test_clip_reduction_sum_matches_algorithm1(name):
 
 def test_clip_reduction_sum_logs_the_term_as_it_enters_eq5():
     x = _inputs()
-    out = EncoderOutput(image_features=x["img"], text_features=x["txt"], image_emb=x["img"], text_emb=x["txt"],
-                        image_logits=x["img_logits"], text_logits=x["txt_logits"], logit_scale=x["scale"])
+    out = EncoderOutput(image_features=x["img"], text_features=x["txt"], logit_scale=x["scale"],
+                        image={"clip": x["img"], "nclip": x["img_logits"]},
+                        text={"clip": x["txt"], "nclip": x["txt_logits"]})
     config_cls, objective_cls = REGISTRY["xclip"]
     mean, summed = (objective_cls(config_cls(clip_reduction=r)).double()(out) for r in ("mean", "sum"))
     torch.testing.assert_close(summed["clip/loss"], 2 * mean["clip/loss"])
@@ -143,7 +145,7 @@ def test_clip_reduction_sum_logs_the_term_as_it_enters_eq5():
     torch.testing.assert_close(summed["loss"] - mean["loss"], 0.2 * mean["clip/loss"])  # λ_CLIP·(sum − mean)
     torch.testing.assert_close(summed["clip/acc_i2t"], mean["clip/acc_i2t"])
     with pytest.raises(ValueError, match="clip reduction 'max'"):
-        functional.clip_loss(x["img"], x["txt"], x["scale"], reduction="max")
+        functional.clip_terms(x["img"], x["txt"], x["scale"], reduction="max")["loss"]
 
 
 def _rank(rank: int, world: int) -> dict:

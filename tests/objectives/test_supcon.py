@@ -11,6 +11,7 @@ import json
 import pytest
 import torch
 
+from batches import row_batch
 from nclip.config import resolve
 from nclip.errors import NclipError
 from nclip.objectives import REGISTRY, EncoderOutput, LabelSpace, build_objective, functional
@@ -74,7 +75,7 @@ def test_supcon_matches_eq2(seed, v, tau, unlabelled):
     x = _inputs(seed, v=v)
     if unlabelled:
         x["labels"][::3] = functional.UNLABELLED
-    _check(lambda a: functional.supcon_loss(a["z"], x["labels"], temperature=tau),
+    _check(lambda a: functional.supcon_terms(a["z"], x["labels"], temperature=tau)["loss"],
            lambda a: ref_supcon(a["z"], x["labels"], tau), ("z",), x)
 
 
@@ -83,11 +84,11 @@ def test_supcon_with_a_queue_and_a_keep_mask():
     keep = _keep(x["labels"], V, cols=x["queue_labels"])
     assert not keep.all() and keep.shape == (B * V, B * V + Q)
     kw = {"queue": x["queue"], "queue_labels": x["queue_labels"]}
-    _check(lambda a: functional.supcon_loss(a["z"], x["labels"], keep=keep, **kw),
+    _check(lambda a: functional.supcon_terms(a["z"], x["labels"], keep=keep, **kw)["loss"],
            lambda a: ref_supcon(a["z"], x["labels"], 0.1, keep, **kw), ("z",), x)
     flat = x["z"].reshape(-1, D)  # [N, D] features: V = 1 over the same rows
-    torch.testing.assert_close(functional.supcon_loss(x["z"][:, :1], x["labels"]),
-                               functional.supcon_loss(flat[::V], x["labels"]))
+    torch.testing.assert_close(functional.supcon_terms(x["z"][:, :1], x["labels"])["loss"],
+                               functional.supcon_terms(flat[::V], x["labels"])["loss"])
 
 
 @pytest.mark.parametrize("alpha,beta,tau,queue", [(0.05, 1.0, 0.2, False), (1.0, 1.0, 0.1, True),
@@ -95,8 +96,8 @@ def test_supcon_with_a_queue_and_a_keep_mask():
 def test_paco_matches_eq3(alpha, beta, tau, queue):
     x = _inputs(6)
     kw = {"queue": x["queue"], "queue_labels": x["queue_labels"]} if queue else {}
-    _check(lambda a: functional.paco_loss(a["z"], x["labels"], a["centers"], alpha=alpha, beta=beta,
-                                          temperature=tau, **kw),
+    _check(lambda a: functional.paco_terms(a["z"], x["labels"], a["centers"], alpha=alpha, beta=beta,
+                                          temperature=tau, **kw)["loss"],
            lambda a: ref_paco(a["z"], x["labels"], a["centers"], alpha, beta, tau, **kw), ("z", "centers"), x)
 
 
@@ -105,8 +106,8 @@ def test_reco_matches_eq7(base):
     x = _inputs(7)
     keep = _keep(x["labels"], V)
     paco = base == "paco"
-    _check(lambda a: functional.reco_loss(a["z"], x["labels"], keep, alpha=0.7,
-                                          centers=a["centers"] if paco else None),
+    _check(lambda a: functional.reco_terms(a["z"], x["labels"], keep, alpha=0.7,
+                                          centers=a["centers"] if paco else None)["loss"],
            lambda a: ref_reco(a["z"], x["labels"], keep, 0.7, 0.1, a["centers"] if paco else None),
            ("z", "centers"), x)
 
@@ -117,7 +118,8 @@ def test_an_anchor_without_a_positive_contributes_nothing():
     z = _leaf(x["z"])
     terms = functional.supcon_terms(z, labels)
     assert terms["anchors_with_positives"] == pytest.approx(7 / 8)
-    others = functional.supcon_loss(x["z"][:7], labels[:7])  # the lone anchor is still a negative of the others
+    # the lone anchor is still a negative of the others
+    others = functional.supcon_terms(x["z"][:7], labels[:7])["loss"]
     assert not torch.isclose(terms["loss"], others)
     torch.testing.assert_close(terms["loss"], ref_supcon(x["z"], labels))
     terms["loss"].backward()
@@ -129,23 +131,23 @@ def test_an_anchor_without_a_positive_contributes_nothing():
 def test_a_batch_of_one_class_and_a_single_image():
     x = _inputs(9)
     same = torch.zeros(B, dtype=torch.long)
-    _check(lambda a: functional.supcon_loss(a["z"], same), lambda a: ref_supcon(a["z"], same), ("z",), x)
+    _check(lambda a: functional.supcon_terms(a["z"], same)["loss"], lambda a: ref_supcon(a["z"], same), ("z",), x)
     terms = functional.supcon_terms(x["z"], same)
     assert terms["negatives"] == 0 and terms["positives"] == B * V - 1
     one = _leaf(x["z"][:1, :1])  # one image, one view: nothing to contrast
-    loss = functional.supcon_loss(one, same[:1])
+    loss = functional.supcon_terms(one, same[:1])["loss"]
     loss.backward()
     assert loss == 0 and torch.isfinite(one.grad).all()
     two = _leaf(x["z"][:1])  # one image, two views: each view is the other's only candidate, log 1 = 0
-    assert functional.supcon_loss(two, same[:1]).abs() < 1e-12
-    paco = functional.paco_loss(_leaf(x["z"][:1, :1]), same[:1], x["centers"])  # the centres still contrast
+    assert functional.supcon_terms(two, same[:1])["loss"].abs() < 1e-12
+    paco = functional.paco_terms(_leaf(x["z"][:1, :1]), same[:1], x["centers"])["loss"]  # the centres still contrast
     assert torch.isfinite(paco) and paco > 0
 
 
 def test_extreme_logits_stay_finite_in_float32():
     x = _inputs(10)
     z = _leaf(x["z"].float())
-    loss = functional.supcon_loss(z, x["labels"], temperature=1e-4)
+    loss = functional.supcon_terms(z, x["labels"], temperature=1e-4)["loss"]
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(z.grad).all()
 
@@ -176,7 +178,7 @@ def test_s_zero_makes_reco_the_supcon_loss_again():
     keep = functional.reco_keep_mask(rows, torch.zeros(C, C), torch.Generator().manual_seed(0))
     assert keep.all()
     terms = functional.reco_terms(x["z"], x["labels"], keep, alpha=0.4)
-    supcon = functional.supcon_loss(x["z"], x["labels"])
+    supcon = functional.supcon_terms(x["z"], x["labels"])["loss"]
     torch.testing.assert_close(terms["loss"], 1.4 * supcon, rtol=1e-12, atol=0)  # L = (1 + α)·L_SupCon
     assert terms["kept"] == 1.0
     ones = functional.reco_keep_mask(rows, torch.ones(C, C), torch.Generator().manual_seed(0))
@@ -186,11 +188,11 @@ def test_s_zero_makes_reco_the_supcon_loss_again():
 def test_bad_arguments_are_value_errors():
     x = _inputs(12)
     with pytest.raises(ValueError, match="labels must be"):
-        functional.supcon_loss(x["z"], x["labels"][:3])
+        functional.supcon_terms(x["z"], x["labels"][:3])["loss"]
     with pytest.raises(ValueError, match="keep must be bool"):
-        functional.supcon_loss(x["z"], x["labels"], keep=torch.ones(3, 3, dtype=torch.bool))
+        functional.supcon_terms(x["z"], x["labels"], keep=torch.ones(3, 3, dtype=torch.bool))["loss"]
     with pytest.raises(ValueError, match="labels must be < K"):
-        functional.paco_loss(x["z"], x["labels"] + C, x["centers"])
+        functional.paco_terms(x["z"], x["labels"] + C, x["centers"])["loss"]
     with pytest.raises(ValueError, match="similarity must be"):
         functional.reco_keep_mask(x["labels"], torch.ones(3, 2), torch.Generator())
 
@@ -199,8 +201,8 @@ def test_bad_arguments_are_value_errors():
 
 
 def _out(x: dict) -> EncoderOutput:
-    return EncoderOutput(image_features=x["img"], text_features=x["txt"], image_emb=x["img"], text_emb=x["txt"],
-                         image_logits=None, text_logits=None, logit_scale=x["scale"], image_supcon=x["z"])
+    return EncoderOutput(image_features=x["img"], text_features=x["txt"], logit_scale=x["scale"],
+                         image={"clip": x["img"], "supcon": x["z"]}, text={"clip": x["txt"]})
 
 
 def _module(name: str, x: dict, **cfg):
@@ -255,7 +257,7 @@ def _module_loss(case: str):
         if name == "clip_supcon":
             x["z"] = x["z"][:, :1]  # one view beside CLIP
         obj = _module(name, x, **cfg)
-        return obj(_out(x), x["labels"])["loss"]
+        return obj(_out(x), row_batch(x["labels"]))["loss"]
 
     return loss
 
@@ -278,35 +280,36 @@ def test_reco_draws_are_keyed_by_step_and_forward():
     data, so no device read, nothing to checkpoint, and a resumed module draws what the uninterrupted one drew."""
     x = _inputs(14)
     a, b = _module("reco", x), _module("reco", x)
-    first = [a(_out(x), x["labels"])["loss"] for _ in range(3)]
-    second = [b(_out(x), x["labels"])["loss"] for _ in range(3)]
+    first = [a(_out(x), row_batch(x["labels"]))["loss"] for _ in range(3)]
+    second = [b(_out(x), row_batch(x["labels"]))["loss"] for _ in range(3)]
     assert first == second and len({float(v) for v in first}) == 3  # a new draw each training forward
     assert "draws" not in a.state_dict() and "similarity" not in a.state_dict()
     a.eval()
-    a(_out(x), x["labels"])  # evaluation draws from the current key without advancing it
+    a(_out(x), row_batch(x["labels"]))  # evaluation draws from the current key without advancing it
     a.train()
-    assert a(_out(x), x["labels"])["loss"] == b(_out(x), x["labels"])["loss"]
+    assert a(_out(x), row_batch(x["labels"]))["loss"] == b(_out(x), row_batch(x["labels"]))["loss"]
     a.before_step(5, 10)
     resumed = _module("reco", x)
     state = a.state_dict()
-    resumed.load_state_dict({**state, "draws": torch.tensor(4)})  # a checkpoint from before issue 32 loads
+    resumed.load_state_dict(state)
     resumed.before_step(5, 10)
-    step5 = [a(_out(x), x["labels"])["loss"] for _ in range(2)]
-    assert step5 == [resumed(_out(x), x["labels"])["loss"] for _ in range(2)]  # resume draws the same stream
+    step5 = [a(_out(x), row_batch(x["labels"]))["loss"] for _ in range(2)]
+    assert step5 == [resumed(_out(x), row_batch(x["labels"]))["loss"] for _ in range(2)]  # resume draws the same stream
     a.before_step(6, 10)
     resumed.before_step(5, 10)
-    assert a(_out(x), x["labels"])["loss"] != resumed(_out(x), x["labels"])["loss"]  # another step, another draw
+    batch = row_batch(x["labels"])
+    assert a(_out(x), batch)["loss"] != resumed(_out(x), batch)["loss"]  # another step, another draw
 
 
 def test_queue_enqueues_every_view_and_is_a_candidate():
     x = _inputs(15)
     obj = SupconObjective(SupconConfig(queue_size=40), dim=D).double().train()
-    first = obj(_out(x), x["labels"])
+    first = obj(_out(x), row_batch(x["labels"]))
     assert first["supcon/queue_fill"] == pytest.approx(B * V / 40)
     view = obj.queue.view()
     torch.testing.assert_close(view.embeddings, torch.nn.functional.normalize(x["z"].reshape(-1, D), dim=-1))
     assert torch.equal(view.labels, x["labels"].repeat_interleave(V))
-    second = obj(_out(x), x["labels"])
+    second = obj(_out(x), row_batch(x["labels"]))
     torch.testing.assert_close(second["loss"], ref_supcon(x["z"], x["labels"], 0.1, None, view.embeddings,
                                                           view.labels))
 
@@ -329,15 +332,15 @@ def test_supcon_head_on_one_and_two_views():
     model = build_model(cfg, pretrained_text=False)
     ids, mask = torch.zeros(4, 16, dtype=torch.long), torch.ones(4, 16, dtype=torch.long)
     two = model(torch.randn(4, 2, 3, 16, 16), ids, mask)
-    assert two.image_supcon.shape == (4, 2, 8) and two.image_features.shape[0] == 4
+    assert two.image["supcon"].shape == (4, 2, 8) and two.image_features.shape[0] == 4
     model.eval()
     one = model(torch.randn(4, 3, 16, 16), ids, mask)
-    assert one.image_supcon.shape == (4, 1, 8)
+    assert one.image["supcon"].shape == (4, 1, 8)
     assert not any(p.requires_grad for p in model.text.parameters())  # image-only: the text tower is frozen
 
 
 def test_label_space_and_builtin_similarity():
-    from nclip.train.labels import label_space_for
+    from nclip.data.labels import label_space_for
 
     cfg = resolve("supcon-tiny", ["objective.name=reco"])
     space = label_space_for(cfg)
@@ -383,9 +386,9 @@ def _functional_cases(x: dict) -> dict:
     keep = _keep(_inputs(16)["labels"], V, cols=x["queue_labels"])  # the global mask, the same on every rank
     kw = {"queue": x["queue"], "queue_labels": x["queue_labels"]}
     return {
-        "supcon": lambda a: functional.supcon_loss(a["z"], a["labels"], keep=keep, **kw),
-        "paco": lambda a: functional.paco_loss(a["z"], a["labels"], a["centers"], **kw),
-        "reco": lambda a: functional.reco_loss(a["z"], a["labels"], keep, centers=a["centers"], **kw),
+        "supcon": lambda a: functional.supcon_terms(a["z"], a["labels"], keep=keep, **kw)["loss"],
+        "paco": lambda a: functional.paco_terms(a["z"], a["labels"], a["centers"], **kw)["loss"],
+        "reco": lambda a: functional.reco_terms(a["z"], a["labels"], keep, centers=a["centers"], **kw)["loss"],
     }
 
 
@@ -395,7 +398,7 @@ def _rank(rank: int, world: int) -> dict:
                 for case, fn in _functional_cases(_inputs(16)).items()})
     x = _split(_inputs(16), rank, world)
     obj = SupconObjective(SupconConfig(queue_size=64), dim=D).double().train()
-    obj(_out(x), x["labels"])
+    obj(_out(x), row_batch(x["labels"]))
     out["queue"] = obj.queue.view()
     return out
 
@@ -413,7 +416,7 @@ def test_two_ranks_match_one_process():
             torch.testing.assert_close(grads[k], ref_grads[k], rtol=1e-9, atol=1e-12, msg=f"{case}: d/d{k}")
     x = _inputs(16)
     obj = SupconObjective(SupconConfig(queue_size=64), dim=D).double().train()
-    obj(_out(x), x["labels"])
+    obj(_out(x), row_batch(x["labels"]))
     for r in results:  # the queue is global: every rank enqueued every view of the whole batch, in rank order
         torch.testing.assert_close(r["queue"].embeddings, obj.queue.view().embeddings)
         assert torch.equal(r["queue"].labels, obj.queue.view().labels)

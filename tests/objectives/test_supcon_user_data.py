@@ -15,7 +15,7 @@ from PIL import Image
 
 from nclip.cli import main
 from nclip.config import resolve
-from nclip.data.loader import StepBatches
+from nclip.data.step_batches import StepBatches
 from nclip.errors import NclipError
 from nclip.objectives.supcon import SupconObjective
 
@@ -104,9 +104,9 @@ def test_trains_on_folder_and_csv_labels_with_two_views(tmp_path, monkeypatch, k
     seen = []
     forward = SupconObjective.forward
 
-    def spy(self, out, labels=None, true_labels=None):
-        seen.append((tuple(out.image_supcon.shape), labels.tolist(), true_labels.tolist()))
-        return forward(self, out, labels, true_labels)
+    def spy(self, out, batch):
+        seen.append((tuple(out.image["supcon"].shape), batch.labels.tolist(), batch.true_labels.tolist()))
+        return forward(self, out, batch)
 
     monkeypatch.setattr(SupconObjective, "forward", spy)
     cfg = resolve("supcon-tiny", _sets(tmp_path, kind, objective))
@@ -121,7 +121,7 @@ def test_trains_on_folder_and_csv_labels_with_two_views(tmp_path, monkeypatch, k
 
 
 def _space(tmp_path: Path, kind: str, extra: tuple[str, ...] = ()):
-    from nclip.train.labels import label_space_for
+    from nclip.data.labels import label_space_for
 
     return label_space_for(resolve("supcon-tiny", _sets(tmp_path, kind, "reco", extra)))
 
@@ -149,8 +149,8 @@ def test_reco_similarity_of_a_tsv_hierarchy_over_a_csv_label_column(tmp_path):
 
 
 def test_paco_centres_count_the_user_classes(tmp_path):
+    from nclip.data.labels import label_space_for
     from nclip.objectives import build_objective
-    from nclip.train.labels import label_space_for
 
     cfg = resolve("supcon-tiny", _sets(tmp_path, "csv", "paco"))
     space = label_space_for(cfg)
@@ -207,7 +207,7 @@ def test_a_hierarchy_that_does_not_fit_the_classes_is_one_line(tmp_path, capsys,
 
 
 def test_a_label_kind_the_user_source_lacks_is_one_line(tmp_path):
-    from nclip.train.labels import label_space_for
+    from nclip.data.labels import label_space_for
 
     with pytest.raises(NclipError, match=r"objective.label_key 'digit' is not a label of data.source csv "
                                          r"\(it has label\)"):

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from nclip.config import resolve
+from nclip.data.labels import label_space_for
 from nclip.data.loader import train_loader
 from nclip.models import build_model
 from nclip.objectives import REGISTRY, build_objective
 from nclip.train.accumulate import cached_step, online_towers
-from nclip.train.labels import label_space_for
 from nclip.train.launch import DistContext, TrainStep, wrap, wrap_passes
 from nclip.train.snapshot import BufferSnapshot
 
@@ -43,8 +43,8 @@ def _prepare(name: str, k: int = 1):
     model = build_model(cfg).double()
     objective = build_objective(cfg.objective, cfg, label_space=label_space_for(cfg)).double()
     data = train_loader(cfg, model.tokenizer, views=objective_cls.views, labels=objective_cls.label_request(cfg))
-    batch = list(next(iter(data)))
-    batch[0] = batch[0].double()
+    batch = next(iter(data))
+    batch = batch.with_pixels(batch.pixels.double())
     if name == "protoclip":  # an episode's prototypes and the batch's episode positions
         oc = cfg.objective
         g = torch.Generator().manual_seed(3)
@@ -58,8 +58,8 @@ def _prepare(name: str, k: int = 1):
                 torch.randn(k, d, generator=g, dtype=torch.float64), dim=-1)
             state[f"{direction}_valid"] = torch.ones(k, dtype=torch.bool)
         objective.set_episode(max(oc.warmup_episodes, 1), labels, **state)
-        batch.append(torch.arange(B) * 3 % m)
-    return cfg, TrainStep(model, objective), tuple(batch)
+        batch.episode = torch.arange(B) * 3 % m
+    return cfg, TrainStep(model, objective), batch
 
 
 def _result(step: TrainStep, terms: dict) -> tuple[dict, dict, dict]:
@@ -71,7 +71,7 @@ def _result(step: TrainStep, terms: dict) -> tuple[dict, dict, dict]:
 
 def _whole_batch(name: str):
     _, step, batch = _prepare(name)
-    terms = step(*batch)
+    terms = step(batch)
     terms["loss"].backward()
     return _result(step, terms)
 
@@ -106,7 +106,7 @@ def _ranks(rank: int, world: int, names: list[str]):
         assert module is step
         towers, heads = wrap_passes(step, ctx, cfg)
         n = B // world
-        local = tuple(x[rank * n:(rank + 1) * n] for x in batch)
+        local = batch.rows(rank * n, (rank + 1) * n)
         terms = cached_step(towers, heads, local, 2, BufferSnapshot(online_towers(step.model)), CPU)
         out[name] = _result(step, terms)
     return out

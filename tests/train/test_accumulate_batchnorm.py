@@ -29,10 +29,9 @@ def _prepare(norm: str):
     torch.manual_seed(0)
     model = build_model(cfg, pretrained_text=False).double()
     step = TrainStep(model, build_objective(cfg.objective, cfg).double())
-    batch = list(next(iter(train_loader(cfg, model.tokenizer))))
-    batch[0] = batch[0].double()
+    batch = next(iter(train_loader(cfg, model.tokenizer)))
     towers, heads = wrap_passes(step, DistContext(), cfg)
-    return step, towers, heads, tuple(batch)
+    return step, towers, heads, batch.with_pixels(batch.pixels.double())
 
 
 def _result(step, terms):
@@ -51,9 +50,8 @@ def _per_micro_batch_reference(norm: str):
     """The towers forward micro-batch by micro-batch with gradients (their BatchNorm sees each
     micro-batch), the heads and the objective once on the concatenated features."""
     step, towers, heads, batch = _prepare(norm)
-    pixels, ids, mask = batch
-    parts = [towers(p, i, m) for p, i, m in zip(pixels.chunk(K), ids.chunk(K), mask.chunk(K))]
-    terms = heads({key: torch.cat([p[key] for p in parts]) for key in parts[0]})
+    parts = [towers(micro) for micro in batch.chunk(K)]
+    terms = heads({key: torch.cat([p[key] for p in parts]) for key in parts[0]}, batch)
     terms["loss"].backward()
     loss, grads, stats = _result(step, terms)
     for name in stats:  # K forwards counted K updates; the step counts one
@@ -64,7 +62,7 @@ def _per_micro_batch_reference(norm: str):
 
 def _whole_batch(norm: str):
     step, _, _, batch = _prepare(norm)
-    terms = step(*batch)
+    terms = step(batch)
     terms["loss"].backward()
     return _result(step, terms)
 

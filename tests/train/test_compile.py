@@ -12,10 +12,11 @@ import torch
 
 import nclip.train.compile as compile_mod
 import nclip.train.memory_check as memory_check
+from nclip.batch import Batch
 from nclip.config import resolve
+from nclip.data.labels import label_space_for
 from nclip.models import build_model
 from nclip.objectives import REGISTRY, build_objective
-from nclip.train.labels import label_space_for
 from nclip.train.launch import TrainStep
 from nclip.train.loop import train
 
@@ -26,20 +27,19 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 OVERRIDES = micro_sizes() + ["train.steps=2", "train.batch_size=8", "train.warmup_steps=1", "train.log_every=1",
                              "train.threads=1", "data.train_length=64"]
 
-def _step(name: str) -> tuple[TrainStep, tuple]:
+def _step(name: str) -> tuple[TrainStep, Batch]:
     """The training step of ``name`` at micro sizes as the trainer builds it, and a batch of 8 for it."""
     cfg = resolve("micro", OVERRIDES + [f"objective.name={name}"])
     torch.manual_seed(0)
     model = build_model(cfg, pretrained_text=False)
     objective = build_objective(cfg.objective, cfg, label_space=label_space_for(cfg))
     request = REGISTRY[name][1].label_request(cfg)
-    pixels, ids, *rest = memory_check.probe_batch(model, cfg, 8, REGISTRY[name][1].views, request,
-                                                  torch.device("cpu"))
+    batch = memory_check.probe_batch(model, cfg, 8, REGISTRY[name][1].views, request, torch.device("cpu"))
     # distinct captions: identical rows would leave the nCLIP heads' BatchNorm a zero variance, whose
     # gradient is rounding noise divided by sqrt(eps) (eager and compiled would then disagree by 10 %)
-    ids = torch.randint(1000, 5000, ids.shape, generator=torch.Generator().manual_seed(1))
+    batch.ids = torch.randint(1000, 5000, batch.ids.shape, generator=torch.Generator().manual_seed(1))
     objective.before_step(1, cfg.train.steps)  # a step after the first, as the trainer calls it
-    return TrainStep(model, objective), (pixels, ids, *rest)
+    return TrainStep(model, objective), batch
 
 
 class _Graphs:
@@ -133,7 +133,7 @@ def test_a_compiled_run_compiles_one_graph_at_its_batch(name, tmp_path, monkeypa
 @pytest.mark.parametrize("name", ["clip", "siglip", "xclip"])
 def test_no_graph_break_in_the_compiled_step(name):
     step, batch = _step(name)
-    graphs, breaks = compile_mod.graph_breaks(step, *batch)
+    graphs, breaks = compile_mod.graph_breaks(step, batch)  # the Batch is the compiled step's one input
     assert (graphs, breaks) == (1, [])
 
 
@@ -163,7 +163,7 @@ def test_the_compiled_step_gives_the_eager_loss_and_gradients():
     for compiled in (False, True):
         if compiled:
             assert compile_mod.compile_step(step)
-        loss = step(*batch)["loss"]
+        loss = step(batch)["loss"]
         loss.backward()
         found.append((loss.item(), {n: p.grad.clone() for n, p in step.named_parameters() if p.grad is not None}))
         step.zero_grad(set_to_none=True)

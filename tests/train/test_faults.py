@@ -36,10 +36,10 @@ def _poison_batches(monkeypatch, bad_steps):
             return getattr(self.data, name)
 
         def __iter__(self):
-            for step, (pixels, ids, mask) in enumerate(self.data, start=self.start):
-                if step in bad_steps:
-                    pixels = torch.full(pixels.shape, float("nan"))  # float: the feed passes it as it is
-                yield pixels, ids, mask
+            for step, batch in enumerate(self.data, start=self.start):
+                if step in bad_steps:  # float pixels: the feed passes them as they are
+                    batch = batch.with_pixels(torch.full(batch.pixels.shape, float("nan")))
+                yield batch
 
     def fake(cfg, tokenizer, start_step=0, **kw):
         return Poisoned(real(cfg, tokenizer, start_step=start_step, **kw), start_step)

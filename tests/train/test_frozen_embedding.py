@@ -12,7 +12,8 @@ import torch
 
 from nclip.cli import main
 from nclip.config import resolve
-from nclip.data.loader import build_dataset, train_loader
+from nclip.data.loader import train_loader
+from nclip.data.sources import build_dataset
 from nclip.errors import NclipError
 from nclip.objectives.base import FrozenEmbedding
 from nclip.train.frozen_embedding import frozen_table
@@ -52,8 +53,8 @@ def test_nclip_checkpoint_embeds_every_training_sample(micro_run):
     text = frozen_table(cfg, FrozenEmbedding(str(micro_run), "text"))
     image = frozen_table(cfg, FrozenEmbedding(str(micro_run / "model"), "image"))
     assert text.shape == image.shape == (40, cfg.model.embed_dim)
-    torch.testing.assert_close(text, encode_texts(model, [s.caption for s in samples], "cpu")["emb"])
-    torch.testing.assert_close(image, encode_images(model, [s.image for s in samples], 16, "cpu")["emb"])
+    torch.testing.assert_close(text, encode_texts(model, [s.caption for s in samples], "cpu")["clip"])
+    torch.testing.assert_close(image, encode_images(model, [s.image for s in samples], 16, "cpu")["clip"])
 
 
 @pytest.mark.parametrize("spec,match", [
@@ -74,11 +75,11 @@ def test_batches_carry_the_dataset_indices(micro_run):
     assert request.frozen == FrozenEmbedding(None, "text") and request.optional
     data = train_loader(cfg, _tokenizer(micro_run), views=2, labels=request)
     samples = build_dataset(cfg, "train")
-    for step, (pixels, _, _, labels, true, index) in enumerate(data):
-        assert pixels.shape[:2] == (8, 2) and index.dtype == torch.long
+    for step, batch in enumerate(data):
+        assert batch.pixels.shape[:2] == (8, 2) and batch.index.dtype == torch.long
         expected = np.asarray(data.loader.batch_sampler.global_batch(step))
-        assert index.tolist() == expected.tolist()
-        assert true.tolist() == [samples[i].labels["shape"] for i in expected]
+        assert batch.index.tolist() == expected.tolist()
+        assert batch.true_labels.tolist() == [samples[i].labels["shape"] for i in expected]
 
 
 def _tokenizer(run):

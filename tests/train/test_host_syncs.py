@@ -86,9 +86,9 @@ def test_the_recorder_sees_a_read_inside_a_cpp_op(tmp_path, monkeypatch):
 
     original = ClipObjective.forward
 
-    def forward(self, out):
-        terms = original(self, out)
-        torch.bincount(torch.zeros(3, dtype=torch.long, device=out.image_emb.device))
+    def forward(self, out, batch=None):
+        terms = original(self, out, batch)
+        torch.bincount(torch.zeros(3, dtype=torch.long, device=out.image["clip"].device))
         terms["loss"].detach().sum().item()
         terms["loss"] = terms["loss"] + torch.tensor(0.0)
         return terms
@@ -107,8 +107,8 @@ def test_the_recorder_sees_a_host_method(tmp_path, monkeypatch):
 
     original = ClipObjective.forward
 
-    def forward(self, out):
-        terms = original(self, out)
+    def forward(self, out, batch=None):
+        terms = original(self, out, batch)
         terms["loss"].detach().tolist()
         return terms
 

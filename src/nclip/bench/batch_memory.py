@@ -81,7 +81,7 @@ class _PeakSource:
 
     skipped = 0
 
-    def __init__(self, batch: tuple, device, steps: int):
+    def __init__(self, batch, device, steps: int):
         self.batch, self.device, self.steps = batch, device, steps
         self.peak: int | None = None
 

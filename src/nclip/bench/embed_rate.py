@@ -19,7 +19,7 @@ def embed_over_forward(cfg, n: int, device: torch.device) -> dict:
     warm-up, alternating."""
     from nclip.bench.parts import scenes
     from nclip.bench.shared_models import build
-    from nclip.data.loader import eval_tensor
+    from nclip.data.transforms import eval_tensor
     from nclip.embed.model import Encoder
     from nclip.embed.sources import eval_rows
     from nclip.embed.writer import write_shards

@@ -35,7 +35,7 @@ VIEWS_SIZE = 224  # the image side of the two-view row
 
 def generator_rate(cfg: RunConfig, n: int) -> float:
     """Training samples generated per second of this process's CPU time."""
-    from nclip.data.loader import build_dataset
+    from nclip.data.sources import build_dataset
 
     samples = build_dataset(cfg, "train")
     for i in range(min(20, len(samples))):  # imports and caches
@@ -58,7 +58,7 @@ def _pass(cfg: RunConfig, tokenizer, steps: int, views: int = 1) -> tuple[int, f
     it = iter(data)
     next(it)  # worker start-up and the first batch: outside the wall-clock window
     t0, c0 = time.perf_counter(), time.process_time()
-    count = sum(b[1].shape[0] for b in it)  # the token ids' rows: two views' pixels are a ViewCrops
+    count = sum(len(b) for b in it)
     wall, main_cpu = time.perf_counter() - t0, time.process_time() - c0
     del it, data
     gc.collect()  # the DataLoader joins its workers: their CPU time lands in os.times' children

@@ -9,8 +9,8 @@ else the feed does to a batch), so both pay for it; what remains is what the tra
 forward, backward and the optimizer step (the lr schedule, the non-finite guard, the gradient norm,
 the logged terms, metrics.jsonl, the counters). The hand loop is what a user would write:
 
-    pixels, ids, mask = next(feed)            # the batch on the device, pixels normalised
-    out = model(pixels, ids, mask)            # under the run's autocast
+    batch = next(feed)                        # the batch on the device, pixels normalised
+    out = model(batch.pixels, batch.ids, batch.mask)  # under the run's autocast
     loss = objective(to_float32(out))["loss"]
     loss.backward(); optimizer.step(); optimizer.zero_grad(set_to_none=True)
 
@@ -36,27 +36,28 @@ from pathlib import Path
 
 import torch
 
+from nclip.batch import Batch
 from nclip.bench.shared_models import build
 from nclip.config import RunConfig
 from nclip.data.device_feed import DeviceFeed
+from nclip.data.labels import label_space_for
 from nclip.data.loader import train_loader
 from nclip.data.tokenization import CaptionTokenizer
-from nclip.objectives import REGISTRY, build_objective
+from nclip.objectives import build_objective, plan_for
 from nclip.precision import autocast_dtype
-from nclip.train.labels import label_space_for
 from nclip.train.launch import TrainStep
 from nclip.train.optim import build_optimizer
 
 Clock = tuple[float, float]  # (wall, process CPU) seconds
 
 
-def one_batch(cfg: RunConfig) -> tuple[torch.Tensor, ...]:
-    """The run's first training batch (pixels, ids, mask, *rows), as the trainer's loader makes it
+def one_batch(cfg: RunConfig) -> Batch:
+    """The run's first training batch, as the trainer's loader makes it
     (with the model's tokenizer, made without building the model)."""
-    objective = REGISTRY[cfg.objective.name][1]
+    objective = plan_for(cfg)
     tokenizer = CaptionTokenizer(cfg.data.text_length, cfg.model.text.tokenizer)
-    data = train_loader(cfg, tokenizer, views=objective.views, labels=objective.label_request(cfg))
-    return tuple(next(iter(data)))
+    data = train_loader(cfg, tokenizer, views=objective.views, labels=objective.label_request())
+    return next(iter(data))
 
 
 def device_of(cfg: RunConfig) -> torch.device:
@@ -89,11 +90,11 @@ class HandLoop:
     the step (towers, heads, float32 objective: a ``TrainStep``) is compiled as the trainer compiles
     it, so that both loops run the same code."""
 
-    def __init__(self, cfg: RunConfig, batch: tuple, warmup: int = 1, count_flops: bool = False):
+    def __init__(self, cfg: RunConfig, batch: Batch, warmup: int = 1, count_flops: bool = False):
         self.device = device = device_of(cfg)
         self.model, self.objective, self.optimizer = build_parts(cfg, device)
         self.amp = autocast_dtype(cfg.train.precision, device)
-        self.batch = tuple(x.to(device) for x in batch)  # as the loader makes it: uint8 pixels
+        self.batch = batch.to(device)  # as the loader makes it: uint8 pixels
         self.feed = iter(DeviceFeed(_Repeat(self.batch), device))  # normalised on the device, as the trainer's
         self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
         self.clip = cfg.train.grad_clip
@@ -112,17 +113,16 @@ class HandLoop:
     def _count_flops(self) -> int:
         from torch.utils.flop_counter import FlopCounterMode
 
-        pixels, ids, mask, *rows = next(self.feed)
+        batch = next(self.feed)
         step = TrainStep(self.model, self.objective, self.amp)
         counter = FlopCounterMode(display=False)
         with counter:
-            step(pixels, ids, mask, *rows)["loss"].backward()
+            step(batch)["loss"].backward()
         self.optimizer.zero_grad(set_to_none=True)
         return int(counter.get_total_flops())
 
     def step(self) -> None:
-        pixels, ids, mask, *rows = next(self.feed)
-        loss = self.train_step(pixels, ids, mask, *rows)["loss"]
+        loss = self.train_step(next(self.feed))["loss"]
         loss.backward()
         if self.clip:  # part of the recipe, not of the trainer: the hand loop clips as well
             torch.nn.utils.clip_grad_norm_(self.params, self.clip)
@@ -158,7 +158,7 @@ class _Repeat:
 
     skipped = 0
 
-    def __init__(self, batch: tuple):
+    def __init__(self, batch: Batch):
         self.batch = batch
 
     def state(self) -> dict:
@@ -177,7 +177,7 @@ class _Windows:
 
     skipped = 0
 
-    def __init__(self, batch: tuple, device: torch.device, warmup: int, steps: int, repeats: int,
+    def __init__(self, batch: Batch, device: torch.device, warmup: int, steps: int, repeats: int,
                  between: Callable[[], None] | None = None, deadline: float = float("inf")):
         self.batch, self.device, self.warmup, self.steps, self.repeats = batch, device, warmup, steps, repeats
         self.between, self.deadline = between, deadline
@@ -203,7 +203,7 @@ class _Windows:
                 return
 
 
-def trainer_windows(cfg: RunConfig, batch: tuple, warmup: int, steps: int, repeats: int,
+def trainer_windows(cfg: RunConfig, batch: Batch, warmup: int, steps: int, repeats: int,
                     between: Callable[[], None] | None = None, deadline: float = float("inf")) -> list[Clock]:
     """One :func:`nclip.train.loop.train` run (one model) over ``batch``, held on the device: (wall, CPU)
     seconds per step of each timed window, ``between()`` run after each (module docstring)."""
@@ -214,7 +214,7 @@ def trainer_windows(cfg: RunConfig, batch: tuple, warmup: int, steps: int, repea
                                      "keep_checkpoints": 1})
     run_cfg = cfg.model_copy(update={"train": t})
     device = device_of(cfg)
-    source = _Windows(tuple(x.to(device) for x in batch), device, warmup, steps, repeats, between, deadline)
+    source = _Windows(batch.to(device), device, warmup, steps, repeats, between, deadline)
     with tempfile.TemporaryDirectory(prefix="nclip-bench-") as tmp:
         train(run_cfg, Path(tmp) / "run", progress=False, evaluate=False, data_source=lambda **kw: source,
               save=False)

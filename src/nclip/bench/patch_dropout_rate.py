@@ -26,7 +26,7 @@ class _AlternatingRates:
 
     skipped = 0
 
-    def __init__(self, batch: tuple, device, steps: int, repeats: int, deadline: float):
+    def __init__(self, batch, device, steps: int, repeats: int, deadline: float):
         self.batch, self.device, self.steps, self.repeats, self.deadline = batch, device, steps, repeats, deadline
         self.rate = RATES[0]
         self.windows: dict[float, list] = {p: [] for p in RATES}  # (wall, CPU) s per step

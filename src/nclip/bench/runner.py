@@ -22,11 +22,11 @@ Rows (every figure is measured in this run; a ratio's two sides are measured sid
 - with ``--compare open_clip``: nclip's CLIP trainer step over OpenCLIP's ViT-B/16 step, where
   ``open_clip`` imports (:mod:`nclip.bench.open_clip_step`).
 
-The rows are grouped in stages (:data:`STAGES`: a stage is a function that adds its rows, and the
-names of those rows for when it is skipped); each records its wall time, its estimate and the
+The rows are grouped in stages (:data:`~nclip.bench.stages.STAGES`: a stage is a function that adds
+its rows, and the names of those rows for when it is skipped); each records its wall time, its estimate and the
 models it built and copied, and a stage that does not fit in what is left of ``--budget-s`` is
 skipped with a stated reason (:mod:`nclip.bench.budget`, which also holds the estimate of what the
-GPU sizes cost at ViT-B/16). A new row: one function ``_stage_x(b)`` and one line in :data:`STAGES`.
+GPU sizes cost at ViT-B/16). A new row: one function and one line in :mod:`nclip.bench.stages`.
 
 The bench writes no model: every training run in it is ``train(save=False)`` (only its config.yaml
 and metrics.jsonl, in a temporary directory), and each model is built once in each process
@@ -39,356 +39,17 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from nclip.bench.budget import COMPILE_GUESS_S, DEFAULT_BUDGET_S, Budget, ModelCosts, Sizes
-from nclip.bench.report import Report
-from nclip.bench.shared_models import ModelCache, shared_models
+from nclip.bench.budget import DEFAULT_BUDGET_S, Budget, Sizes
+from nclip.bench.context import Bench, OutOfBudget, Stage
+from nclip.bench.shared_models import shared_models
+from nclip.bench.stages import COMPARE, STAGES
 from nclip.errors import NclipError
 
 
-@dataclass
-class _Bench:
-    """What the stages share: the run's config and sizes, the budget, the report, and what one
-    stage measured that a later one uses (the objectives' step costs, the trainer row's results and
-    hand loop)."""
-
-    preset: str
-    overrides: list[str]
-    cfg: object  # RunConfig
-    device: object  # torch.device
-    sizes: Sizes
-    budget: Budget
-    log: Callable[[str], None]
-    rep: Report = field(default_factory=Report)
-    details: dict = field(default_factory=dict)
-    headline: dict = field(default_factory=dict)
-    costs: dict | None = None
-    loop: dict | None = None
-    memory_gib: float | None = None  # --memory-gib: the largest-batch rows' limit
-    models: ModelCache = field(default_factory=ModelCache)  # this process's models (shared_models)
-    child_models: dict = field(default_factory=lambda: {"builds": 0, "copies": 0})  # the subprocesses'
-    hand: object = None  # the trainer row's HandLoop, for the train-path row
-    compile_s: float | None = None  # one compilation of the towers, timed by the trainer row's hand loop
-
-    def step_costs(self) -> ModelCosts | None:
-        """What a model of the run costs at the least (:class:`ModelCosts`), from what this process has
-        built, copied and compiled so far, the trainer row's step once measured, and before it the
-        objective rows' figures: the run's objective's where it is one of them, else the cheaper one
-        (a CMSF preset's xCLIP row, with the model's default nCLIP heads, can step 40x slower than
-        CMSF). None before the objective rows."""
-        if not self.costs:
-            return None
-        c = self.costs.get(self.cfg.objective.name) or min(self.costs.values(), key=lambda r: r["step_s"])
-        m = self.models
-        compile_s = (self.compile_s if self.compile_s is not None else COMPILE_GUESS_S) if self.cfg.train.compile else 0
-        return ModelCosts(build_s=max(m.build_s, default=c["build_s"]), copy_s=max(m.copy_s, default=c["copy_s"]),
-                          compile_s=compile_s, first_s=c["first_step_s"],
-                          step_s=self.loop["trainer_step_s"] if self.loop else c["step_s"])
-
-    def add_child_models(self, counts: dict) -> None:
-        for k in self.child_models:
-            self.child_models[k] += counts[k]
-
-
-@dataclass(frozen=True)
-class Stage:
-    name: str
-    rows: tuple[str, ...]  # the rows it adds (named when it is skipped)
-    run: Callable[[_Bench], None]
-    estimate: Callable[[_Bench], float | None] = lambda b: None  # one repeat's seconds; None: unknown
-
-
-def _models(b: _Bench, count: int, windows: float, cfg=None, builds: int | None = None,
-            compiled: bool = True) -> float | None:
-    """Seconds for ``count`` models of ``cfg`` (default the run's): a build where the bench has none
-    of that config yet (or ``builds``), copies for the others, each compiled with ``train.compile``
-    (where ``compiled``), with a first step and ``windows`` windows' steps."""
-    c = b.step_costs()
-    if c is None:
-        return None
-    from nclip.bench.loop_overhead import steps_for
-
-    cfg = cfg or b.cfg
-    builds = (0 if b.models.has(cfg) else min(count, 1)) if builds is None else builds
-    steps = count * windows * steps_for(c.step_s, b.sizes.loop_window_s)
-    return c.seconds(builds, count - builds, steps, compiles=count if compiled and cfg.train.compile else 0)
-
-
-def _stage_objectives(b: _Bench) -> None:
-    """Each objective's step time and peak memory: one subprocess per objective."""
-    runs = {}
-    for name in ("clip", "xclip"):
-        arg = json.dumps({"preset": b.preset, "overrides": b.overrides, "objective": name,
-                          "steps": b.sizes.objective_steps, "warmup": b.sizes.objective_warmup,
-                          "repeats": b.sizes.objective_repeats, "deadline": b.budget.wall_deadline()})
-        left, t0 = b.budget.left(), time.perf_counter()
-        try:
-            out = subprocess.run([sys.executable, "-m", "nclip.bench.objective_cost", arg], capture_output=True,
-                                 text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-                                 timeout=left if math.isfinite(left) else None)
-        except subprocess.TimeoutExpired:
-            raise _OutOfBudget(f"skipped: the {b.budget.limit_s:.0f} s budget ran out in the {name} step") from None
-        if out.returncode:
-            last = (out.stderr.strip().splitlines() or ["no output"])[-1]
-            raise NclipError(f"bench: the {name} step failed: {last}")
-        runs[name] = json.loads(out.stdout.strip().splitlines()[-1])
-        runs[name]["process_s"] = time.perf_counter() - t0 - runs[name]["run_s"]  # start and imports
-        b.add_child_models(runs[name])
-        b.log(f"bench: {name} step {runs[name]['step_s']:.4f} s ({len(runs[name]['windows_s'])} windows)")
-    b.costs = runs
-    clip, xclip = runs["clip"], runs["xclip"]
-    b.headline["xclip_over_clip_time"] = xclip["step_s"] / clip["step_s"]
-    b.headline["xclip_over_clip_memory"] = xclip["peak_mib"] / max(clip["peak_mib"], 1e-9)
-    b.rep.add("xclip / clip step time", b.headline["xclip_over_clip_time"],
-              f"clip {clip['step_s']:.4f} s, xclip {xclip['step_s']:.4f} s (paper: 1.3x)")
-    b.rep.add("xclip / clip peak memory", b.headline["xclip_over_clip_memory"],
-              f"clip {clip['peak_mib']:.1f} MiB, xclip {xclip['peak_mib']:.1f} MiB (paper: 1.27x)")
-    b.details["objectives"] = runs
-
-
-def _stage_loop(b: _Bench) -> None:
-    from nclip.bench import loop_overhead
-
-    loop = loop_overhead.trainer_over_hand(b.cfg, repeats=b.sizes.loop_repeats, window_s=b.sizes.loop_window_s,
-                                           deadline=b.budget.deadline(), keep_hand=True, count_flops=True)
-    b.hand = loop.pop("hand")
-    if b.cfg.train.compile:  # the hand loop's warm-up window less its steps: a compilation and autotune
-        b.compile_s = max(0.0, b.hand.start_s - b.hand.warmup * loop["hand_step_s"])
-    b.loop = loop
-    b.headline["trainer_over_hand_loop"] = loop["ratio"]
-    b.rep.add("trainer / hand loop speed", loop["ratio"],
-              f"{loop['clock']} time; step {loop['hand_step_s'] * 1e3:.1f} ms hand, "
-              f"{loop['trainer_step_s'] * 1e3:.1f} ms trainer (wall); {loop['steps']} steps x {loop['repeats']}")
-    b.details["loop"] = loop
-
-
-def _stage_mfu(b: _Bench) -> None:
-    from nclip.bench import parts
-    from nclip.precision import autocast_dtype
-
-    if b.loop is None:
-        raise _OutOfBudget("skipped: needs the trainer / hand loop row, which did not run")
-    flops = b.loop["flops"]
-    peak = parts.device_peak(b.device, autocast_dtype(b.cfg.train.precision, b.device))
-    achieved = flops / b.loop["trainer_step_s"]
-    b.headline["mfu"] = achieved / peak["peak_flops"]
-    b.rep.add("MFU", b.headline["mfu"], f"{flops / 1e9:.2f} GFLOP/step, {achieved / 1e12:.4f} TFLOP/s over "
-              f"{peak['peak_flops'] / 1e12:.3f} ({peak['source']})")
-    b.details.update(flops_per_step=flops, peak=peak)
-
-
-def _stage_train_path(b: _Bench) -> None:
-    from nclip.bench.train_path import train_path_over_hand
-
-    steps = b.loop["steps"] if b.loop else 5
-    r = train_path_over_hand(b.cfg, steps=steps, repeats=b.sizes.loop_repeats, hand=b.hand)
-    b.hand = None  # the trainer row's model: not needed after this row
-    b.headline["train_path_over_hand_loop"] = r["ratio"]
-    b.rep.add("nclip train path / hand loop samples/s", r["ratio"],
-              f"{r['train_samples_per_s']:.1f} vs {r['hand_samples_per_s']:.1f} samples/s (wall), real loader with "
-              f"data.num_workers={r['num_workers']}; {r['steps']} steps x {len(r['train_windows'])} (target 0.97)")
-    b.details["train_path"] = r
-
-
-def _stage_data(b: _Bench) -> None:
-    from nclip.bench import parts
-
-    data = {s: parts.data_rate(s, n) for s, n in ((64, b.sizes.data_64), (224, b.sizes.data_224))}
-    for s, d in data.items():
-        b.rep.add(f"data {s} px samples/s/core", d["samples_per_s_per_core"],
-                  f"{d['over_target']:.2f}x the {parts.DATA_TARGET:.0f}/s target (CPU time, {d['samples']} samples)")
-    b.details["data"] = data
-
-
-def _stage_loader(b: _Bench) -> None:
-    from nclip.bench.loader_rate import loader_over_generator, views_over_one  # rates per worker, same config
-
-    feed = loader_over_generator(b.cfg, b.sizes.data_64, workers=1)
-    b.rep.add("generator / loader per worker", feed["ratio"],
-              f"generator {feed['generator_samples_per_s_per_core']:.0f}/s/core, loader "
-              f"{feed['samples_per_s_per_worker']:.0f}/s per worker (CPU time; target <= 1.5)")
-    b.details["loader"] = feed
-    views = b.details["loader_views"] = views_over_one(b.cfg, b.sizes.data_224, workers=1)  # 224 px
-    b.rep.add("one / two views loader per worker", views["ratio"], views["detail"])
-
-
-def _stage_kmeans(b: _Bench) -> None:
-    from nclip.bench import parts
-
-    n, k, iters = b.sizes.kmeans
-    km = parts.kmeans_and_pbt(n, k, iters=iters)
-    b.rep.add("K-Means s", km["kmeans_s"], f"{n} x 128 -> {k}, {iters} iterations, {km['method']}; "
-              f"{b.sizes.kmeans_note}")
-    b.rep.add("PBT s", km["pbt_s"],
-              f"same scale; Algorithm 1's loop over clusters ~{km['pbt_loop_over_pbt']:.0f}x slower")
-    b.details.update(kmeans_pbt=km, kmeans_scale=b.sizes.kmeans_note)
-
-
-def _stage_eval(b: _Bench) -> None:
-    from nclip.bench import parts
-
-    ev = parts.eval_rate(b.cfg, b.sizes.eval_images, b.device)
-    b.rep.add("eval features images/s", ev["images_per_s"], f"{ev['images']} images, batch {ev['batch_size']}")
-    b.details["eval"] = ev
-    from nclip.bench.embed_rate import embed_over_forward
-
-    r = b.details["embed"] = embed_over_forward(b.cfg, b.sizes.eval_images, b.device)
-    b.rep.add("embed images/s / bare forward", r["ratio"], r["detail"])
-
-
-OPEN_CLIP_ROW = "nclip clip / open_clip ViT-B-16 samples/s"
-
-
-def _stage_open_clip(b: _Bench) -> None:
-    import importlib.util
-
-    if importlib.util.find_spec("open_clip") is None:
-        b.details["open_clip"] = None
-        b.rep.skip(OPEN_CLIP_ROW, "skipped: open_clip not installed")
-        b.log("bench: --compare open_clip skipped: open_clip is not installed")
-        return
-    from nclip.bench.objective_cost import config_with_objective
-    from nclip.bench.open_clip_step import nclip_over_open_clip
-
-    r = nclip_over_open_clip(config_with_objective(b.preset, b.overrides, "clip"), repeats=b.sizes.loop_repeats,
-                             window_s=b.sizes.loop_window_s, deadline=b.budget.deadline())
-    b.details["open_clip"] = r
-    b.headline["nclip_over_open_clip"] = r["ratio"]
-    b.rep.add(OPEN_CLIP_ROW, r["ratio"],
-              f"nclip {r['nclip_samples_per_s']:.1f}, open_clip {r['open_clip_samples_per_s']:.1f} samples/s at batch "
-              f"{r['batch_size']} ({r['clock']} time; nclip's CLIP trainer step; compare at --preset vit-b16-xclip; "
-              "target 1.1)")
-
-
-BATCH_ROWS = {"none": "largest batch (plain)", "grad checkpointing": "largest batch (grad checkpointing)",
-              "exact accumulation": "largest batch (exact accumulation)"}
-
-
-def _memory_points(b: _Bench) -> tuple[list, int]:
-    from nclip.bench.batch_memory import plan
-
-    n = b.cfg.train.batch_size
-    sizes = b.sizes.mem_batches or tuple(sorted({max(1, n // 4), max(2, n // 2), n}))
-    m0 = b.sizes.mem_micro or max(1, n // 8)
-    return plan(sizes, m0, b.sizes.mem_ks), m0
-
-
-def _stage_batch_memory(b: _Bench) -> None:
-    """The largest global batch under a memory limit per setting: a linear fit of measured steps."""
-    from nclip.bench import batch_memory as bm
-
-    points, m0 = _memory_points(b)
-    limit, source = bm.limit_bytes(b.device, b.memory_gib)
-    left = b.budget.left()
-    try:
-        measured, models = bm.run(b.preset, b.overrides, b.device, points, left if math.isfinite(left) else None)
-    except subprocess.TimeoutExpired:
-        raise _OutOfBudget(f"skipped: the {b.budget.limit_s:.0f} s budget ran out in the memory steps") from None
-    b.add_child_models(models)
-    fits = bm.largest_batches(measured, m0, limit)
-    mib, gib = 2**20, 2**30
-    for setting, row in BATCH_ROWS.items():
-        f = fits[setting]
-        at = ",".join(str(n) for n, _, _ in f["points"])
-        if f["batch"] is None:
-            b.rep.skip(row, f"no figure: the measured peak does not grow with the batch (steps at B={at})")
-            continue
-        if setting == "exact accumulation":
-            how = (f"micro-batch {f['micro']} (k={f['batch'] // max(f['micro'], 1)}): "
-                   f"{f['per_sample'] / mib:.4f} MiB/sample of the batch + {f['tower_per_sample'] / mib:.4f} "
-                   f"of the micro-batch + {f['fixed'] / gib:.3f} GiB; steps at micro {m0}, B={at}")
-        else:
-            how = f"{f['b'] / mib:.4f} MiB/sample + {f['a'] / gib:.3f} GiB fixed; steps at B={at}"
-        b.rep.add(row, f["batch"], f"{how} (residual {f['residual']:.1%}); under {source}; "
-                  "a linear fit of measured steps, not a run at that batch")
-    b.details["batch_memory"] = {"limit_bytes": limit, "limit": source, "fits": fits, "micro": m0,
-                                 "memory": "allocated (CUDA)" if b.device.type == "cuda" else "peak RSS growth"}
-
-
-PATCH_ROWS = ("trainer samples/s at patch dropout 0", "patch dropout 0.5 / 0 samples/s",
-              "patch dropout 0.75 / 0 samples/s")
-
-
-def _stage_patch_dropout(b: _Bench) -> None:
-    from nclip.bench.loop_overhead import steps_for
-    from nclip.bench.patch_dropout_rate import samples_per_s
-
-    if b.cfg.model.vision.kind != "vit":
-        why = f"skipped: patch dropout needs a ViT tower (model.vision.kind is {b.cfg.model.vision.kind})"
-        for row in PATCH_ROWS:
-            b.rep.skip(row, why)
-        b.details["patch_dropout"] = None
-        return
-    c = b.step_costs()
-    steps = steps_for(b.loop["trainer_step_s"] if b.loop else (c.step_s if c else 0.05), b.sizes.loop_window_s)
-    r = samples_per_s(b.cfg, steps, b.sizes.loop_repeats, deadline=b.budget.deadline())
-    rate = r["samples_per_s"]
-    where = f"batch {r['batch_size']}, {r['clock']} time, {r['steps']} steps x {r['repeats']}"
-    b.rep.add(PATCH_ROWS[0], rate[0.0], f"samples/s at p = 0; {where}")
-    for row, p in zip(PATCH_ROWS[1:], (0.5, 0.75)):
-        target = " (GPU target at ViT-B/16: 1.6)" if p == 0.5 else ""
-        b.rep.add(row, r["over_p0"][p], f"{rate[p]:.1f} vs {rate[0.0]:.1f} samples/s{target}; {where}")
-    b.details["patch_dropout"] = r
-
-
-def _memory_estimate(b: _Bench) -> float | None:
-    """Every memory point: a copy of its model (built once per model config: in the subprocess on the
-    CPU, where this process has none on CUDA), compiled with ``train.compile``, a first and a second
-    step at its batch (a step's cost scaled by the batch), one discarded point, and on the CPU the
-    subprocess's start (as long as an objective subprocess's start and imports took)."""
-    from nclip.bench.batch_memory import point_config
-    from nclip.bench.shared_models import model_key
-
-    c = b.step_costs()
-    if c is None:
-        return None
-    points, _ = _memory_points(b)
-    keys = {model_key(point_config(b.preset, b.overrides, *p)) for p in points}
-    builds = len(keys) if b.device.type != "cuda" else sum(k not in b.models.templates for k in keys)
-    runs = [points[0], *points]
-    scale = sum(max(1.0, n / b.cfg.train.batch_size) for _, n, _ in runs)
-    start = 0 if b.device.type == "cuda" else max(r["process_s"] for r in b.costs.values())
-    # compile_s is 0 without train.compile
-    return start + builds * c.build_s + len(runs) * (c.copy_s + c.compile_s) + (c.first_s + c.step_s) * scale
-
-
-class _OutOfBudget(Exception):
-    """A stage stops without a figure; its message (``skipped: ...``) is the rows' detail."""
-
-
-STAGES = [
-    Stage("objectives", ("xclip / clip step time", "xclip / clip peak memory"), _stage_objectives),
-    Stage("loop", ("trainer / hand loop speed",), _stage_loop, lambda b: _models(b, 2, 2)),
-    Stage("mfu", ("MFU",), _stage_mfu),
-    Stage("train_path", ("nclip train path / hand loop samples/s",), _stage_train_path,
-          lambda b: _models(b, 1, 3)),
-    Stage("data", ("data 64 px samples/s/core", "data 224 px samples/s/core"), _stage_data),
-    Stage("loader", ("generator / loader per worker", "one / two views loader per worker"), _stage_loader),
-    Stage("kmeans", ("K-Means s", "PBT s"), _stage_kmeans),
-    Stage("eval", ("eval features images/s", "embed images/s / bare forward"), _stage_eval,
-          lambda b: _models(b, 2, 0)),
-    Stage("batch_memory", tuple(BATCH_ROWS.values()), _stage_batch_memory, _memory_estimate),
-    Stage("patch_dropout", PATCH_ROWS, _stage_patch_dropout,
-          lambda b: _models(b, 1, 3) if b.cfg.model.vision.kind == "vit" else 0.0),  # else skipped at once
-]
-def _open_clip_estimate(b: _Bench) -> float | None:
-    """nclip's CLIP model (another config than the run's) and OpenCLIP's (a build, never compiled)."""
-    from nclip.bench.objective_cost import config_with_objective
-
-    ours = _models(b, 1, 2, cfg=config_with_objective(b.preset, b.overrides, "clip"))
-    return None if ours is None else ours + _models(b, 1, 2, builds=1, compiled=False)
-
-
-COMPARE = {"open_clip": Stage("open_clip", (OPEN_CLIP_ROW,), _stage_open_clip, _open_clip_estimate)}
-
-
-def _run_stage(b: _Bench, stage: Stage) -> dict:
+def _run_stage(b: Bench, stage: Stage) -> dict:
     """Run one stage within the budget; its rows get its wall time. Returns its record for the JSON:
     its wall time, its estimate, and the models it built and copied (here and in its subprocesses)."""
     first = len(b.rep.rows)
@@ -400,7 +61,7 @@ def _run_stage(b: _Bench, stage: Stage) -> dict:
         b.log(f"bench: {stage.name} ({b.budget.spent():.0f} s so far)")
         try:
             stage.run(b)
-        except _OutOfBudget as e:
+        except OutOfBudget as e:
             del b.rep.rows[first:]
             reason = str(e)
     if reason is not None:
@@ -441,7 +102,7 @@ def run_bench(preset: str, overrides: list[str], quick: bool = False, compare: l
     written = _written_bytes()
     stages = [*STAGES, *(COMPARE[name] for name in compare or [])]
     with shared_models() as models:  # each model built once (nclip.bench.shared_models)
-        b = _Bench(preset, overrides, cfg, device, Sizes.pick(quick, device.type == "cuda"), budget, log,
+        b = Bench(preset, overrides, cfg, device, Sizes.pick(quick, device.type == "cuda"), budget, log,
                    memory_gib=memory_gib, models=models)
         records = [_run_stage(b, stage) for stage in stages]
         b.hand = None  # the trainer row's hand loop, where the train-path row did not run

@@ -36,9 +36,9 @@ _active: ModelCache | None = None
 def model_key(cfg, pretrained_text: bool = True) -> str:
     """What :func:`nclip.models.build_model` builds from ``cfg``, as a string: two configs with
     the same key get the same model (architecture and initial weights)."""
-    from nclip.objectives import REGISTRY
+    from nclip.objectives import plan_for
 
-    heads = sorted(REGISTRY[cfg.objective.name][1].heads_for(cfg.objective))
+    heads = sorted(plan_for(cfg).heads)
     return json.dumps([cfg.model.model_dump(mode="json"), cfg.data.model_dump(mode="json"), heads, cfg.seed,
                        bool(pretrained_text)], sort_keys=True)
 

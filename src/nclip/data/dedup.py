@@ -25,7 +25,6 @@ four 16-bit parts, so the pair is a candidate and the full distance is then chec
 from __future__ import annotations
 
 import functools
-import json
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +35,7 @@ import numpy as np
 from PIL import Image
 
 from nclip.errors import NclipError
-from nclip.jsonio import read_text
+from nclip.jsonio import parse_json, read_text
 
 HASH_SIZE = 8  # 8 rows of 8 comparisons: 64 bits
 BITS = HASH_SIZE * HASH_SIZE
@@ -174,10 +173,7 @@ def load_exclusions(path: str | Path) -> set[str]:
     path, text = read_text(path, "exclusion list")
     if path.suffix.lower() != ".json":
         return {s for line in text.splitlines() if (s := line.strip()) and not s.startswith("#")}
-    try:
-        rows = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise NclipError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+    rows = parse_json(path, text)
     if not isinstance(rows, list):
         raise NclipError(f"{path}: expected a JSON list (duplicates.json of nclip data dedup)")
     out = set()

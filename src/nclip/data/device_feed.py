@@ -1,8 +1,8 @@
 """This rank's batches already on the device: the last hop of the input pipeline.
 
 :class:`DeviceFeed` wraps the trainer's batch iterable (:class:`nclip.data.loader.TrainData`, or a
-data source such as :class:`nclip.train.episodic.EpisodicData`) and yields ``(pixels, ids, mask,
-*rows)`` on the device, with uint8 pixels normalised there into float32 (CLIP's mean and std, as
+data source such as :class:`nclip.train.episodic.EpisodicData`) and yields its
+:class:`~nclip.batch.Batch` es on the device, with uint8 pixels normalised there into float32 (CLIP's mean and std, as
 :func:`nclip.data.transforms.normalize_pixels`) and two views' uint8 crops finished there (the
 strong view's colour steps, then the normalisation: :func:`nclip.data.views.finish_views`, from
 the parameters the workers drew); float pixels (episodic batches) pass as they are.
@@ -38,6 +38,7 @@ from typing import Iterator
 
 import torch
 
+from nclip.batch import Batch
 from nclip.data.transforms import clip_stats, normalize_pixels
 from nclip.data.views import ViewCrops, finish_views
 
@@ -85,7 +86,7 @@ class DeviceFeed:
 
     # ---- iteration -------------------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[tuple]:
+    def __iter__(self) -> Iterator[Batch]:
         batches = iter(self.source)
         stream = None
         if self.cuda:
@@ -129,27 +130,21 @@ class DeviceFeed:
             event.record(stream)
         return _Ahead(moved, event, state, skipped)
 
-    def _moved(self, batch: tuple) -> tuple:
+    def _moved(self, batch: Batch) -> Batch:
         """Every tensor on the device (asynchronously from pinned memory), uint8 pixels normalised,
         two views finished."""
-        out = [self._to(x) for x in batch]
-        if out and isinstance(out[0], ViewCrops):
-            out[0] = finish_views(out[0], self.stats)
-        elif out and torch.is_tensor(out[0]) and out[0].dtype == torch.uint8:
-            out[0] = normalize_pixels(out[0], self.stats)
-        return tuple(out)
+        out = batch.to(self.device, non_blocking=True)
+        if isinstance(out.pixels, ViewCrops):
+            return out.with_pixels(finish_views(out.pixels, self.stats))
+        if out.pixels.dtype == torch.uint8:
+            return out.with_pixels(normalize_pixels(out.pixels, self.stats))
+        return out
 
-    def _to(self, x):
-        if isinstance(x, ViewCrops):
-            return x._replace(pixels=self._to(x.pixels), params=self._to(x.params))
-        return x.to(self.device, non_blocking=True) if torch.is_tensor(x) else x
-
-    def _hand_out(self, ahead: _Ahead) -> tuple:
+    def _hand_out(self, ahead: _Ahead) -> Batch:
         if ahead.event is None:
             return ahead.batch
         consumer = torch.cuda.current_stream(self.device)
         consumer.wait_event(ahead.event)
-        for x in ahead.batch:
-            if torch.is_tensor(x):
-                x.record_stream(consumer)  # freed after the consumer's work on it, not the copy's
+        for x in ahead.batch.tensors():
+            x.record_stream(consumer)  # freed after the consumer's work on it, not the copy's
         return ahead.batch

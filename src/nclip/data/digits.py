@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image
 
-from nclip.data.types import LabelSpace, Sample
+from nclip.data.types import LabelKind, Sample
 
 DIGIT_NAMES: tuple[str, ...] = (
     "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
@@ -114,7 +114,7 @@ class DigitsPairs(Sequence):
             raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction!r}")
         self.split, self.seed, self.image_size = split, int(seed), int(image_size)
         self.test_fraction, self.val_fraction = float(test_fraction), float(val_fraction)
-        self.label_spaces = {"digit": LabelSpace(DIGIT_NAMES, DIGIT_TEMPLATES)}
+        self.label_kinds = {"digit": LabelKind(DIGIT_NAMES, DIGIT_TEMPLATES)}
 
         images, targets = _load()
         self.indices = split_indices(targets, self.seed, self.test_fraction,

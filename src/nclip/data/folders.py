@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nclip.data.types import LabelSpace, Sample
+from nclip.data.types import LabelKind, Sample
 from nclip.defaults import USER_LABEL
 from nclip.errors import NclipError
 
@@ -50,13 +50,13 @@ def load_image(path: Path, where: str = "") -> np.ndarray:
 
 
 class FileSamples(Sequence):
-    """Samples whose images are read from disk on access; ``label_spaces`` as every dataset's."""
+    """Samples whose images are read from disk on access; ``label_kinds`` as every dataset's."""
 
     def __init__(self, paths: list[Path], captions: list[tuple[str, ...]], labels: list[dict[str, int]],
-                 where: list[str] | None = None, label_spaces: dict[str, LabelSpace] | None = None):
+                 where: list[str] | None = None, label_kinds: dict[str, LabelKind] | None = None):
         self.paths, self.captions, self.labels = paths, captions, labels
         self.where = where or [""] * len(paths)
-        self.label_spaces = label_spaces or {}
+        self.label_kinds = label_kinds or {}
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -136,4 +136,4 @@ def folder_train_samples(root: str | Path) -> FileSamples:
         paths += classes[folder]
         labels += [{USER_LABEL: c}] * len(classes[folder])
     return FileSamples(paths, [(names[lab[USER_LABEL]],) for lab in labels], labels,
-                       label_spaces={USER_LABEL: LabelSpace(names, FOLDER_TEMPLATES)})
+                       label_kinds={USER_LABEL: LabelKind(names, FOLDER_TEMPLATES)})

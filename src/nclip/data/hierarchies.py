@@ -9,7 +9,7 @@ evaluation, :mod:`nclip.hierarchy`).
 * digits ``digit``: root "digit" -> round (zero, six, eight, nine) / straight (one, four, seven) /
   mixed (two, three, five) -> digit names. *Made up* from the strokes of printed numerals.
 
-Class names are exactly the ``label_spaces`` names of the data (``SHAPES``, ``COLOURS``,
+Class names are exactly the ``label_kinds`` names of the data (``SHAPES``, ``COLOURS``,
 ``DIGIT_NAMES``), so ``hierarchy.check_covers(label_space.classnames)`` holds.
 """
 
@@ -51,7 +51,7 @@ _BUILTIN = {
 
 def builtin_hierarchy(source: str, label_key: str | None = None) -> Hierarchy:
     """The hierarchy of a built-in source's label kind (``None``: the source's main kind, as training uses)."""
-    from nclip.data.loader import MAIN_LABEL
+    from nclip.data.sources import MAIN_LABEL
 
     if source not in MAIN_LABEL:
         raise NclipError(f"no built-in hierarchy for data source {source!r} (built-in: {', '.join(MAIN_LABEL)}); "

@@ -4,7 +4,7 @@ A source string is one of
 
 * ``synthetic[:SPLIT[:N]]`` / ``digits[:SPLIT[:N]]``: a built-in dataset (default split ``train``;
   ``N`` the first N samples, default: the run config's ``data.train_length`` for synthetic, the
-  whole split for digits), made by :func:`nclip.data.loader.build_dataset` with the given run
+  whole split for digits), made by :func:`nclip.data.sources.build_dataset` with the given run
   config; identifiers ``synthetic:test:17``;
 * a ``.csv`` / ``.tsv`` file with an image-path column (read by :func:`nclip.data.csv_source.read_rows`);
   identifiers are the resolved image paths, as the training loader sees them;
@@ -55,7 +55,7 @@ class ImageSource:
 
 
 def _builtin(spec: str, name: str, rest: str, config: Callable[[str], object]) -> ImageSource:
-    from nclip.data.loader import build_dataset
+    from nclip.data.sources import build_dataset
 
     split, _, count = rest.partition(":")
     split = split or "train"

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
+
+from nclip.objectives.base import LabelRequest
+from nclip.objectives.functional import UNLABELLED
+
+_NOISE_STREAM, _SEMI_STREAM = 0x4015E, 0x5E41  # label noise, labelled rows
 
 
 def corrupt_labels(labels: torch.Tensor, rate: float, num_classes: int, seed: int) -> torch.Tensor:
@@ -35,3 +41,35 @@ def corrupt_labels(labels: torch.Tensor, rate: float, num_classes: int, seed: in
     out = labels.clone()
     out[rows.to(labels.device)] = (labels[rows.to(labels.device)] + shift.to(labels.device, labels.dtype)) % num_classes
     return out
+
+
+def _int_seed(*parts: int) -> int:
+    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
+
+
+class RowLabels:
+    """Training and clean labels of the rows of a training split of ``n`` samples, per
+    :class:`LabelRequest`: ``(train, true)`` for a row's index and clean label.
+
+    The noise is :func:`corrupt_labels` applied to the whole split: it draws the corrupted rows and
+    their class shifts from (n, rate, classes, seed) alone, so the shift of every row is computed
+    here once (from a vector of zeros) and added to a row's clean label when the row is read.
+    """
+
+    def __init__(self, n: int, num_classes: int, request: LabelRequest, seed: int):
+        self.classes = num_classes
+        self.shift = None
+        if request.noise > 0:
+            self.shift = corrupt_labels(torch.zeros(n, dtype=torch.long), request.noise, num_classes,
+                                        seed=_int_seed(seed, _NOISE_STREAM))  # [n]: 0 = kept
+        self.labelled = None
+        if request.labelled < 1:
+            g = torch.Generator().manual_seed(_int_seed(seed, _SEMI_STREAM))
+            self.labelled = torch.zeros(n, dtype=torch.bool)
+            self.labelled[torch.randperm(n, generator=g)[: math.floor(request.labelled * n + 0.5)]] = True
+
+    def __call__(self, index: int, true: int) -> tuple[int, int]:
+        train = true if self.shift is None else (true + int(self.shift[index])) % self.classes
+        if self.labelled is not None and not bool(self.labelled[index]):
+            train = UNLABELLED
+        return train, true

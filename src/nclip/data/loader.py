@@ -10,7 +10,7 @@ Streamed sources (webdataset tar shards) are endless per-rank, per-worker stream
 :mod:`nclip.data.webdataset` for how they split, shuffle, mix and resume exactly. Pixels are uint8,
 normalised where the step runs (:mod:`nclip.data.device_feed`); workers: :mod:`nclip.data.workers`.
 
-What an objective needs beyond (pixels, ids, mask) comes from its class (``Objective.views``,
+What an objective needs beyond pixels, ids and mask comes from its class (``Objective.views``,
 ``Objective.label_request``), passed by the trainer:
 
 - ``views=2`` (CMSF, MSF, SupCon...): pixels [B, 2, 3, S, S], the strong (online) view first, the
@@ -24,7 +24,7 @@ What an objective needs beyond (pixels, ids, mask) comes from its class (``Objec
   ``DeviceFeed`` on the CPU hands out. Map-style sources only (built-in, CSV and folder).
 - labels (built-in sources, a ``folder`` tree, a CSV with ``data.csv_label_key``: see
   :func:`nclip.defaults.has_labels`): two more per-row tensors, the training label of the requested kind
-  and the clean one, appended as ``(pixels, ids, mask, labels, true_labels)``. Label noise is
+  and the clean one, the batch's ``labels`` and ``true_labels`` (:class:`nclip.batch.Batch`). Label noise is
   :func:`nclip.data.label_noise.corrupt_labels` over the whole training split (the exact share,
   seeded by the run seed, fixed for the run, as the paper's Sec. 2.2), computed from dataset
   indices alone so that no sample has to be generated up front; the semi-supervised setting keeps
@@ -40,7 +40,6 @@ batches: :mod:`nclip.data.bad_samples`) and ``state()`` is the data position to 
 
 from __future__ import annotations
 
-import math
 import sys
 from typing import Iterator, Sequence
 
@@ -48,136 +47,27 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from nclip.batch import Batch
 from nclip.config import RunConfig
 from nclip.data.bad_samples import BadWindow, SkipLog, first_good
+from nclip.data.label_noise import RowLabels
+from nclip.data.labels import label_kind, tag_captions
 from nclip.data.shards import Bad
+from nclip.data.sources import build_dataset
 from nclip.data.step_batches import StepBatches
 from nclip.data.tagging import TagCaptions
 from nclip.data.tokenization import CaptionTokenizer
-from nclip.data.transforms import augment, eval_resize, to_tensor, to_uint8_tensor
-from nclip.data.types import LabelSpace, Sample
+from nclip.data.transforms import augment, to_uint8_tensor
+from nclip.data.types import Sample
 from nclip.data.views import ViewCrops, ViewRecipe, crop_views, finish_views
 from nclip.data.workers import loader_options, loader_workers, worker_message
-from nclip.defaults import BUILTIN_SOURCES, USER_LABEL, has_labels
+from nclip.defaults import BUILTIN_SOURCES, has_labels
 from nclip.errors import NclipError
 from nclip.objectives.base import LabelRequest
 from nclip.objectives.functional import UNLABELLED
 
 _AUG_STREAM = 0xA06  # separates augmentation randomness from the data generators' streams
-_VIEW_STREAM, _NOISE_STREAM, _SEMI_STREAM = 0x71E5, 0x4015E, 0x5E41  # two views, label noise, labelled rows
-MAIN_LABEL = {"synthetic": "shape", "digits": "digit"}  # the label kind used when none is named
-
-
-def build_dataset(cfg: RunConfig, split: str, length: int | None = None) -> Sequence[Sample]:
-    """A built-in dataset (synthetic scenes or digits) for ``split``, or a ``folder`` source's
-    training set."""
-    d = cfg.data
-    if d.source == "folder" and split == "train":
-        from nclip.data.folders import folder_train_samples
-
-        return folder_train_samples(d.folder)
-    if d.source == "synthetic":
-        from nclip.data.synthetic import SyntheticScenes
-
-        return SyntheticScenes(
-            split=split,
-            length=length or d.train_length,
-            seed=cfg.seed,
-            image_size=d.image_size,
-            max_objects=d.max_objects,
-            loose_caption_prob=d.loose_caption_prob if split == "train" else 0.0,
-            hard_negative_group=d.hard_negative_group if split == "train" else 1,
-        )
-    if d.source == "digits":
-        from nclip.data.digits import DigitsPairs
-
-        return DigitsPairs(split=split, seed=cfg.seed, image_size=d.image_size)
-    if d.source in ("webdataset", "csv", "folder"):
-        raise NclipError(f"data.source {d.source} has no built-in {split!r} split with labels; evaluate "
-                         "on a built-in dataset or your own evaluation set instead")
-    raise NclipError(f"unknown data source {d.source!r}")  # pragma: no cover - validated
-
-
-def train_label_spaces(cfg: RunConfig) -> dict[str, LabelSpace]:
-    """The label kinds of the training source, with their class names and prompt templates ({}: the
-    source has no labels). A CSV's or a folder's one kind is ``label``."""
-    d = cfg.data
-    if not has_labels(d):
-        return {}
-    if d.source in BUILTIN_SOURCES:
-        return dict(build_dataset(cfg, "test", length=1).label_spaces)
-    if d.source == "folder":
-        return build_dataset(cfg, "train").label_spaces
-    from nclip.data.csv_source import label_names
-    from nclip.data.folders import FOLDER_TEMPLATES
-
-    return {USER_LABEL: LabelSpace(label_names(cfg), FOLDER_TEMPLATES)}
-
-
-def label_space(cfg: RunConfig, key: str | None = None, what: str = "objective.label_key") -> tuple[str, LabelSpace]:
-    """(label kind, its class names and templates) of the run's labels: ``key`` (the config key
-    ``what``), or the source's main kind."""
-    source = cfg.data.source
-    spaces = train_label_spaces(cfg)
-    if not spaces:
-        hint = " without data.csv_label_key" if source == "csv" else ""
-        raise NclipError(f"data.source {source}{hint} has no labels: the objective's labels need a labelled source "
-                         f"({', '.join(BUILTIN_SOURCES)}, folder, or csv with data.csv_label_key)")
-    key = key or MAIN_LABEL.get(source, USER_LABEL)
-    if key not in spaces:
-        raise NclipError(f"{what} {key!r} is not a label of data.source {source} (it has {', '.join(spaces)})")
-    return key, spaces[key]
-
-
-def tag_captions(cfg: RunConfig) -> tuple[TagCaptions, str] | None:
-    """The tagging captions of the run (``data.tagging``) and the label kind they name; None: off."""
-    t = cfg.data.tagging
-    if not t.enabled:
-        return None
-    key, space = label_space(cfg, t.label_key, "data.tagging.label_key")
-    return TagCaptions.of(space, t.templates, cfg.seed), key
-
-
-def label_classes(cfg: RunConfig) -> int:
-    """The number of classes of the labels that the run's objective trains on."""
-    from nclip.objectives import REGISTRY
-
-    request = REGISTRY[cfg.objective.name][1].label_request(cfg) or LabelRequest()
-    return len(label_space(cfg, request.key)[1])
-
-
-def _int_seed(*parts: int) -> int:
-    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
-
-
-class RowLabels:
-    """Training and clean labels of the rows of a training split of ``n`` samples, per
-    :class:`LabelRequest`: ``(train, true)`` for a row's index and clean label.
-
-    The noise is :func:`corrupt_labels` applied to the whole split: it draws the corrupted rows and
-    their class shifts from (n, rate, classes, seed) alone, so the shift of every row is computed
-    here once (from a vector of zeros) and added to a row's clean label when the row is read.
-    """
-
-    def __init__(self, n: int, num_classes: int, request: LabelRequest, seed: int):
-        from nclip.data.label_noise import corrupt_labels
-
-        self.classes = num_classes
-        self.shift = None
-        if request.noise > 0:
-            self.shift = corrupt_labels(torch.zeros(n, dtype=torch.long), request.noise, num_classes,
-                                        seed=_int_seed(seed, _NOISE_STREAM))  # [n]: 0 = kept
-        self.labelled = None
-        if request.labelled < 1:
-            g = torch.Generator().manual_seed(_int_seed(seed, _SEMI_STREAM))
-            self.labelled = torch.zeros(n, dtype=torch.bool)
-            self.labelled[torch.randperm(n, generator=g)[: math.floor(request.labelled * n + 0.5)]] = True
-
-    def __call__(self, index: int, true: int) -> tuple[int, int]:
-        train = true if self.shift is None else (true + int(self.shift[index])) % self.classes
-        if self.labelled is not None and not bool(self.labelled[index]):
-            train = UNLABELLED
-        return train, true
+_VIEW_STREAM = 0x71E5  # two views
 
 
 class Tagged:
@@ -282,10 +172,10 @@ class _Excluding(Dataset):
 
 
 class Collate:
-    """List of (image, caption, bad[, labels, step, index]) → (pixels uint8 [B, 3, S, S], ids [B, L],
-    mask [B, L], [labels [B], true_labels [B], [index [B]]] info), where ``bad`` lists the (where,
-    reason) of samples skipped in favour of this one, ``labels`` is (train, true) or None and
-    ``index`` the sample's dataset index (appended when ``with_index``).
+    """List of (image, caption, bad[, labels, step, index]) → (:class:`~nclip.batch.Batch`, info): pixels
+    uint8 [B, 3, S, S], ids and mask [B, L], and ``labels``/``true_labels`` [B] when the items carry
+    (train, true) labels, ``index`` [B] (the samples' dataset indices) when ``with_index``; ``info["bad"]``
+    lists the (where, reason) of the samples skipped in favour of these.
 
     ``views``: a :class:`nclip.data.views.ViewRecipe`; the images are then un-augmented uint8
     [H, W, 3] and pixels become their :class:`nclip.data.views.ViewCrops` (finished by
@@ -297,7 +187,7 @@ class Collate:
         self.tokenizer, self.views, self.seed, self.rank = tokenizer, views, seed, rank
         self.with_index = with_index
 
-    def __call__(self, items):
+    def __call__(self, items) -> tuple[Batch, dict]:
         images, captions, bad = zip(*(item[:3] for item in items))
         ids, mask = self.tokenizer(list(captions))
         if self.views is None:
@@ -305,13 +195,13 @@ class Collate:
         else:
             b, step = len(items), items[0][4]
             pixels = crop_views(images, self.views, (self.seed, _VIEW_STREAM, step), first_row=self.rank * b)
-        rows = []
+        batch = Batch(pixels, ids, mask)
         if len(items[0]) > 3 and items[0][3] is not None:
             labels = torch.tensor([item[3] for item in items], dtype=torch.long)  # [B, 2]
-            rows = [labels[:, 0], labels[:, 1]]
+            batch.labels, batch.true_labels = labels[:, 0], labels[:, 1]
         if self.with_index:
-            rows.append(torch.tensor([item[5] for item in items], dtype=torch.long))
-        return pixels, ids, mask, *rows, {"bad": [b for group in bad for b in group]}
+            batch.index = torch.tensor([item[5] for item in items], dtype=torch.long)
+        return batch, {"bad": [b for group in bad for b in group]}
 
 
 class TrainData:
@@ -345,25 +235,25 @@ class TrainData:
     def __len__(self) -> int:
         return self.steps
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
-        """Batches (pixels, ids, mask, *rows): rows are the per-row labels when asked for."""
+    def __iter__(self) -> Iterator[Batch]:
+        """This rank's batches, with the per-row labels when asked for."""
         it = iter(self.loader)
         for _ in range(self.steps):
             try:
-                pixels, ids, mask, *rows, info = next(it)
+                batch, info = next(it)
             except StopIteration:
                 return
             except NclipError as e:  # raised in a loader worker: keep the one-line message
                 raise NclipError(worker_message(e)) from None
             if self.kind == "map":
-                self._account_map(ids.shape[0], info["bad"])
+                self._account_map(len(batch), info["bad"])
             else:
                 self.streams[info["stream"]] = [int(info["consumed"]), int(info["skipped"]),
                                                 *(int(n) for n in info.get("sources", ()))]
             self.skip_log.add(info.get("bad", ()))
-            if self.finish and isinstance(pixels, ViewCrops):
-                pixels = finish_views(pixels)
-            yield pixels, ids, mask, *rows
+            if self.finish and isinstance(batch.pixels, ViewCrops):
+                batch = batch.with_pixels(finish_views(batch.pixels))
+            yield batch
         if (summary := self.skip_log.summary()) is not None:
             print(summary, file=sys.stderr, flush=True)
 
@@ -404,7 +294,7 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
         loader = DataLoader(ds, batch_size=None, **workers)
         return TrainData(loader, "stream", steps, cfg, world_size, "data.shards", streams=ds.initial_streams())
     if labels is not None and not labels.optional:
-        label_space(cfg, labels.key)  # raises for a source without labels, before any image is read
+        label_kind(cfg, labels.key)  # raises for a source without labels, before any image is read
     want = labels if labels is not None and has_labels(d) else None  # optional labels of unlabelled data: -1
     tagging = tag_captions(cfg)
     if d.source == "csv":
@@ -424,7 +314,7 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
         print(f"nclip: warning: {warning}", file=sys.stderr, flush=True)
     row_labels, key = None, None
     if want is not None:
-        key, space = label_space(cfg, want.key)
+        key, space = label_kind(cfg, want.key)
         row_labels = RowLabels(n, len(space), want, cfg.seed)
     tags = Tagged(*tagging, sampler.epoch) if tagging is not None else None
     if d.source == "csv":
@@ -443,10 +333,3 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
     data = TrainData(loader, "map", steps, cfg, world_size, what, skipped=skipped, finish=device is None)
     data.size = n if kept is None else len(kept)  # training rows, for the start-up block
     return data
-
-
-def eval_tensor(image: np.ndarray, size: int, resize: tuple[str, str] | tuple[()] = ()) -> torch.Tensor:
-    """Evaluation pre-processing of one image: resize (+ centre crop) + normalise; ``resize``: the
-    model's (mode, interpolation), :func:`~nclip.data.transforms.model_resize` (default: the shorter
-    side, bicubic)."""
-    return to_tensor(eval_resize(image, size, *resize))

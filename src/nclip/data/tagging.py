@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nclip.data.types import LabelSpace
+from nclip.data.types import LabelKind
 from nclip.errors import NclipError
 from nclip.jsonio import read_text
 
@@ -67,7 +67,7 @@ class TagCaptions:
         return self.templates[int(t)].format(self.names[class_id])
 
     @classmethod
-    def of(cls, space: LabelSpace, templates_file: str | None, seed: int) -> TagCaptions:
+    def of(cls, space: LabelKind, templates_file: str | None, seed: int) -> TagCaptions:
         """Captions for the classes of ``space``, from ``templates_file`` or the space's own prompts."""
         templates = read_templates(templates_file) if templates_file else space.templates
         return cls(space.names, templates, seed)

@@ -17,7 +17,7 @@ def write_shards(cfg: RunConfig, split: str, count: int, out: str | Path, shard_
                  image_format: str = "jpg") -> tuple[int, list[Path], str]:
     """Write the first ``count`` samples of a built-in dataset's ``split`` as img2dataset-style
     shards (``.json`` holds the labels and reference captions). Returns (samples, paths, pattern)."""
-    from nclip.data.loader import build_dataset
+    from nclip.data.sources import build_dataset
 
     if cfg.data.source not in BUILTIN_SOURCES:
         raise NclipError(f"write-shards exports the built-in datasets (synthetic, digits), not {cfg.data.source}")

@@ -199,3 +199,10 @@ def normalize_pixels(pixels: torch.Tensor, stats: tuple[torch.Tensor, torch.Tens
     :func:`clip_stats` made once on that device (on a GPU, building them is a blocking copy)."""
     mean, std = stats if stats is not None else clip_stats(pixels.device)
     return (pixels.float() / 255.0 - mean) / std
+
+
+def eval_tensor(image: np.ndarray, size: int, resize: tuple[str, str] | tuple[()] = ()) -> torch.Tensor:
+    """Evaluation pre-processing of one image: resize (+ centre crop) + normalise; ``resize``: the
+    model's (mode, interpolation), :func:`model_resize` (default: the shorter
+    side, bicubic)."""
+    return to_tensor(eval_resize(image, size, *resize))

@@ -1,7 +1,7 @@
 """The sample and label-space types that every nclip dataset produces.
 
 Every dataset (synthetic scenes, digits, user data) is a ``Sequence[Sample]`` with a
-``label_spaces`` attribute, so that training, zero-shot evaluation and the probes can treat them
+``label_kinds`` attribute, so that training, zero-shot evaluation and the probes can treat them
 alike.
 """
 
@@ -13,7 +13,7 @@ import numpy as np
 
 
 @dataclass(frozen=True)
-class LabelSpace:
+class LabelKind:
     """The classes of one label kind, with the prompt templates used for zero-shot transfer.
 
     ``templates`` hold one ``{}`` each, filled with a class name (e.g. ``"a photo of a {}."``).
@@ -37,11 +37,11 @@ class Sample:
     caption:     the training caption (may be *loose*: mention only part of the image).
     captions:    reference captions for retrieval evaluation (>= 1, all faithful to the image).
     labels:      single-label targets by kind, e.g. {"shape": 3, "colour": 1, "count": 2, "realm": 0},
-                 each an index into the dataset's ``label_spaces[kind]``.
+                 each an index into the dataset's ``label_kinds[kind]``.
     multilabels: multi-hot targets by kind, e.g. {"shape": bool[n_shapes]} (set of shapes present).
     masks:       bool [n_objects, H, W] object masks, or None when the dataset has none.
     mask_classes: int [n_objects]: each mask's class (synthetic scenes: its shape, an index into
-                 ``label_spaces["shape"]``), for zero-shot segmentation; None when unknown.
+                 ``label_kinds["shape"]``), for zero-shot segmentation; None when unknown.
     """
 
     image: np.ndarray

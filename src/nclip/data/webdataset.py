@@ -187,7 +187,7 @@ def _shuffled(records: Iterator[Record | Bad], size: int, rng: np.random.Generat
 class ShardStreamDataset(IterableDataset):
     """This rank's endless sequence of local batches (see the module docstring).
 
-    Yields (pixels [b, 3, S, S], ids [b, L], mask [b, L], info) with info = {"stream": id,
+    Yields (:class:`~nclip.batch.Batch` of pixels [b, 3, S, S], ids and mask [b, L], info) with info = {"stream": id,
     "consumed": raw records consumed by that stream, "skipped": bad records skipped by it, "bad": the
     (where, reason) of those skipped since the previous batch} and, under ``data.sampling:
     per_source``, "sources": the records consumed from each source.
@@ -264,9 +264,9 @@ class ShardStreamDataset(IterableDataset):
                 continue
             items.append(item)
             if len(items) == self.local_batch:
-                pixels, ids, mask, _ = self.collate(items)
+                batch, _ = self.collate(items)
                 items = []
-                yield pixels, ids, mask, {"stream": stream, "consumed": consumed, "skipped": skipped,
+                yield batch, {"stream": stream, "consumed": consumed, "skipped": skipped,
                                           "bad": self._take_bad()}
 
     def _decode(self, rec: Record | Bad, stream: int, index: int, window: BadWindow):
@@ -305,8 +305,8 @@ class ShardStreamDataset(IterableDataset):
                     skipped += 1
                 else:
                     items.append(item)
-            pixels, ids, mask, _ = self.collate(items)
-            yield pixels, ids, mask, {"stream": stream, "consumed": consumed, "skipped": skipped,
+            batch, _ = self.collate(items)
+            yield batch, {"stream": stream, "consumed": consumed, "skipped": skipped,
                                       "sources": list(per_source), "bad": self._take_bad()}
 
     def _take_bad(self) -> list[tuple[str, str]]:

@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from nclip.defaults import DEVICES
 from nclip.errors import NclipError
 
 _SPEC_HELP = ("data to embed: anything nclip eval --dataset takes (synthetic | digits | folder:DIR | captions:FILE | "
@@ -38,7 +39,7 @@ def add_embed_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of built-in data and of folder: data's split")
     p.add_argument("--image-key", help="image-path column of a CSV (default: as nclip eval)")
     p.add_argument("--caption-key", help="caption column of a CSV (default: as nclip eval)")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("--force", action="store_true", help="replace another model's or other settings' embeddings")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -57,7 +58,7 @@ def add_search_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the hits as JSON")
     p.add_argument("--checkpoint", help="encode the query with this model (its weights must be the manifest's)")
     p.add_argument("--arch", metavar="NAME", help="open_clip config of an open_clip/OpenAI state-dict --checkpoint")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--device", choices=DEVICES, default="auto")
     return p
 
 

@@ -40,9 +40,9 @@ def describe(ck) -> dict:
 def zero_shot_space(cfg) -> tuple[str | None, str, str]:
     """(zero-shot head or None, probe features, a description) of a run config's objective: what its
     embeddings are, known before the model loads."""
-    from nclip.objectives import REGISTRY
+    from nclip.objectives import plan_for
 
-    objective = REGISTRY[cfg.objective.name][1]
+    objective = plan_for(cfg)
     head, features = objective.zero_shot_head, objective.probe_features
     return head, features, f"{head} head" if head else f"{features} features (image-only objective)"
 
@@ -70,7 +70,7 @@ class Encoder:
 
     def pixels(self, image) -> torch.Tensor:
         """[3, S, S] of a PIL image or uint8 [H, W, 3] array, by the eval transform."""
-        from nclip.data.loader import eval_tensor
+        from nclip.data.transforms import eval_tensor
 
         array = np.asarray(image.convert("RGB")) if hasattr(image, "convert") else np.asarray(image)
         return eval_tensor(array, self.image_size, self.resize)

@@ -88,7 +88,7 @@ def eval_rows(spec: str, data) -> Rows:
             yield _Lazy([(s, j) for _, s, j in rows], [split for split, _, _ in rows]), \
                 [_where(s, j) for _, s, j in rows]
 
-    names = {kind: space.names for kind, space in data.label_spaces.items()}
+    names = {kind: space.names for kind, space in data.label_kinds.items()}
     return Rows(spec, {"spec": spec, "source": data.identity, "splits": {k: len(v) for k, v in parts}},
                 data.retrieval, total, names, chunks, lambda: state["position"], [])
 

@@ -23,8 +23,8 @@ from safetensors.torch import load_file, save_file
 from nclip import fileperm
 
 # bump when the content of an entry changes meaning (2: the eval resize truncates the long side,
-# nclip.data.transforms.resize_center_crop)
-FORMAT = "nclip-eval-features/2"
+# nclip.data.transforms.resize_center_crop; 3: head outputs keyed by head name, "clip" not "emb")
+FORMAT = "nclip-eval-features/3"
 
 
 def file_sha256(path: str | Path, chunk: int = 1 << 22) -> str:

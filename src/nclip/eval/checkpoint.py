@@ -30,9 +30,8 @@ class Checkpoint:
     arch: str | None = None  # the open_clip config of a state-dict file
 
     def load(self, device):
-        from safetensors.torch import load_file
-
         from nclip.models.dual_encoder import build_model
+        from nclip.models.io import read_weights
 
         model = build_model(self.cfg, pretrained_text=False)
         if self.format != "nclip":
@@ -40,10 +39,7 @@ class Checkpoint:
 
             load_init_weights(model, self.path, self.arch)
             return model.to(device).eval()
-        try:
-            state = load_file(str(self.weights), device="cpu")
-        except Exception as e:  # safetensors raises its own error types for corrupt files
-            raise NclipError(f"cannot read {self.weights}: {e}") from None
+        state = read_weights(self.weights)
         missing, unexpected = model.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise NclipError(f"{self.weights} does not match its config: missing {missing[:3]}, "
@@ -65,7 +61,7 @@ def resolve_checkpoint(path: str | Path, arch: str | None = None) -> Checkpoint:
     directory, an open_clip directory, an open_clip/OpenAI state-dict file of open_clip config
     ``arch``, OpenAI's TorchScript archive."""
     from nclip.config import validate
-    from nclip.models.io import CONFIG, WEIGHTS, read_config
+    from nclip.models.io import CONFIG, WEIGHTS, check_weights, read_config
 
     p = Path(path).expanduser()
     found = _openclip_checkpoint(p, arch)
@@ -83,6 +79,7 @@ def resolve_checkpoint(path: str | Path, arch: str | None = None) -> Checkpoint:
             raise NclipError(f"{p} holds {WEIGHTS} but no {CONFIG}, and {run_dir / 'config.yaml'} (the config of "
                              "a training checkpoint's run) does not exist")
         cfg = validate(parse_yaml(*read_text(run_dir / "config.yaml", "config.yaml")) or {})
+        check_weights(p / WEIGHTS)
         return Checkpoint(p, p / WEIGHTS, run_dir, cfg, file_sha256(p / WEIGHTS))
     elif steps := _training_checkpoints(p):  # a run that has not written model/ (stopped, or still training)
         return resolve_checkpoint(steps[-1])
@@ -92,8 +89,7 @@ def resolve_checkpoint(path: str | Path, arch: str | None = None) -> Checkpoint:
         raise NclipError(f"no nclip checkpoint in {p} (expected RUN_DIR/model/{CONFIG}, a model directory "
                          f"with {CONFIG} and {WEIGHTS}, or RUN_DIR/checkpoints/step_N){found}")
     weights = model_dir / WEIGHTS
-    if not weights.is_file():
-        raise NclipError(f"missing weights file: {weights}")
+    check_weights(weights)
     cfg = read_config(model_dir)
     return Checkpoint(p, weights, run_dir if (run_dir / "metrics.jsonl").is_file() else None, cfg,
                       file_sha256(weights))
@@ -102,10 +98,11 @@ def resolve_checkpoint(path: str | Path, arch: str | None = None) -> Checkpoint:
 def _training_checkpoints(run_dir: Path) -> list[Path]:
     """RUN/checkpoints/step_N directories that hold weights, oldest first (as the trainer names them,
     nclip.train.checkpoint; the training state beside them is not needed to evaluate)."""
-    from nclip.models.io import WEIGHTS
+    from nclip.models.io import WEIGHTS, checkpoint_step
 
-    found = [d for d in (run_dir / "checkpoints").glob("step_*") if d.name[5:].isdigit() and (d / WEIGHTS).is_file()]
-    return sorted(found, key=lambda d: int(d.name[5:]))
+    found = [d for d in (run_dir / "checkpoints").glob("step_*") if checkpoint_step(d) is not None
+             and (d / WEIGHTS).is_file()]
+    return sorted(found, key=checkpoint_step)
 
 
 def _openclip_checkpoint(p: Path, arch: str | None) -> Checkpoint | None:

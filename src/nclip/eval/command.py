@@ -14,54 +14,55 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import get_args
 
 from nclip.errors import NclipError
 
-_DATASET_HELP = ("synthetic | digits | folder:DIR | realms:DIR | captions:FILE.csv|.jsonl | sts:FILE.csv | "
-                 "multilabel:FILE.csv | masks:DIR | wds:DIR[:SPLIT] (CLIP_benchmark) | imagefolder:SPLIT_DIR | "
-                 "karpathy:FILE.json:IMAGES_DIR[:SPLIT] (repeatable; default: synthetic and digits)")
-
 
 def add_eval_parser(sub) -> argparse.ArgumentParser:
-    from nclip.eval.settings import TASKS, EvalSettings
+    """The ``nclip eval`` parser; its choices and help are made from the tables of dataset kinds
+    (:mod:`nclip.dataset_specs`), tasks and SGD recipes (:mod:`nclip.eval.settings`)."""
+    from nclip.dataset_specs import CLASSNAMES, TEMPLATES, kinds_taking, spec_help
+    from nclip.defaults import DEVICES, NCLIP_SCORES, PROBE_FEATURES
+    from nclip.eval.settings import HEADS, TASK_TABLE, TASKS, EvalSettings, Probe
+    from nclip.eval.sgd_recipes import SGD_RECIPES, recipes_help
 
     d = EvalSettings()
+    default_tasks = [TASK_TABLE[t].title for t in TASKS]
     p = sub.add_parser("eval", help="evaluate a checkpoint with the papers' protocols (results.json + report.html)",
-                       description="Evaluate a checkpoint: zero-shot classification / retrieval / multi-label, "
-                                   "linear probe, k-NN, clustering, realm-wise probing, text STS, mask probing and "
-                                   "representation diagnostics. `nclip eval compare A B ...` tabulates evaluations.")
+                       description=f"Evaluate a checkpoint: {', '.join(default_tasks[:-1])} and {default_tasks[-1]}. "
+                                   "`nclip eval compare A B ...` tabulates evaluations.")
     p.add_argument("--checkpoint", type=Path, help="run directory, model directory or RUN/checkpoints/step_N")
     p.add_argument("--out", type=Path, help="output directory for results.json and report.html (one that holds "
                    "an evaluation is refused unless --force)")
     p.add_argument("--force", action="store_true", help="write over the evaluation an --out holds")
-    p.add_argument("--tasks", help=f"comma-separated subset of: {','.join(TASKS)} (default: all); "
-                   "also classifier (xent, frzproto: the pre-training classifier's top-1)")
-    p.add_argument("--dataset", dest="datasets", action="append", metavar="SPEC", help=_DATASET_HELP)
+    optional = ", ".join(f"{task.name} ({task.title})" for task in TASK_TABLE.values() if task.optional)
+    p.add_argument("--tasks", help=f"comma-separated subset of: {','.join(TASKS)} (default: all); also {optional}")
+    p.add_argument("--dataset", dest="datasets", action="append", metavar="SPEC",
+                   help=f"{spec_help()} (repeatable; default: {' and '.join(d.datasets)})")
     p.add_argument("--suite", type=Path, metavar="FILE.yaml",
                    help="a benchmark suite: datasets with their tasks (and prompts) in one YAML file; one "
                         "results.json and report with a table across the datasets and their mean "
                         "(docs/eval-data.md); instead of --dataset/--tasks/--classnames/--templates")
-    p.add_argument("--head", choices=["clip", "nclip", "yclip"],
+    p.add_argument("--head", choices=HEADS,
                    help="zero-shot score: clip cosine, nclip −L_CE, yclip S (default: the objective's)")
-    p.add_argument("--nclip-score", choices=["symmetric", "image_to_text"],
+    p.add_argument("--nclip-score", choices=NCLIP_SCORES,
                    help="nCLIP's −L_CE: symmetrised as Eq. 2 (default) or image→text only")
     p.add_argument("--features", help="image features of the linear, k-NN, clustering and realm probes: "
-                                      "backbone | clip | nclip | proto (default: the objective's paper protocol, "
+                                      f"{' | '.join(PROBE_FEATURES)} (default: the objective's paper protocol, "
                                       "ProtoCLIP: clip = z, App. B; the others: backbone)")
-    p.add_argument("--probe", choices=["lbfgs", "sgd"], default=d.probe,
+    p.add_argument("--probe", choices=get_args(Probe), default=d.probe,
                    help="linear probe: lbfgs (CLIP App. A.3, L2 chosen on a validation split; default) or sgd "
                         "(the papers' SGD recipes, see --probe-recipe)")
-    p.add_argument("--probe-recipe", choices=["xclip", "cmsf", "protoclip"],
-                   help="SGD probe recipe: xclip (Sec. 4.2, lr sweep, no momentum), cmsf (CompRess: lr 0.01, "
-                        "steps at 15/30 of 40 epochs), protoclip (App. B: lr 0.3, cosine, 100 epochs); "
-                        "default: the objective's paper")
+    p.add_argument("--probe-recipe", choices=tuple(SGD_RECIPES),
+                   help=f"SGD probe recipe: {recipes_help()}; default: the objective's paper")
     p.add_argument("--probe-epochs", type=int, help="SGD probe epochs (default: the recipe's)")
     p.add_argument("--classnames", metavar="FILE",
-                   help="class names of folder:/imagefolder:/wds:/multilabel: data: one per line in sorted folder "
+                   help=f"class names of {_kinds(kinds_taking(CLASSNAMES))} data: one per line in sorted folder "
                         "(label, class-index) order, a JSON map folder -> name, or a JSON class-index file "
                         "index -> name | [folder, name] (default: the folder names; wds: its classnames.txt)")
     p.add_argument("--templates", metavar="FILE|imagenet80",
-                   help="prompt templates of folder:/imagefolder:/wds:/realms:/multilabel: data: a file, one per "
+                   help=f"prompt templates of {_kinds(kinds_taking(TEMPLATES))} data: a file, one per "
                         "line with {} for the class name, or imagenet80 (CLIP's 80 ImageNet prompts; default: "
                         "wds: its zeroshot_classification_templates.txt)")
     p.add_argument("--topk", default=",".join(map(str, d.multilabel_topk)),
@@ -91,7 +92,7 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
                         "(default: GroupViT's 0.95)")
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the evaluation data and the probes")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=d.device)
+    p.add_argument("--device", choices=DEVICES, default=d.device)
     p.add_argument("--quiet", action="store_true", help="no progress messages")
 
     sub2 = p.add_subparsers(dest="eval_command", metavar="compare")
@@ -99,6 +100,10 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
     c.add_argument("runs", nargs="+", help="eval directories, results.json files or run directories (eval.json)")
     c.add_argument("--out", dest="compare_out", type=Path, help="write the markdown here (default: stdout)")
     return p
+
+
+def _kinds(names: tuple[str, ...]) -> str:
+    return "/".join(f"{name}:" for name in names)
 
 
 def run_eval_command(args) -> int:

@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from nclip.eval.settings import TASK_TABLE
+
 # kind -> (y-axis label with its unit, what a panel of that kind is called after its prefix)
 KINDS: dict[str, tuple[str, str]] = {
     "loss": ("loss (nats)", "terms"),
@@ -59,9 +61,8 @@ class Panel(NamedTuple):
     labels: list[str] | None = None  # the legend's name of each key (None: the key's last part)
 
 
-# evaluation while training: task -> its name on a panel; metric family -> (its name, y-axis label)
-_EVAL_TASKS = {"zeroshot": "zero-shot", "linear": "linear probe", "knn": "k-NN", "retrieval": "retrieval",
-               "multilabel": "zero-shot multi-label", "sts": "text STS"}
+# evaluation while training: a task's name on a panel is its title (nclip.eval.settings.TASK_TABLE);
+# metric family -> (its name, y-axis label)
 _EVAL_METRICS = {"top1": ("top-1", "top-1 accuracy (0 to 1)"), "top5": ("top-5", "top-5 accuracy (0 to 1)"),
                  "recall": ("recall@k", "recall (0 to 1)"), "mAP": ("mAP", "mean average precision (0 to 1)"),
                  "spearman": ("Spearman ρ", "Spearman correlation (-1 to 1)")}
@@ -87,8 +88,8 @@ def eval_panels(keys: list[str]) -> list[Panel]:
         name, ylabel = _EVAL_METRICS.get(family, (family, f"{family}, as logged"))
         several = len({m for _, _, m in found}) > 1
         labels = [f"{d} {m}" if several else d for _, d, m in found]
-        panels.append(Panel(f"eval while training: {_EVAL_TASKS.get(task, task)} {name}", [k for k, _, _ in found],
-                            ylabel, labels))
+        title = TASK_TABLE[task].title if task in TASK_TABLE else task
+        panels.append(Panel(f"eval while training: {title} {name}", [k for k, _, _ in found], ylabel, labels))
     timings = [k for k in _TIMINGS if k in keys]
     if timings:
         panels.append(Panel("time spent evaluating", timings, "seconds per evaluation", [_TIMINGS[k] for k in timings]))

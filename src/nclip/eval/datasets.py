@@ -1,7 +1,8 @@
 """Evaluation datasets: the built-in ones and generic adapters for the user's own data.
 
 Every dataset becomes an :class:`EvalData`: named splits of ``Sample`` sequences plus a
-description of which protocols apply to it. Spec strings (``--dataset``) select them:
+description of which protocols apply to it. Spec strings (``--dataset``) select them; their grammar
+and the table of kinds are :mod:`nclip.dataset_specs`, and each kind's data is laid out as follows:
 
 =====================  =========================================================================
 ``synthetic``          built-in synthetic scenes: every label kind (shape, colour, count, realm,
@@ -44,15 +45,15 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from nclip.data.folders import FOLDER_TEMPLATES, FileSamples, class_folders, class_name, fingerprint, scan_classes
-from nclip.data.types import LabelSpace
-from nclip.defaults import BUILTIN_SOURCES
+from nclip.data.types import LabelKind
+from nclip.dataset_specs import DATASET_KINDS, parse_spec
 from nclip.errors import NclipError
 from nclip.eval.evaldata import EvalData
 from nclip.eval.evaldata import dataset_name as _dataset_name
@@ -78,11 +79,11 @@ def synthetic(image_size: int, max_objects: int, seed: int, test_samples: int, t
         identity={"kind": "synthetic", "seed": seed, "image_size": image_size, "max_objects": max_objects,
                   "lengths": {"test": test_samples, "train": train_samples}},
         splits={"test": test, "train": make("train", train_samples)},
-        label_spaces=dict(test.label_spaces),
+        label_kinds=dict(test.label_kinds),
         retrieval=True,
         multilabel_kinds=("shape", "colour"),
         masks=True,
-        segment_space=test.label_spaces["shape"],
+        segment_space=test.label_kinds["shape"],
         realm=("realm", "shape"),
     )
 
@@ -104,7 +105,7 @@ def digits(image_size: int, seed: int) -> EvalData:
         name="digits",
         identity={"kind": "digits", "seed": seed, "image_size": image_size},
         splits={"test": test, "train": train},
-        label_spaces=dict(test.label_spaces),
+        label_kinds=dict(test.label_kinds),
         retrieval=True,
     )
 
@@ -159,9 +160,9 @@ def image_folder(root: str | Path, seed: int = 0, classnames: str | None = None,
 
     root = Path(root).expanduser()
     names, splits = _folder_splits(root, seed, "class")
-    space = LabelSpace(prompts.class_names(classnames, names, [class_name(n) for n in names], "class folder"),
+    space = LabelKind(prompts.class_names(classnames, names, [class_name(n) for n in names], "class folder"),
                        prompts.templates(templates, FOLDER_TEMPLATES))
-    data = EvalData(name=_dataset_name(root), identity={}, label_spaces={"class": space})
+    data = EvalData(name=_dataset_name(root), identity={}, label_kinds={"class": space})
     return _with_splits(data, splits, space, "folder", root, seed, names)
 
 
@@ -184,14 +185,14 @@ def realm_folders(root: str | Path, seed: int = 0, templates: str | None = None)
             merged[split][0].extend(paths)
             merged[split][1].extend(labels)
     chosen = prompts.templates(templates, FOLDER_TEMPLATES)
-    realm_space = LabelSpace(tuple(class_name(r.name) for r in realms), chosen)
-    class_space = LabelSpace(tuple(class_names), chosen)
+    realm_space = LabelKind(tuple(class_name(r.name) for r in realms), chosen)
+    class_space = LabelKind(tuple(class_names), chosen)
     data = EvalData(name=_dataset_name(root), identity={},
-                    label_spaces={"realm": realm_space, "class": class_space}, realm=("realm", "class"))
+                    label_kinds={"realm": realm_space, "class": class_space}, realm=("realm", "class"))
     return _with_splits(data, merged, class_space, "realms", root, seed, class_names)
 
 
-def _with_splits(data: EvalData, splits: dict[str, tuple[list, list]], classes: LabelSpace, kind: str,
+def _with_splits(data: EvalData, splits: dict[str, tuple[list, list]], classes: LabelKind, kind: str,
                  root: Path, seed: int, names: list[str]) -> EvalData:
     """``data`` with its file splits (each image captioned by its class's first prompt) and an
     identity that fingerprints the files and class names, so the feature cache sees any change."""
@@ -358,34 +359,78 @@ def sts_file(path: str | Path) -> EvalData:
 
 
 # ---------------------------------------------------------------------------------------------
-# spec strings
+# spec strings: a builder per kind of the grammar's table
 # ---------------------------------------------------------------------------------------------
 
-USER_KINDS = ("folder", "realms", "captions", "sts", "multilabel", "masks", "wds", "imagefolder", "karpathy")
+
+@dataclass(frozen=True)
+class _BuildArgs:
+    """What a builder may read besides its spec's argument (see :func:`build`)."""
+
+    image_size: int
+    max_objects: int
+    seed: int
+    test_samples: int
+    train_samples: int
+    sts_pairs: int
+    classnames: str | None
+    templates: str | None
+    image_key: str | None
+    caption_key: str | None
+    run_keys: tuple[str, str] | None
 
 
-def parse_spec(spec: str) -> tuple[str, str | None]:
-    """``"synthetic"`` -> ("synthetic", None); ``"folder:/data/pets"`` -> ("folder", "/data/pets")."""
-    kind, sep, arg = spec.partition(":")
-    kind = kind.strip().lower()
-    if kind in BUILTIN_SOURCES and not sep:
-        return kind, None
-    if kind in USER_KINDS and sep and arg.strip():
-        return kind, os.path.expanduser(arg.strip())
-    raise NclipError(
-        f"unknown dataset {spec!r}; use one of {', '.join(BUILTIN_SOURCES)} or KIND:PATH "
-        f"with KIND in {', '.join(USER_KINDS)}"
-    )
+def _synthetic(arg: None, a: _BuildArgs) -> list[EvalData]:
+    out = [synthetic(a.image_size, a.max_objects, a.seed, a.test_samples, a.train_samples)]
+    return out + [synthetic_sts(a.sts_pairs, a.seed)] if a.sts_pairs else out
 
 
-def checked_spec(spec: str) -> str:
-    """``spec`` if :func:`parse_spec` accepts it, else its one-line message as a ValueError (for the
-    pydantic validators of every config that names datasets: ``nclip eval``, suites, ``train.eval_datasets``)."""
-    try:
-        parse_spec(spec)
-    except NclipError as e:
-        raise ValueError(str(e)) from None
-    return spec
+def _multilabel(arg: str, a: _BuildArgs) -> list[EvalData]:
+    from nclip.eval.multilabel_file import multilabel_file
+
+    return [multilabel_file(arg, a.classnames, a.templates)]
+
+
+def _masks(arg: str, a: _BuildArgs) -> list[EvalData]:
+    from nclip.eval.mask_folder import mask_folder
+
+    return [mask_folder(arg)]
+
+
+def _wds(arg: str, a: _BuildArgs) -> list[EvalData]:
+    from nclip.eval.wds_benchmark import wds_benchmark
+
+    return [wds_benchmark(arg, a.classnames, a.templates)]
+
+
+def _imagefolder(arg: str, a: _BuildArgs) -> list[EvalData]:
+    from nclip.eval.imagefolder import image_split
+
+    return [image_split(arg, a.classnames, a.templates)]
+
+
+def _karpathy(arg: str, a: _BuildArgs) -> list[EvalData]:
+    from nclip.eval.karpathy import karpathy
+
+    return [karpathy(arg)]
+
+
+# the builder of each kind of nclip.dataset_specs.DATASET_KINDS (the grammar's table, checked below)
+_BUILDERS: dict[str, Callable[[str | None, _BuildArgs], list[EvalData]]] = {
+    "synthetic": _synthetic,
+    "digits": lambda arg, a: [digits(a.image_size, a.seed)],
+    "folder": lambda arg, a: [image_folder(arg, a.seed, a.classnames, a.templates)],
+    "realms": lambda arg, a: [realm_folders(arg, a.seed, a.templates)],
+    "captions": lambda arg, a: [caption_file(arg, a.image_key, a.caption_key, a.run_keys)],
+    "sts": lambda arg, a: [sts_file(arg)],
+    "multilabel": _multilabel,
+    "masks": _masks,
+    "wds": _wds,
+    "imagefolder": _imagefolder,
+    "karpathy": _karpathy,
+}
+if _BUILDERS.keys() != DATASET_KINDS.keys():  # a kind added to the grammar needs its builder here
+    raise ImportError(f"nclip.eval.datasets builds {sorted(_BUILDERS)}, the spec grammar has {sorted(DATASET_KINDS)}")
 
 
 def build(spec: str, *, image_size: int, max_objects: int, seed: int, test_samples: int,
@@ -396,37 +441,5 @@ def build(spec: str, *, image_size: int, max_objects: int, seed: int, test_sampl
     ``classnames`` / ``templates``: the user's prompts (:mod:`nclip.eval.prompts`); the keys: a
     captions CSV's columns (:func:`caption_file`)."""
     kind, arg = parse_spec(spec)
-    if kind == "synthetic":
-        out = [synthetic(image_size, max_objects, seed, test_samples, train_samples)]
-        if sts_pairs:
-            out.append(synthetic_sts(sts_pairs, seed))
-        return out
-    if kind == "digits":
-        return [digits(image_size, seed)]
-    if kind == "folder":
-        return [image_folder(arg, seed, classnames, templates)]
-    if kind == "realms":
-        return [realm_folders(arg, seed, templates)]
-    if kind == "multilabel":
-        from nclip.eval.multilabel_file import multilabel_file
-
-        return [multilabel_file(arg, classnames, templates)]
-    if kind == "masks":
-        from nclip.eval.mask_folder import mask_folder
-
-        return [mask_folder(arg)]
-    if kind == "captions":
-        return [caption_file(arg, image_key, caption_key, run_keys)]
-    if kind == "wds":
-        from nclip.eval.wds_benchmark import wds_benchmark
-
-        return [wds_benchmark(arg, classnames, templates)]
-    if kind == "imagefolder":
-        from nclip.eval.imagefolder import image_split
-
-        return [image_split(arg, classnames, templates)]
-    if kind == "karpathy":
-        from nclip.eval.karpathy import karpathy
-
-        return [karpathy(arg)]
-    return [sts_file(arg)]
+    return _BUILDERS[kind](arg, _BuildArgs(image_size, max_objects, seed, test_samples, train_samples, sts_pairs,
+                                           classnames, templates, image_key, caption_key, run_keys))

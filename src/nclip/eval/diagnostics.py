@@ -34,15 +34,15 @@ def evaluate(image: dict[str, torch.Tensor], text: dict[str, torch.Tensor],
     rows = torch.nonzero(first >= 0).flatten()[:MAX_ROWS]
     pair_t = first[rows]
     out = {"erank_image_features": effective_rank(image["features"][rows])}
-    if "emb" in image:
-        gi, gt = image["emb"][rows], text["emb"][pair_t]
+    if "clip" in image:
+        gi, gt = image["clip"][rows], text["clip"][pair_t]
         out["erank_image_emb"] = effective_rank(gi)
         out["erank_text_emb"] = effective_rank(gt)
         out["alignment_emb"] = alignment(gi, gt)
         out["uniformity_image_emb"] = uniformity(gi)
         out["uniformity_text_emb"] = uniformity(gt)
-    if "logits" in image:
-        for side, logits in (("image", image["logits"][rows]), ("text", text["logits"][pair_t])):
+    if "nclip" in image:
+        for side, logits in (("image", image["nclip"][rows]), ("text", text["nclip"][pair_t])):
             p = F.softmax(logits.double(), dim=1)
             usage = prototype_usage(p)
             std = probability_std(p)
@@ -51,5 +51,5 @@ def evaluate(image: dict[str, torch.Tensor], text: dict[str, torch.Tensor],
             out[f"proto_perplexity_{side}"] = usage["perplexity"]
             out[f"row_std_{side}"] = std["row_std"]
             out[f"col_std_{side}"] = std["col_std"]
-        out["erank_image_probs"] = effective_rank(F.softmax(image["logits"][rows].double(), dim=1))
+        out["erank_image_probs"] = effective_rank(F.softmax(image["nclip"][rows].double(), dim=1))
     return out

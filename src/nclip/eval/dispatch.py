@@ -10,7 +10,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -22,7 +22,7 @@ from nclip.eval.checkpoint import Checkpoint
 from nclip.eval.datasets import EvalData
 from nclip.eval.features import encode_texts, ensemble, extract, prompt_outputs, similarity
 from nclip.eval.probe import threads as _threads
-from nclip.eval.settings import MODEL_HEAD, EvalSettings
+from nclip.eval.settings import MODEL_HEAD, TASK_TABLE, EvalSettings
 from nclip.precision import autocast_dtype
 
 
@@ -119,7 +119,7 @@ def _group(flat: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor
 
 
 def _prompts(st: EvalState, data: EvalData, kind: str) -> dict[str, torch.Tensor]:
-    space = data.label_spaces[kind]
+    space = data.label_kinds[kind]
     identity = st.identity(names=space.names, templates=space.templates, text_length=st.ck.cfg.data.text_length)
     return st.cache.get(f"{data.name}-prompts-{kind}", identity,
                         lambda: prompt_outputs(st.model, space, st.device, st.autocast))
@@ -131,8 +131,7 @@ def _check_head(st: EvalState, outputs: dict[str, torch.Tensor]) -> None:
                          f"(objective {st.ck.cfg.objective.name})")
     if st.head is None:  # image-only objective: no head is scored
         return
-    need = {"clip": "emb", "nclip": "logits"}[MODEL_HEAD[st.head]]
-    if need not in outputs:
+    if MODEL_HEAD[st.head] not in outputs:
         raise NclipError(f"head {st.head!r} is not in this checkpoint (objective {st.ck.cfg.objective.name})")
 
 
@@ -141,67 +140,58 @@ def _check_head(st: EvalState, outputs: dict[str, torch.Tensor]) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+class _Test(NamedTuple):
+    """One dataset's test split as the runners read it: every extracted tensor (``flat``: labels,
+    ``text_to_image``, ...), and the image and text outputs by key."""
+
+    flat: dict[str, torch.Tensor]
+    image: dict[str, torch.Tensor]
+    text: dict[str, torch.Tensor]
+
+
 def eval_dataset(st: EvalState, data: EvalData) -> None:
-    """Every selected task that ``data`` has what it needs for, in a fixed order."""
+    """Every selected task that ``data`` has what it needs for, in the order of :data:`_RUNNERS`."""
     tasks = set(st.settings.tasks)
-    if data.sts is not None:
-        if "sts" in tasks:
-            _eval_sts(st, data)
+    if data.sts is not None:  # sentence pairs: no images
+        for task, runner in _SENTENCE_RUNNERS.items():
+            if task in tasks:
+                runner(st, data)
         return
     needs_text = data.retrieval and st.head is not None  # always: one cache entry serves every task list
-    test = _features(st, data, "test", texts=needs_text)
-    image = _group(test, "image")
-    _check_head(st, image)
-
-    if tasks & {"zeroshot", "multilabel"}:
-        _eval_zero_shot(st, data, test, image, tasks)
-    text = _group(test, "text")
-    if "retrieval" in tasks and data.retrieval and text:
-        _eval_retrieval(st, data, test, image, text)
-    if tasks & {"linear", "knn"} and "train" in data.splits and data.label_spaces:
-        _eval_probes(st, data, test, image, tasks)
-    if "cluster" in tasks:
-        for kind in _single_label_kinds(data, test):
-            y = test[f"label.{kind}"]
-            if torch.unique(y).numel() >= 2:
-                st.put("cluster", f"{data.name}-{kind}", probe.cluster(image[st.probe_key], y, seed=st.settings.seed))
-    if "realms" in tasks and (data.realm or data.realm_hierarchy) and "train" in data.splits:
-        _eval_realms(st, data, test)
-    if "masks" in tasks and data.masks:
-        _eval_masks(st, data)
-    if "segmentation" in tasks and data.segment_space is not None:
-        _eval_segmentation(st, data)
-    if "classifier" in tasks:
-        _eval_classifier(st, data, test, image)
-    if "diagnostics" in tasks and text:
-        st.put("diagnostics", data.name, diagnostics.evaluate(image, text, test["text_to_image"]))
+    flat = _features(st, data, "test", texts=needs_text)
+    test = _Test(flat, _group(flat, "image"), _group(flat, "text"))
+    _check_head(st, test.image)
+    for served, runner in _RUNNERS:
+        if tasks & set(served):
+            runner(st, data, test, tasks)
 
 
-def _eval_zero_shot(st: EvalState, data: EvalData, test: dict, image: dict, tasks: set[str]) -> None:
+def _eval_zero_shot(st: EvalState, data: EvalData, t: _Test, tasks: set[str]) -> None:
     """Zero-shot classification of every label kind and multi-label scores, from the same class
     scores (prompt ensembles); the primary kind's embeddings are kept for the report's t-SNE."""
+    test, image = t.flat, t.image
     kinds = _single_label_kinds(data, test)
-    scored = [k for k in data.label_spaces
+    scored = [k for k in data.label_kinds
               if ("zeroshot" in tasks and k in kinds) or ("multilabel" in tasks and k in data.multilabel_kinds)]
     class_scores: dict[str, torch.Tensor] = {}
     for kind in scored:
         prompts = _prompts(st, data, kind)
-        classes = ensemble(prompts, len(data.label_spaces[kind]))
+        classes = ensemble(prompts, len(data.label_kinds[kind]))
         class_scores[kind] = zeroshot.scores(image, classes, st.head, st.settings.nclip_score)
-        if kind == realms.class_kind(data.label_spaces) and kind in kinds:
+        if kind == realms.class_kind(data.label_kinds) and kind in kinds:
             st.artifacts.setdefault("tsne", {"dataset": data.name, "kind": kind, "head": st.head,
                                              "image": image, "labels": test[f"label.{kind}"],
                                              "prompts": prompts, "classes": classes,
-                                             "names": data.label_spaces[kind].names,
-                                             "templates": len(data.label_spaces[kind].templates)})
+                                             "names": data.label_kinds[kind].names,
+                                             "templates": len(data.label_kinds[kind].templates)})
 
     if "zeroshot" in tasks:
         for kind in kinds:
             m, pred = zeroshot.evaluate(class_scores[kind], test[f"label.{kind}"])
             st.put("zeroshot", f"{data.name}-{kind}", m)
             st.artifacts.setdefault("confusion", {})[f"{data.name}-{kind}"] = (
-                zeroshot.confusion(pred, test[f"label.{kind}"], len(data.label_spaces[kind])),
-                data.label_spaces[kind].names)
+                zeroshot.confusion(pred, test[f"label.{kind}"], len(data.label_kinds[kind])),
+                data.label_kinds[kind].names)
 
     if "multilabel" in tasks:
         for kind in data.multilabel_kinds:
@@ -213,26 +203,31 @@ def _eval_zero_shot(st: EvalState, data: EvalData, test: dict, image: dict, task
 
 def _single_label_kinds(data: EvalData, test: dict) -> list[str]:
     """The label kinds with a class index per image (a ``multilabel:`` file's kind has targets only)."""
-    return [k for k in data.label_spaces if f"label.{k}" in test]
+    return [k for k in data.label_kinds if f"label.{k}" in test]
 
 
-def _eval_retrieval(st: EvalState, data: EvalData, test: dict, image: dict, text: dict) -> None:
-    sim = similarity(image, text, st.head, st.settings.nclip_score)
-    st.put("retrieval", data.name, retrieval.evaluate(sim, test["text_to_image"]))
-    fails = retrieval.failure_cases(sim, test["text_to_image"], n=6)
+def _eval_retrieval(st: EvalState, data: EvalData, t: _Test, tasks: set[str]) -> None:
+    if not (data.retrieval and t.text):
+        return
+    sim = similarity(t.image, t.text, st.head, st.settings.nclip_score)
+    st.put("retrieval", data.name, retrieval.evaluate(sim, t.flat["text_to_image"]))
+    fails = retrieval.failure_cases(sim, t.flat["text_to_image"], n=6)
     if fails:
-        st.artifacts.setdefault("failures", {})[data.name] = (fails, data.splits["test"], test["text_to_image"])
+        st.artifacts.setdefault("failures", {})[data.name] = (fails, data.splits["test"], t.flat["text_to_image"])
 
 
-def _eval_probes(st: EvalState, data: EvalData, test: dict, image: dict, tasks: set[str]) -> None:
+def _eval_probes(st: EvalState, data: EvalData, t: _Test, tasks: set[str]) -> None:
     """Linear probe and k-NN on frozen image features (``settings.features``), per label kind (train
     split -> test split). The linear probe reads them as they are (ProtoCLIP App. B: z "before
     normalization"), k-NN L2-normalises them (cosine neighbours)."""
+    if "train" not in data.splits or not data.label_kinds:
+        return
+    test, image = t.flat, t.image
     s = st.settings
     train = _features(st, data, "train", texts=False)
     xtr, xte = train[f"image.{st.probe_key}"], image[st.probe_key]
-    for kind in data.label_spaces:
-        n_cls = len(data.label_spaces[kind])
+    for kind in data.label_kinds:
+        n_cls = len(data.label_kinds[kind])
         ytr, yte = train[f"label.{kind}"], test[f"label.{kind}"]
         if "linear" in tasks and probe.selects(s) and not probe.can_validate(ytr):
             st.skipped[f"linear/{data.name}-{kind}"] = (
@@ -251,30 +246,42 @@ def _eval_probes(st: EvalState, data: EvalData, test: dict, image: dict, tasks: 
                    probe.knn(xtr, ytr, xte, yte, n_cls, k=s.knn_k, temperature=s.knn_temperature))
 
 
-def _eval_classifier(st: EvalState, data: EvalData, test: dict, image: dict) -> None:
+def _eval_classifier(st: EvalState, data: EvalData, t: _Test, tasks: set[str]) -> None:
     """The pre-training classifier on the test split (:mod:`nclip.eval.classifier`), per label kind
     with the classifier's class count."""
-    scores = classifier.class_scores(image, st.ck.cfg)
+    test = t.flat
+    scores = classifier.class_scores(t.image, st.ck.cfg)
     if isinstance(scores, str):
         st.skipped["classifier"] = scores
         return
     for kind in _single_label_kinds(data, test):
-        if len(data.label_spaces[kind]) == scores.shape[1]:
+        if len(data.label_kinds[kind]) == scores.shape[1]:
             st.put("classifier", f"{data.name}-{kind}", classifier.top1(scores, test[f"label.{kind}"]))
 
 
-def _eval_realms(st: EvalState, data: EvalData, test: dict) -> None:
+def _eval_cluster(st: EvalState, data: EvalData, t: _Test, tasks: set[str]) -> None:
+    """K-Means clustering of the probed features against each label kind with two classes or more."""
+    for kind in _single_label_kinds(data, t.flat):
+        y = t.flat[f"label.{kind}"]
+        if torch.unique(y).numel() >= 2:
+            st.put("cluster", f"{data.name}-{kind}", probe.cluster(t.image[st.probe_key], y, seed=st.settings.seed))
+
+
+def _eval_realms(st: EvalState, data: EvalData, t: _Test, tasks: set[str]) -> None:
     """Realm-wise linear probing; the realm labels are the data's own, or those of the class
     hierarchy named by ``--hierarchy`` (``data.realm_hierarchy``), derived from the class labels."""
+    if not (data.realm or data.realm_hierarchy) or "train" not in data.splits:
+        return
+    test = t.flat
     train = _features(st, data, "train", texts=False)
     if data.realm_hierarchy is not None:
         ck, hierarchy = data.realm_hierarchy
-        classes = data.label_spaces[ck].names
+        classes = data.label_kinds[ck].names
         realm_train, names = realms.from_hierarchy(hierarchy, classes, train[f"label.{ck}"])
         realm_test, _ = realms.from_hierarchy(hierarchy, classes, test[f"label.{ck}"])
     else:
         rk, ck = data.realm
-        names = data.label_spaces[rk].names
+        names = data.label_kinds[rk].names
         realm_train, realm_test = train[f"label.{rk}"], test[f"label.{rk}"]
     key = st.probe_key
     per = realms.evaluate(train[f"image.{key}"], realm_train, train[f"label.{ck}"],
@@ -303,7 +310,9 @@ def _eval_sts(st: EvalState, data: EvalData) -> None:
     st.put("sts", data.name, sts.evaluate(_group(f, "a"), _group(f, "b"), gold))
 
 
-def _eval_masks(st: EvalState, data: EvalData) -> None:
+def _eval_masks(st: EvalState, data: EvalData, t: _Test, tasks: set[str]) -> None:
+    if not data.masks:
+        return
     reason = masks.unsupported(st.ck.cfg.model.vision.kind)
     if reason:
         st.skipped["masks"] = reason
@@ -329,9 +338,11 @@ def _eval_masks(st: EvalState, data: EvalData) -> None:
                                                        "saliency": st.ck.vision_tower.saliency}
 
 
-def _eval_segmentation(st: EvalState, data: EvalData) -> None:
+def _eval_segmentation(st: EvalState, data: EvalData, t: _Test, tasks: set[str]) -> None:
     """Zero-shot segmentation by GroupViT's groups (:mod:`nclip.eval.segmentation`) over the classes of
     ``data.segment_space`` (synthetic: the shapes; masks:DIR: VOC's 20)."""
+    if data.segment_space is None:
+        return
     reason = segmentation.unsupported(st.ck.cfg.model.vision.kind, st.model.heads)
     if reason:
         st.skipped["segmentation"] = reason
@@ -351,28 +362,37 @@ def _eval_segmentation(st: EvalState, data: EvalData) -> None:
     identity = st.identity(names=space.names, templates=space.templates, text_length=st.ck.cfg.data.text_length)
     prompts = st.cache.get(f"{data.name}-prompts-segmentation", identity,
                            lambda: prompt_outputs(st.model, space, st.device, st.autocast))
-    classes = ensemble(prompts, len(space))["emb"]
+    classes = ensemble(prompts, len(space))["clip"]
     r = segmentation.evaluate(f, classes, float(st.model.scale().detach()), st.settings.segment_threshold)
     st.put("segmentation", data.name, {"miou": r["miou"], "macc": r["macc"]})
     st.artifacts.setdefault("segmentation", {})[data.name] = {
         "samples": samples, "pred": r["pred"], "truth": f["truth"], "classes": ["background", *space.names]}
 
 
-# what a selected task needs from the data, for the reason it is skipped when no dataset has it
-_NEEDS = {
-    "zeroshot": "class labels",
-    "retrieval": "captions (synthetic, digits, captions:FILE)",
-    "multilabel": "multi-label annotations (synthetic, multilabel:FILE.csv)",
-    "linear": "class labels and a train split",
-    "knn": "class labels and a train split",
-    "cluster": "test labels of at least two classes",
-    "realms": "realm labels and a train split (synthetic, realms:DIR, or class labels with --hierarchy)",
-    "sts": "sentence pairs (synthetic with --sts-pairs > 0, sts:FILE.csv)",
-    "masks": "object masks (synthetic, masks:DIR)",
-    "segmentation": "object masks with their classes (synthetic, masks:DIR)",
-    "diagnostics": "captions (synthetic, digits, captions:FILE)",
-    "classifier": "class labels of the training run's classes",
-}
+def _eval_diagnostics(st: EvalState, data: EvalData, t: _Test, tasks: set[str]) -> None:
+    """The representation diagnostics of image and caption outputs (:mod:`nclip.eval.diagnostics`)."""
+    if t.text:
+        st.put("diagnostics", data.name, diagnostics.evaluate(t.image, t.text, t.flat["text_to_image"]))
+
+
+# the runner of every task of nclip.eval.settings.TASK_TABLE (checked below), in the order they run:
+# on image data, a runner serves the selected tasks that share its work (zero-shot and multi-label
+# score the same prompts; the linear probe and k-NN the same training features); on sentence pairs, one each
+_RUNNERS: tuple[tuple[tuple[str, ...], Callable[[EvalState, EvalData, _Test, set[str]], None]], ...] = (
+    (("zeroshot", "multilabel"), _eval_zero_shot),
+    (("retrieval",), _eval_retrieval),
+    (("linear", "knn"), _eval_probes),
+    (("cluster",), _eval_cluster),
+    (("realms",), _eval_realms),
+    (("masks",), _eval_masks),
+    (("segmentation",), _eval_segmentation),
+    (("classifier",), _eval_classifier),
+    (("diagnostics",), _eval_diagnostics),
+)
+_SENTENCE_RUNNERS: dict[str, Callable[[EvalState, EvalData], None]] = {"sts": _eval_sts}
+_RUN = sorted([task for served, _ in _RUNNERS for task in served] + list(_SENTENCE_RUNNERS))
+if _RUN != sorted(TASK_TABLE):  # a task added to the table needs its runner here
+    raise ImportError(f"nclip.eval.dispatch runs {_RUN}, the task table has {sorted(TASK_TABLE)}")
 
 
 def explain_missing(st: EvalState) -> None:
@@ -380,4 +400,4 @@ def explain_missing(st: EvalState) -> None:
     done = {key.split("/")[0] for key in st.results}
     for task in st.settings.tasks:
         if task not in done and task not in st.skipped:
-            st.skipped[task] = f"none of the selected datasets has {_NEEDS[task]}"
+            st.skipped[task] = f"none of the selected datasets has {TASK_TABLE[task].needs}"

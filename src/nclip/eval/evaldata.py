@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nclip.data.types import LabelSpace, Sample
+from nclip.data.types import LabelKind, Sample
 
 
 @dataclass
@@ -19,7 +19,7 @@ class EvalData:
     identity: JSON-able description that, with the split, identifies the extracted features
         (it keys the feature cache, so it must change whenever the data would).
     splits: "test" (zero-shot, retrieval, ...) and, for probes, "train".
-    label_spaces: single-label kinds with their class names and prompt templates.
+    label_kinds: single-label kinds with their class names and prompt templates.
     retrieval: whether captions are real descriptions (image-text retrieval makes sense).
     multilabel_kinds: kinds with a multi-hot target (zero-shot multi-label).
     masks: whether samples carry object masks (mask probing).
@@ -35,11 +35,11 @@ class EvalData:
     name: str
     identity: dict
     splits: dict[str, Sequence[Sample]] = field(default_factory=dict)
-    label_spaces: dict[str, LabelSpace] = field(default_factory=dict)
+    label_kinds: dict[str, LabelKind] = field(default_factory=dict)
     retrieval: bool = False
     multilabel_kinds: tuple[str, ...] = ()
     masks: bool = False
-    segment_space: LabelSpace | None = None
+    segment_space: LabelKind | None = None
     realm: tuple[str, str] | None = None
     realm_hierarchy: tuple[str, object] | None = None
     split_dirs: dict[str, str] = field(default_factory=dict)

@@ -17,9 +17,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from nclip.data.loader import eval_tensor
-from nclip.data.transforms import model_resize
-from nclip.data.types import LabelSpace, Sample
+from nclip.data.transforms import eval_tensor, model_resize
+from nclip.data.types import LabelKind, Sample
 from nclip.defaults import EVAL_BATCH_SIZE, PROBE_FEATURES
 from nclip.objectives.functional import nclip_similarity, yclip_similarity
 from nclip.precision import to_float32, tower_autocast
@@ -27,7 +26,7 @@ from nclip.precision import to_float32, tower_autocast
 
 @dataclass
 class Features:
-    """image[key], text[key] for key in features / emb / logits (the heads the model has).
+    """image[key], text[key] for key in "features" and the names of the heads the model has ("clip", "nclip", ...).
 
     image tensors are [N, ...] for N images; text tensors are [M, ...] for the M reference captions,
     ``text_to_image`` [M] maps each caption to its image; labels[kind] are [N] class indices and
@@ -142,16 +141,16 @@ def similarity(image: dict[str, torch.Tensor], text: dict[str, torch.Tensor], he
     :func:`~nclip.objectives.functional.nclip_similarity`); ``yclip``: yCLIP's own score S on the
     nCLIP head (App. B.2 Eq. 2, :func:`~nclip.objectives.functional.yclip_similarity`)."""
     if head == "clip":
-        return F.normalize(image["emb"], dim=-1) @ F.normalize(text["emb"], dim=-1).T
+        return F.normalize(image["clip"], dim=-1) @ F.normalize(text["clip"], dim=-1).T
     if head == "nclip":
-        return nclip_similarity(image["logits"], text["logits"], nclip_score)
+        return nclip_similarity(image["nclip"], text["nclip"], nclip_score)
     if head == "yclip":
-        return yclip_similarity(image["logits"], text["logits"])
+        return yclip_similarity(image["nclip"], text["nclip"])
     raise ValueError(f"unknown head {head!r}")
 
 
-# the output of DualEncoder.encode_image / encode_text that each projection head's score reads
-HEAD_KEY = {"clip": "emb", "nclip": "logits"}
+# the output of DualEncoder.encode_image / encode_text (keyed by head name) that each zero-shot score reads
+HEAD_KEY = {"clip": "clip", "nclip": "nclip"}
 
 
 def zero_shot_embedding(outputs: dict[str, torch.Tensor], head: str | None, probe_features: str) -> torch.Tensor:
@@ -165,11 +164,11 @@ def zero_shot_embedding(outputs: dict[str, torch.Tensor], head: str | None, prob
     if head is None:
         return F.normalize(outputs[PROBE_FEATURES[probe_features]], dim=-1)
     key = HEAD_KEY[MODEL_HEAD[head]]
-    return F.normalize(outputs[key], dim=-1) if key == "emb" else outputs[key]
+    return F.normalize(outputs[key], dim=-1) if key == "clip" else outputs[key]
 
 
 @torch.no_grad()
-def prompt_outputs(model, space: LabelSpace, device, autocast: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+def prompt_outputs(model, space: LabelKind, device, autocast: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Every prompt's text output, class-major: [C * T, ...] for C classes and T templates."""
     prompts = [p for c in range(len(space)) for p in space.prompts(c)]
     return encode_texts(model, prompts, device, autocast=autocast)
@@ -178,8 +177,8 @@ def prompt_outputs(model, space: LabelSpace, device, autocast: torch.dtype | Non
 def ensemble(prompts: dict[str, torch.Tensor], num_classes: int) -> dict[str, torch.Tensor]:
     """One output per class from its prompts' outputs ``prompts[key]`` [C * T, ...] (class-major).
 
-    CLIP head ("emb"): each prompt embedding normalised, averaged per class, renormalised (CLIP's
-    ensemble, :func:`metrics.zero_shot_classifier`). nCLIP head ("logits"): the class distribution
+    CLIP head ("clip"): each prompt embedding normalised, averaged per class, renormalised (CLIP's
+    ensemble, :func:`metrics.zero_shot_classifier`). nCLIP head ("nclip"): the class distribution
     is the mean of its prompts' distributions, whose log is returned as logits (a log-distribution
     is a valid logit vector: softmax(log p̄) = p̄). Backbone "features" are averaged.
     """
@@ -188,9 +187,9 @@ def ensemble(prompts: dict[str, torch.Tensor], num_classes: int) -> dict[str, to
     classes = {}
     for key, value in prompts.items():
         v = value.view(num_classes, -1, *value.shape[1:])  # [C, T, ...]
-        if key == "emb":
+        if key == "clip":
             classes[key] = zero_shot_classifier(v)
-        elif key == "logits":
+        elif key == "nclip":
             p = F.softmax(v, dim=-1).mean(1)
             classes[key] = p.clamp_min(1e-30).log()
         else:
@@ -199,7 +198,7 @@ def ensemble(prompts: dict[str, torch.Tensor], num_classes: int) -> dict[str, to
 
 
 @torch.no_grad()
-def class_text_outputs(model, space: LabelSpace, device,
+def class_text_outputs(model, space: LabelKind, device,
                        autocast: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """One text output per class from its prompt ensemble (see :func:`ensemble`), in float32."""
     return ensemble(prompt_outputs(model, space, device, autocast), len(space))

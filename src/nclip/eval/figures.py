@@ -127,7 +127,7 @@ def tsne_figure(t: dict, max_images: int = 500, max_iter: int = TSNE_ITERS) -> s
     import matplotlib.pyplot as plt
 
     head = t["head"]
-    key = "emb" if head == "clip" else "logits"
+    key = "clip" if head == "clip" else "nclip"  # the head's output: yclip scores the nCLIP head
     names = list(t["names"])
     n_cls = len(names)
     g = torch.Generator().manual_seed(0)

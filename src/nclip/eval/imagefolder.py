@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 from nclip.data.folders import FOLDER_TEMPLATES, FileSamples, class_folders, class_name, fingerprint, images_in
-from nclip.data.types import LabelSpace
+from nclip.data.types import LabelKind
 from nclip.errors import NclipError
 
 
@@ -39,7 +39,7 @@ def _scan(split_dir: Path) -> dict[str, list[Path]]:
     return classes
 
 
-def _samples(classes: dict[str, list[Path]], folders: list[str], space: LabelSpace) -> FileSamples:
+def _samples(classes: dict[str, list[Path]], folders: list[str], space: LabelKind) -> FileSamples:
     paths, labels = [], []
     for c, name in enumerate(folders):
         paths += classes[name]
@@ -47,7 +47,7 @@ def _samples(classes: dict[str, list[Path]], folders: list[str], space: LabelSpa
     return FileSamples(paths, [(space.prompts(lab["class"])[0],) for lab in labels], labels)
 
 
-def _train_split(split_dir: Path, folders: list[str], space: LabelSpace) -> FileSamples:
+def _train_split(split_dir: Path, folders: list[str], space: LabelKind) -> FileSamples:
     train = split_dir.parent / "train"
     classes = _scan(train)
     if sorted(classes) != folders:
@@ -67,7 +67,7 @@ def image_split(arg: str, classnames: str | None = None, templates: str | None =
     classes = _scan(split_dir)
     folders = sorted(classes)
     names = prompts.class_names(classnames, folders, [class_name(f) for f in folders], "class folder")
-    space = LabelSpace(tuple(names), prompts.templates(templates, FOLDER_TEMPLATES))
+    space = LabelKind(tuple(names), prompts.templates(templates, FOLDER_TEMPLATES))
     test = _samples(classes, folders, space)
     splits = {"test": test}
     train = split_dir.parent / "train"
@@ -85,6 +85,6 @@ def image_split(arg: str, classnames: str | None = None, templates: str | None =
                               "files": fingerprint(test.paths + ([train / f for f in folders if (train / f).is_dir()]
                                                                  if "train" in splits else []),
                                                    json.dumps([folders, space.names, space.templates]))},
-                    splits=splits, label_spaces={"class": space},
+                    splits=splits, label_kinds={"class": space},
                     split_dirs={"test": str(root), **({"train": str(train.resolve())} if "train" in splits else {})})
 

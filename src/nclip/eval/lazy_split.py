@@ -23,8 +23,8 @@ class LazySplit(Sequence):
         return self._samples
 
     @property
-    def label_spaces(self):
-        return getattr(self.samples, "label_spaces", {})
+    def label_kinds(self):
+        return getattr(self.samples, "label_kinds", {})
 
     def __len__(self) -> int:
         return len(self.samples)

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from nclip.data.folders import IMAGE_SUFFIXES, fingerprint, images_in, load_image
-from nclip.data.types import LabelSpace, Sample
+from nclip.data.types import LabelKind, Sample
 from nclip.errors import NclipError
 from nclip.eval.evaldata import EvalData, dataset_name
 from nclip.eval.prompts import IMAGENET80
@@ -48,7 +48,7 @@ class MaskedImages(Sequence):
 
     def __init__(self, pairs: list[tuple[Path, Path]]):
         self.pairs = pairs
-        self.label_spaces: dict = {}
+        self.label_kinds: dict = {}
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -139,4 +139,4 @@ def mask_folder(root: str | Path) -> EvalData:
                     identity={"kind": "masks", "root": str(root.resolve()),
                               "files": fingerprint([p for pair in pairs for p in pair])},
                     splits={"test": MaskedImages(pairs)}, masks=True,
-                    segment_space=LabelSpace(VOC_CLASSES, IMAGENET80))
+                    segment_space=LabelKind(VOC_CLASSES, IMAGENET80))

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from nclip.data.loader import eval_tensor
+from nclip.data.transforms import eval_tensor
 from nclip.data.types import Sample
 from nclip.defaults import EVAL_BATCH_SIZE
 from nclip.errors import NclipError

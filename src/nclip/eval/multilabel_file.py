@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from nclip.data.folders import FOLDER_TEMPLATES, FileSamples, class_name, fingerprint
-from nclip.data.types import LabelSpace
+from nclip.data.types import LabelKind
 from nclip.errors import NclipError
 from nclip.eval import prompts
 from nclip.eval.evaldata import EvalData, dataset_name
@@ -89,10 +89,10 @@ def multilabel_file(path: str | Path, classnames: str | None = None, templates: 
     for n, (_, labs, _) in enumerate(rows):
         targets[n, [index[lab] for lab in labs]] = True
     names = prompts.class_names(classnames, labels, [class_name(lab) for lab in labels], "label")
-    space = LabelSpace(names, prompts.templates(templates, FOLDER_TEMPLATES))
+    space = LabelKind(names, prompts.templates(templates, FOLDER_TEMPLATES))
     paths = [img for img, _, _ in rows]
     samples = MultiLabelSamples(paths, targets, names, [f"{where}: " for _, _, where in rows])
     return EvalData(name=dataset_name(path),
                     identity={"kind": "multilabel", "file": str(path.resolve()),
                               "files": fingerprint([path, *paths])},
-                    splits={"test": samples}, label_spaces={KIND: space}, multilabel_kinds=(KIND,))
+                    splits={"test": samples}, label_kinds={KIND: space}, multilabel_kinds=(KIND,))

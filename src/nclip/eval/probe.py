@@ -89,7 +89,7 @@ def can_validate(train_y) -> bool:
 def selects(settings) -> bool:
     """Whether the linear probe of ``settings`` chooses among candidates on a validation split."""
     if settings.probe == "sgd":
-        from nclip.eval.metrics.sgd_linear import SGD_RECIPES
+        from nclip.eval.sgd_recipes import SGD_RECIPES
 
         return len(SGD_RECIPES[settings.probe_recipe].lrs) > 1
     return len(settings.l2_grid) > 1

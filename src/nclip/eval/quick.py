@@ -22,18 +22,18 @@ from __future__ import annotations
 import torch
 
 from nclip.config import RunConfig
-from nclip.data.loader import MAIN_LABEL, build_dataset
+from nclip.data.sources import MAIN_LABEL, build_dataset
 from nclip.defaults import PROBE_FEATURES
 from nclip.eval import probe, retrieval, zeroshot
 from nclip.eval.features import class_text_outputs, extract, similarity
-from nclip.objectives import REGISTRY
+from nclip.objectives import plan_for
 from nclip.objectives.base import LabelRequest
 from nclip.precision import autocast_dtype
 
 
 @torch.no_grad()
 def evaluate_run(model, cfg: RunConfig, device) -> dict[str, float]:
-    objective = REGISTRY[cfg.objective.name][1]
+    objective = plan_for(cfg)
     head = objective.zero_shot_head
     split = "test"
     data = build_dataset(cfg, split, length=cfg.eval.samples)
@@ -45,7 +45,7 @@ def evaluate_run(model, cfg: RunConfig, device) -> dict[str, float]:
     results: dict[str, float] = {"eval/samples": float(len(data)), "eval/head": head}
     if head == "nclip":
         results["eval/nclip_score"] = score
-    for kind, space in data.label_spaces.items():
+    for kind, space in data.label_kinds.items():
         if kind not in feats.labels:
             continue
         scores = zeroshot.scores(feats.image, class_text_outputs(model, space, device, amp), head, score)
@@ -64,14 +64,14 @@ def _probe_run(model, cfg: RunConfig, device, test_data, objective, amp: torch.d
 
     features = probe_features(cfg.eval.probe_features, cfg.objective)
     key = PROBE_FEATURES[features]
-    kind = (objective.label_request(cfg) or LabelRequest()).key or MAIN_LABEL[cfg.data.source]
+    kind = (objective.label_request() or LabelRequest()).key or MAIN_LABEL[cfg.data.source]
     # the probe's training images come from the training split (synthetic: its first eval.samples
     # scenes), its test images from the held-out split, as nclip eval's linear and k-NN protocols
     train_data = build_dataset(cfg, "train", length=cfg.eval.samples)
     bs = cfg.eval.batch_size
     train, test = (extract(model, d, cfg.data.image_size, device, bs, texts=False, autocast=amp)
                    for d in (train_data, test_data))
-    n_cls = len(test_data.label_spaces[kind])
+    n_cls = len(test_data.label_kinds[kind])
     xtr, ytr = train.image[key], train.labels[kind]
     xte, yte = test.image[key], test.labels[kind]
     results: dict = {"eval/samples": float(len(test_data)), "eval/train_samples": float(len(train_data)),

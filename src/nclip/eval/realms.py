@@ -60,10 +60,10 @@ def attach_hierarchies(datasets, setting: str | None) -> None:
 
     shared = None if setting == "builtin" else Hierarchy.load(setting)
     for data in datasets:
-        kind = class_kind(data.label_spaces)
+        kind = class_kind(data.label_kinds)
         if kind is None or "train" not in data.splits:
             continue  # no classes to probe (captions, STS): the realm task does not apply
-        names = list(data.label_spaces[kind].names)
+        names = list(data.label_kinds[kind].names)
         source = data.identity.get("kind")
         try:
             hierarchy = shared or builtin_hierarchy(source, kind)

@@ -33,11 +33,10 @@ from nclip.eval.cache import FeatureCache
 from nclip.eval.checkpoint import resolve_checkpoint
 from nclip.eval.dispatch import EvalState, eval_dataset, explain_missing
 from nclip.eval.probe import threads as _threads
-from nclip.eval.settings import HEADS, MODEL_HEAD, TASKS, EvalSettings
+from nclip.eval.settings import HEADS, MODEL_HEAD, TASKS, TEXT_TASKS, EvalSettings
 from nclip.jsonio import jsonable, read_json, write_text_atomic
 
 RESULTS_VERSION = 1
-TEXT_TASKS = ("zeroshot", "retrieval", "multilabel", "segmentation", "diagnostics")  # need a text-aligned head
 
 
 def run_eval(checkpoint: str | Path, out: str | Path | None = None, *, tasks=None, datasets=None, head=None,
@@ -83,18 +82,18 @@ def start(checkpoint: str | Path, settings: EvalSettings, log: Callable[[str], N
     ck = resolve_checkpoint(checkpoint, settings.arch)
     if log and Path(ck.path) != Path(checkpoint).expanduser():  # a run without model/: its newest checkpoint
         log(f"{checkpoint} has no model/ (training did not finish): evaluating its newest checkpoint, {ck.path}")
-    from nclip.objectives import REGISTRY
+    from nclip.objectives import plan_for
 
-    objective = REGISTRY[ck.cfg.objective.name][1]
+    objective = plan_for(ck.cfg)
     head_name = settings.head or objective.zero_shot_head
     text_skipped = {}
     if head_name is None:  # no text-aligned head (CMSF, xent): the image-only protocols alone
         why = f"objective {ck.cfg.objective.name!r} trains no text-aligned head (image-only: see linear, knn)"
         text_skipped = {t: why for t in settings.tasks if t in TEXT_TASKS}
         settings = settings.updated(tasks=tuple(t for t in settings.tasks if t not in TEXT_TASKS))
-    elif MODEL_HEAD[head_name] not in objective.heads_for(ck.cfg.objective):
+    elif MODEL_HEAD[head_name] not in objective.heads:
         raise NclipError(f"head {head_name!r} is not in this checkpoint: objective {ck.cfg.objective.name!r} "
-                         f"has {', '.join(sorted(objective.heads_for(ck.cfg.objective)))}")
+                         f"has {', '.join(sorted(objective.heads))}")
     settings = settings.updated(features=probe_features(settings.features, ck.cfg.objective))
     if settings.probe == "sgd" and settings.probe_recipe is None:  # the objective's paper recipe
         settings = settings.updated(probe_recipe=objective.sgd_probe_recipe)
@@ -132,11 +131,11 @@ def probe_features(features: str | None, objective_cfg) -> str:
     """The image features the probes read: ``features``, or (None) the objective's paper default
     (``Objective.probe_features``: ProtoCLIP's z per its App. B, the backbone for the others);
     a one-line error when the objective (config ``objective_cfg``) trains no such head."""
-    from nclip.objectives import REGISTRY
+    from nclip.objectives import plan_of
 
-    objective = REGISTRY[objective_cfg.name][1]
+    objective = plan_of(objective_cfg)
     features = features or objective.probe_features
-    heads = objective.heads_for(objective_cfg)
+    heads = objective.heads
     if features != "backbone" and features not in heads:
         raise NclipError(f"features {features!r}: objective {objective_cfg.name!r} trains no {features!r} head "
                          f"(it has {', '.join(sorted(heads))}; backbone features always exist)")
@@ -234,7 +233,7 @@ def linear_protocol(settings: EvalSettings) -> dict:
     """How the linear probe was trained (results.json ``config.linear_probe``)."""
     if settings.probe == "lbfgs":
         return {"optimizer": "L-BFGS (CLIP App. A.3)", "l2_grid": list(settings.l2_grid), "val_fraction": 0.2}
-    from nclip.eval.metrics.sgd_linear import SGD_RECIPES
+    from nclip.eval.sgd_recipes import SGD_RECIPES
 
     return {"optimizer": "SGD", "recipe": settings.probe_recipe,
             **SGD_RECIPES[settings.probe_recipe].summary(settings.probe_epochs)}
@@ -245,7 +244,7 @@ def checkpoint_info(ck, objective, head: str | None) -> dict:
     cfg = ck.cfg
     return {"path": str(ck.path), "format": ck.format, "weights": str(ck.weights),
             "weights_sha256": ck.sha256, "objective": cfg.objective.name,
-            "heads": sorted(objective.heads_for(cfg.objective)), "head": head or "none",
+            "heads": sorted(objective.heads), "head": head or "none",
             "zero_shot_head": objective.zero_shot_head, "image_size": cfg.data.image_size,
             "vision_tower": cfg.model.vision.kind, "text_tower": cfg.model.text.kind,
             "train_steps": _trained_steps(ck), "data_source": cfg.data.source,
@@ -255,10 +254,10 @@ def checkpoint_info(ck, objective, head: str | None) -> dict:
 def _trained_steps(ck) -> int:
     """The optimizer steps behind the weights: N of a RUN/checkpoints/step_N directory, else the
     run's train.steps (a finished run's model)."""
-    name = Path(ck.path).name
-    if name.startswith("step_") and name[5:].isdigit():
-        return int(name[5:])
-    return ck.cfg.train.steps
+    from nclip.models.io import checkpoint_step
+
+    step = checkpoint_step(ck.path)
+    return ck.cfg.train.steps if step is None else step
 
 
 def _write(out: Path, doc: dict, st: EvalState, report: bool, t0: float) -> None:

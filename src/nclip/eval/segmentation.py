@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from nclip.data.loader import eval_tensor
+from nclip.data.transforms import eval_tensor
 from nclip.data.types import Sample
 from nclip.defaults import EVAL_BATCH_SIZE
 from nclip.errors import NclipError
@@ -111,7 +111,7 @@ def extract(model, samples: Sequence[Sample], image_size: int, device, classes: 
         batch = [samples[j] for j in range(i, min(i + batch_size, len(samples)))]
         pixels = torch.stack([eval_tensor(s.image, image_size) for s in batch]).to(device)
         tokens, assign = model.vision.groups(pixels)  # [B, G, width], [B, G, h, w]
-        emb = model.project_image(tokens.flatten(0, 1))["emb"].unflatten(0, tokens.shape[:2])
+        emb = model.project_image(tokens.flatten(0, 1))["clip"].unflatten(0, tokens.shape[:2])
         embs.append(F.normalize(emb.float(), dim=-1).cpu())
         assigns.append(assign.float().cpu())
         for s in batch:

@@ -10,43 +10,75 @@ line in the run config's wording (``eval: batch_size: Input should be greater th
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from nclip.defaults import EVAL_BATCH_SIZE, PROBE_FEATURES
+from nclip.dataset_specs import checked_spec, kinds_taking, parse_spec
+from nclip.defaults import DEVICES, EVAL_BATCH_SIZE, NCLIP_SCORES, PROBE_FEATURES
 from nclip.errors import NclipError
+from nclip.eval.sgd_recipes import SGD_RECIPES
 
 # t-SNE iterations of the report's figure: the xCLIP paper's App. G (perplexity 20, lr 200, 5,000
 # iterations); scikit-learn's own minimum is 250
 TSNE_ITERS = 5000
 
-TASKS = ("zeroshot", "retrieval", "multilabel", "linear", "knn", "cluster", "realms", "sts", "masks", "segmentation",
-         "diagnostics")
-# tasks run only when named in --tasks: "classifier", the pre-training classifier's readout of
-# xent and frzproto (nclip.eval.classifier)
-OPTIONAL_TASKS = ("classifier",)
+
+@dataclass(frozen=True)
+class Task:
+    """One evaluation task: its name on pages and panels (``title``), what it needs from the data
+    (``needs``: the reason it is skipped when no selected dataset has it), whether it scores with a
+    text-aligned head (``text``: an image-only objective skips it) and whether it runs only when
+    named in ``--tasks`` (``optional``). Its runner: :mod:`nclip.eval.dispatch`, keyed by name."""
+
+    name: str
+    title: str
+    needs: str
+    text: bool = False
+    optional: bool = False
+
+
+# every task, in the order they run and are listed: the one table the settings' choices, the CLI's
+# help, the skip reasons and the dispatch read
+TASK_TABLE: dict[str, Task] = {task.name: task for task in (
+    Task("zeroshot", "zero-shot", "class labels", text=True),
+    Task("retrieval", "retrieval", "captions (synthetic, digits, captions:FILE)", text=True),
+    Task("multilabel", "zero-shot multi-label", "multi-label annotations (synthetic, multilabel:FILE.csv)", text=True),
+    Task("linear", "linear probe", "class labels and a train split"),
+    Task("knn", "k-NN", "class labels and a train split"),
+    Task("cluster", "clustering", "test labels of at least two classes"),
+    Task("realms", "realm-wise probing",
+         "realm labels and a train split (synthetic, realms:DIR, or class labels with --hierarchy)"),
+    Task("sts", "text STS", "sentence pairs (synthetic with --sts-pairs > 0, sts:FILE.csv)"),
+    Task("masks", "mask probing", "object masks (synthetic, masks:DIR)"),
+    Task("segmentation", "zero-shot segmentation", "object masks with their classes (synthetic, masks:DIR)",
+         text=True),
+    Task("diagnostics", "representation diagnostics", "captions (synthetic, digits, captions:FILE)", text=True),
+    # the pre-training classifier's readout of xent and frzproto (nclip.eval.classifier)
+    Task("classifier", "pre-training classifier", "class labels of the training run's classes", optional=True),
+)}
+TASKS = tuple(name for name, task in TASK_TABLE.items() if not task.optional)  # the default selection
+OPTIONAL_TASKS = tuple(name for name, task in TASK_TABLE.items() if task.optional)
+TEXT_TASKS = tuple(name for name, task in TASK_TABLE.items() if task.text)  # need a text-aligned head
 # the zero-shot scores: "clip" (cosine of the CLIP head), "nclip" (nCLIP's −L_CE on the nCLIP head,
 # direction set by ``nclip_score``), "yclip" (yCLIP's S of App. B.2 Eq. 2 on the nCLIP head)
-Head = Literal["clip", "nclip", "yclip"]
+# and the projection head each reads
+MODEL_HEAD = {"clip": "clip", "nclip": "nclip", "yclip": "nclip"}
+Head = Literal[tuple(MODEL_HEAD)]  # type: ignore[valid-type]
 HEADS = get_args(Head)
-Features = Literal["backbone", "clip", "nclip", "proto"]  # the probed image features (PROBE_FEATURES)
+Features = Literal[tuple(PROBE_FEATURES)]  # type: ignore[valid-type]  # the probed image features
 FEATURES = get_args(Features)
-assert FEATURES == tuple(PROBE_FEATURES)
-MODEL_HEAD = {"clip": "clip", "nclip": "nclip", "yclip": "nclip"}  # the projection head a score reads
-NclipScore = Literal["symmetric", "image_to_text"]  # = nclip.objectives.functional.NCLIP_SCORES
-# the linear probe's optimiser: "lbfgs" (CLIP App. A.3, validated L2) or "sgd" (a paper's SGD recipe,
-# nclip.eval.metrics.sgd_linear.SGD_RECIPES, whose names SgdRecipe repeats)
+NclipScore = Literal[NCLIP_SCORES]  # type: ignore[valid-type]
+# the linear probe's optimiser: "lbfgs" (CLIP App. A.3, validated L2) or "sgd" (a paper's SGD recipe)
 Probe = Literal["lbfgs", "sgd"]
-SgdRecipeName = Literal["xclip", "cmsf", "protoclip"]
+SgdRecipeName = Literal[tuple(SGD_RECIPES)]  # type: ignore[valid-type]
 L2_GRID = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 1e-5, 1e-6)  # linear-probe L2 strengths (validated)
 MASK_THRESHOLD = 0.6  # DINO: keep the patches holding 60% of the [CLS] attention mass
 SEGMENT_THRESHOLD = 0.95  # GroupViT's bg_thresh on VOC: a group below it is background (nclip.eval.segmentation)
 MULTILABEL_TOPK = (3, 5, 10, 20)  # xCLIP Tab. 3: F1@3, F1@5 (NUS-WIDE), F1@10, F1@20 (OpenImages)
 PROMPT_SETS = ("imagenet80",)  # built-in template sets (nclip.eval.prompts.BUILTIN_TEMPLATES)
-_PROMPT_TAKERS = {"classnames": ("folder", "multilabel", "wds", "imagefolder"),
-                  "templates": ("folder", "realms", "multilabel", "wds", "imagefolder")}
 
 
 class EvalSettings(BaseModel):
@@ -80,7 +112,7 @@ class EvalSettings(BaseModel):
     probe_epochs: int | None = Field(None, ge=1, description="the SGD probe's epochs (None: the recipe's)")
     seed: int = 0
     batch_size: int = Field(EVAL_BATCH_SIZE, ge=1)  # the same default as the run config's eval.batch_size
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal[DEVICES] = "auto"  # type: ignore[valid-type]
     cache_dir: str | None = None  # None: no cache
     baseline: str | None = None  # run dir, eval dir or results.json for relative realm accuracy
     # the open_clip config (e.g. ViT-B-32) of a state-dict file given as the checkpoint or the baseline
@@ -112,8 +144,6 @@ class EvalSettings(BaseModel):
     @field_validator("datasets")
     @classmethod
     def _dataset_specs(cls, datasets: tuple[str, ...]) -> tuple[str, ...]:
-        from nclip.eval.datasets import checked_spec  # no torch
-
         if not datasets:
             raise ValueError("no dataset selected")
         return tuple(checked_spec(spec) for spec in datasets)
@@ -154,9 +184,7 @@ class EvalSettings(BaseModel):
     @field_validator("classnames", "templates")
     @classmethod
     def _prompts_have_data(cls, value: str | None, info: ValidationInfo) -> str | None:
-        from nclip.eval.datasets import parse_spec
-
-        takers = _PROMPT_TAKERS[info.field_name]
+        takers = kinds_taking(info.field_name)
         kinds = {parse_spec(spec)[0] for spec in info.data.get("datasets", ())}
         if value is not None and "datasets" in info.data and not kinds & set(takers):
             raise ValueError(f"applies to {', '.join(k + ':' for k in takers)} datasets and none is selected")

@@ -24,7 +24,7 @@ def evaluate(text_a: dict[str, torch.Tensor], text_b: dict[str, torch.Tensor], g
     """{"spearman": of the backbone features, "spearman_emb": of the CLIP head (if present), "pairs": N}."""
     gold = torch.as_tensor(gold, dtype=torch.float64)
     out = {"spearman": spearman(cosine(text_a["features"], text_b["features"]), gold)}
-    if "emb" in text_a:
-        out["spearman_emb"] = spearman(cosine(text_a["emb"], text_b["emb"]), gold)
+    if "clip" in text_a:
+        out["spearman_emb"] = spearman(cosine(text_a["clip"], text_b["clip"]), gold)
     out["pairs"] = float(gold.numel())
     return out

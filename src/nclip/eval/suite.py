@@ -46,7 +46,7 @@ class SuiteDataset(BaseModel):
     @field_validator("spec")
     @classmethod
     def _spec(cls, spec: str) -> str:
-        from nclip.eval.datasets import checked_spec
+        from nclip.dataset_specs import checked_spec
 
         return checked_spec(spec)
 
@@ -101,7 +101,7 @@ def _entry_settings(base: EvalSettings, entry: SuiteDataset, where: str) -> Eval
 
 def _default_tasks(data) -> tuple[str, ...]:
     """A dataset's headline task when the suite names none: zero-shot on classes, else retrieval."""
-    if data.label_spaces:
+    if data.label_kinds:
         return ("zeroshot",)
     return ("retrieval",) if data.retrieval else ("sts",) if data.sts else ("zeroshot",)
 

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nclip.data.folders import fingerprint
-from nclip.data.types import LabelSpace, Sample
+from nclip.data.types import LabelKind, Sample
 from nclip.errors import NclipError
 
 WDS_IMAGE_EXTS = ("webp", "jpg", "jpeg", "png")  # CLIP_benchmark writes webp, jpg or png
@@ -64,8 +64,8 @@ class TarSamples(Sequence):
     """Samples of indexed shards: the image read from its shard by offset on access."""
 
     def __init__(self, images: list[tuple[Path, int, int, str]], captions: list[tuple[str, ...]],
-                 labels: list[dict[str, int]], label_spaces: dict[str, LabelSpace]):
-        self.images, self.captions, self.labels, self.label_spaces = images, captions, labels, label_spaces
+                 labels: list[dict[str, int]], label_kinds: dict[str, LabelKind]):
+        self.images, self.captions, self.labels, self.label_kinds = images, captions, labels, label_kinds
 
     def __len__(self) -> int:
         return len(self.images)
@@ -139,7 +139,7 @@ def _index_shard(shard: Path) -> list[tuple[str, dict[str, tuple[int, int]], dic
 
 
 def index_split(split_dir: Path, root: Path, num_classes: int | None, names_from: str,
-                space: LabelSpace | None) -> TarSamples:
+                space: LabelKind | None) -> TarSamples:
     """The samples of a split: class-labelled (``num_classes``: names read) or captioned (None)."""
     images, captions, labels = [], [], []
     for shard in shard_paths(split_dir, root):
@@ -208,7 +208,7 @@ def _benchmark_templates(path: Path) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _label_space(root: Path, classnames: str | None, templates: str | None) -> tuple[LabelSpace, str]:
+def _label_space(root: Path, classnames: str | None, templates: str | None) -> tuple[LabelKind, str]:
     """(the class names and prompts, where the names came from) of a classification copy."""
     from nclip.eval import prompts
 
@@ -230,7 +230,7 @@ def _label_space(root: Path, classnames: str | None, templates: str | None) -> t
     if templates is None and not templates_file.is_file():
         raise NclipError(f"{templates_file}: not found (or give --templates FILE|imagenet80)")
     chosen = prompts.templates(templates, ()) if templates is not None else _benchmark_templates(templates_file)
-    return LabelSpace(tuple(names), chosen), names_from
+    return LabelKind(tuple(names), chosen), names_from
 
 
 def wds_benchmark(arg: str, classnames: str | None = None, templates: str | None = None):
@@ -260,4 +260,4 @@ def wds_benchmark(arg: str, classnames: str | None = None, templates: str | None
         name=dataset_name(root),
         identity={"kind": "wds", "root": str(root.resolve()), "split": split,
                   "files": fingerprint(files, json.dumps([space.names, space.templates] if space else None))},
-        splits=splits, label_spaces={"class": space} if space is not None else {}, retrieval=retrieval)
+        splits=splits, label_kinds={"class": space} if space is not None else {}, retrieval=retrieval)

@@ -1,6 +1,6 @@
 """Protocol 1: zero-shot classification with prompt ensembles (CLIP Sec. 3.1.4; xCLIP Sec. 4.1, App. C).
 
-Every class is represented by the ensemble of its prompts (``LabelSpace.templates`` filled with the
+Every class is represented by the ensemble of its prompts (``LabelKind.templates`` filled with the
 class name, see :func:`nclip.eval.features.class_text_outputs`), every image is scored against every
 class with the selected score (CLIP: cosine; nCLIP: −L_CE, Sec. 3.1, symmetrised by default; yCLIP:
 its S, App. B.2 Eq. 2), and the top-scoring class is

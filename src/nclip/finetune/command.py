@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from nclip.defaults import DEVICES
 from nclip.errors import NclipError
 from nclip.finetune.settings import FinetuneSettings, validated
 from nclip.jsonio import write_text_atomic, writing
@@ -57,7 +58,7 @@ def add_finetune_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=d.test_samples, help="synthetic test scenes")
     p.add_argument("--train-samples", type=int, default=d.train_samples, help="synthetic training scenes")
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=d.device)
+    p.add_argument("--device", choices=DEVICES, default=d.device)
     p.add_argument("--resume", choices=["auto", "never"], default="never",
                    help="auto: continue the fine-tuning in --out from its newest checkpoints")
     p.add_argument("--wise", default="", metavar="ALPHAS",
@@ -204,9 +205,9 @@ def _plan(out: Path, settings: FinetuneSettings, sha: str, resume: bool, force: 
 
 def _document(ck, classifier: str, config: dict, results: dict, seconds: float) -> dict:
     from nclip.eval.runner import RESULTS_VERSION, checkpoint_info
-    from nclip.objectives import REGISTRY
+    from nclip.objectives import plan_for
 
-    objective = REGISTRY[ck.cfg.objective.name][1]
+    objective = plan_for(ck.cfg)
     return {"version": RESULTS_VERSION,
             "checkpoint": checkpoint_info(ck, objective, "clip" if classifier == "cosine" else None),
             "config": config, "results": dict(sorted(results.items())), "skipped": {},

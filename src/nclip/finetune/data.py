@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from nclip.data.loader import eval_tensor
-from nclip.data.types import LabelSpace
+from nclip.data.transforms import eval_tensor
+from nclip.data.types import LabelKind
 from nclip.finetune.loop import LabelledData
 from nclip.finetune.splits import LabelSplits, label_splits, per_class_counts
 
@@ -23,7 +23,7 @@ from nclip.finetune.splits import LabelSplits, label_splits, per_class_counts
 class Prepared:
     name: str  # the dataset part of the result keys
     kind: str  # the label kind (digit, shape, class)
-    space: LabelSpace
+    space: LabelKind
     labelled: LabelledData
     test_pixels: torch.Tensor  # [N, 3, S, S]
     test_labels: torch.Tensor  # [N]
@@ -40,7 +40,7 @@ def prepare(cfg, settings) -> Prepared:
     spec = EvalSettings(tasks=("linear",), datasets=(settings.dataset,), test_samples=settings.test_samples,
                         train_samples=settings.train_samples, seed=settings.seed)
     data = build_datasets(cfg, spec)[0]
-    kind = class_kind(data.label_spaces)
+    kind = class_kind(data.label_kinds)
     size, resize = cfg.data.image_size, (cfg.data.eval_resize, cfg.data.eval_interpolation)
     train = [data.splits["train"][i] for i in range(len(data.splits["train"]))]
     test = [data.splits["test"][i] for i in range(len(data.splits["test"]))]
@@ -52,7 +52,7 @@ def prepare(cfg, settings) -> Prepared:
         val_pixels=torch.stack([eval_tensor(train[i].image, size, resize) for i in splits.val]),
         val_labels=torch.from_numpy(y[splits.val]),
         image_size=size)
-    return Prepared(data.name, kind, data.label_spaces[kind], labelled,
+    return Prepared(data.name, kind, data.label_kinds[kind], labelled,
                     torch.stack([eval_tensor(s.image, size, resize) for s in test]),
                     torch.tensor([s.labels[kind] for s in test], dtype=torch.long), splits,
-                    per_class_counts(y, splits.train, len(data.label_spaces[kind])))
+                    per_class_counts(y, splits.train, len(data.label_kinds[kind])))

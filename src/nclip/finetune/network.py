@@ -40,8 +40,8 @@ class FinetuneNet(nn.Module):
         if classifier == "cosine":
             if class_emb is None or class_emb.shape[0] != num_classes:
                 raise ValueError("the cosine classifier needs one text embedding per class")
-            self.shared = model.image_shared_head if model.shared_layers else nn.Identity()
-            self.head = model.image_clip_head
+            self.shared = model.heads["shared"].image if "shared" in model.heads else nn.Identity()
+            self.head = model.heads["clip"].image
             self.classifier = nn.Parameter(F.normalize(class_emb.detach().float(), dim=-1).clone())  # [C, D]
             self.logit_scale = nn.Parameter(model.logit_scale.detach().float().clone())
             self.logit_scale_max = getattr(model, "LOGIT_SCALE_MAX", LOGIT_SCALE_MAX)  # the model's cap (SigLIP's)
@@ -61,9 +61,9 @@ class FinetuneNet(nn.Module):
 
 
 def has_clip_head(cfg) -> bool:
-    from nclip.objectives import REGISTRY
+    from nclip.objectives import plan_for
 
-    return "clip" in REGISTRY[cfg.objective.name][1].heads_for(cfg.objective)
+    return "clip" in plan_for(cfg).heads
 
 
 def resolve_classifier(choice: str, cfg, fraction: float) -> str:
@@ -82,9 +82,9 @@ def resolve_classifier(choice: str, cfg, fraction: float) -> str:
 def build_net(ck, classifier: str, space, device) -> FinetuneNet:
     """A fresh :class:`FinetuneNet` from the checkpoint ``ck`` (weights read anew, so every
     learning rate of the sweep starts from the same pre-trained weights) for the classes of
-    ``space`` (a LabelSpace: names and prompt templates)."""
+    ``space`` (a LabelKind: names and prompt templates)."""
     from nclip.eval.features import class_text_outputs
 
     model = ck.load(device)
-    emb = class_text_outputs(model, space, device)["emb"] if classifier == "cosine" else None
+    emb = class_text_outputs(model, space, device)["clip"] if classifier == "cosine" else None
     return FinetuneNet(model, classifier, len(space), emb).to(device)

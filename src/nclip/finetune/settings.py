@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from nclip.defaults import DEVICES
 from nclip.errors import NclipError
 
 LAYER_DECAY = 0.65  # App. C
@@ -52,12 +53,12 @@ class FinetuneSettings(BaseModel):
     # WiSE-FT after fine-tuning: evaluate these mixes of the zero-shot start (0) and the fine-tuned
     # network (1) (nclip.finetune.wise; changes no training, so a resume may change it)
     wise: tuple[Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)], ...] = ()
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal[DEVICES] = "auto"  # type: ignore[valid-type]
 
     @field_validator("dataset")
     @classmethod
     def _dataset(cls, spec: str) -> str:
-        from nclip.eval.datasets import parse_spec
+        from nclip.dataset_specs import parse_spec
 
         try:
             kind, arg = parse_spec(spec)

@@ -1,4 +1,4 @@
-"""Towers (from transformers configs), projection heads and the dual encoder."""
+"""Towers (from transformers configs), the dual encoder (its heads are nclip.heads), save/load and export."""
 
 from nclip.models.torchvision_compat import ensure_importable
 

@@ -29,9 +29,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from nclip.config.model import VisionConfig, clip_resnet_grid
 from nclip.errors import NclipError
 from nclip.models import checkpointing, pixel_stats
-from nclip.vision_config import VisionConfig, clip_resnet_grid
 
 EXPANSION = 4  # a bottleneck's output channels over its 3×3 convolution's
 

@@ -48,21 +48,21 @@ def to_hf(model) -> CLIPModel:
     if isinstance(model.vision, SiglipVisionTower) or isinstance(model.text, SiglipTextTower):
         raise NclipError("export --hf writes a CLIPModel: a SigLIP tower (model.vision.pooling map, "
                          "model.text.eos_pooling last) has no place in one")
-    if model.shared_layers:  # the CLIP projection is then an MLP, which HF's CLIPModel has no place for
-        raise NclipError(f"export --hf needs a linear CLIP head; this model shares {model.shared_layers} hidden "
-                         "layer(s) between its CLIP and nCLIP heads (model.nclip_shared_layers)")
+    if "shared" in model.heads:  # the CLIP projection is then an MLP, which HF's CLIPModel has no place for
+        raise NclipError(f"export --hf needs a linear CLIP head; this model shares {model.heads['shared'].count} "
+                         "hidden layer(s) between its CLIP and nCLIP heads (model.nclip_shared_layers)")
     text_cfg = model.text.model.config
     vision_cfg = model.vision.model.config
     config = CLIPConfig(
         text_config=text_cfg.to_dict(),
         vision_config=vision_cfg.to_dict(),
-        projection_dim=model.image_clip_head.out_features,
+        projection_dim=model.heads["clip"].image.out_features,
     )
     hf = CLIPModel(config).eval()
     state = {**clip_model_names("vision_model.", model.vision.model),
              **clip_model_names("text_model.", model.text.model)}
-    state["visual_projection.weight"] = model.image_clip_head.weight
-    state["text_projection.weight"] = model.text_clip_head.weight
+    clip = model.heads["clip"]
+    state.update({f"{name}.weight": getattr(clip, side).weight for side, name in clip.hf_names.items()})
     state["logit_scale"] = model.logit_scale.detach().clamp(max=model.LOGIT_SCALE_MAX)
     missing, unexpected = hf.load_state_dict(state, strict=False)
     missing = [m for m in missing if not m.endswith("position_ids")]
@@ -113,7 +113,7 @@ def save_tokenizer(cfg, out: Path) -> None:
 
 
 def image_processor(cfg):
-    """A CLIPImageProcessor repeating :func:`nclip.data.loader.eval_tensor`: shorter side to the
+    """A CLIPImageProcessor repeating :func:`nclip.data.transforms.eval_tensor`: shorter side to the
     run's image size S (PIL bicubic), S×S centre crop, /255, CLIP's mean and std. transformers 5
     defaults to a torchvision backend whose bicubic is not PIL's: the PIL one is named explicitly."""
     import transformers

@@ -38,7 +38,7 @@ from nclip.models.io import copy_tokenizer, load_model
 
 IMAGE, TEXT, CONFIG, TOKENIZER = "image_encoder.onnx", "text_encoder.onnx", "onnx_config.json", "tokenizer"
 OPSET = 17
-HEAD_OUTPUT = {"clip": "emb", "nclip": "logits", "yclip": "logits"}  # zero-shot score → encode_* key
+HEAD_OUTPUT = {"clip": "clip", "nclip": "nclip", "yclip": "nclip"}  # zero-shot score → encode_* key (a head)
 EXAMPLE_BATCH = 2  # traced at this batch size; the batch axis is dynamic
 
 
@@ -56,13 +56,13 @@ class Embedding(nn.Module):
 
 def embedding_space(cfg) -> tuple[str | None, str, bool]:
     """(the zero-shot score or None, the encode_* output key, whether it is ℓ2-normalised)."""
-    from nclip.objectives import REGISTRY
+    from nclip.objectives import plan_for
 
-    objective = REGISTRY[cfg.objective.name][1]
+    objective = plan_for(cfg)
     head = objective.zero_shot_head
     if head is None:
         return None, PROBE_FEATURES[objective.probe_features], True
-    return head, HEAD_OUTPUT[head], HEAD_OUTPUT[head] == "emb"
+    return head, HEAD_OUTPUT[head], HEAD_OUTPUT[head] == "clip"
 
 
 def export_onnx(checkpoint: Path, out: Path) -> str:

@@ -26,13 +26,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from nclip.config.model import clip_resnet_grid
 from nclip.data import clip_bpe
 from nclip.errors import NclipError
 from nclip.models import openclip_import as reader
 from nclip.models.export import atomic_export, clip_model_names, model_dir
 from nclip.models.io import load_model
 from nclip.models.openclip_files import HUB_CONFIG, HUB_WEIGHTS
-from nclip.vision_config import clip_resnet_grid
 
 WEIGHTS = HUB_WEIGHTS[0]  # open_clip_model.safetensors
 
@@ -51,8 +51,8 @@ def check(model, cfg) -> None:
                f"{m.text.tokenizer or 'the bundled WordPiece'}), the only one open_clip's CLIP models tokenize with")
     elif "clip" not in model.heads:
         why = f"it has no CLIP head (heads {sorted(model.heads)}): open_clip scores with CLIP's projections"
-    elif model.shared_layers:
-        why = (f"its CLIP head is an MLP ({model.shared_layers} hidden layer(s) shared with the nCLIP head, "
+    elif "shared" in model.heads:
+        why = (f"its CLIP head is an MLP ({model.heads['shared'].count} hidden layer(s) shared with the nCLIP head, "
                "model.nclip_shared_layers); open_clip's projections are linear")
     elif m.vision.kind == "vit" and m.vision.hidden_act != m.text.hidden_act:
         why = (f"its towers use different activations ({m.vision.hidden_act} and {m.text.hidden_act}); open_clip "
@@ -90,7 +90,7 @@ def model_cfg(model, cfg) -> dict:
             "width": m.text.width, "heads": m.text.heads, "layers": m.text.layers, "mlp_ratio": m.text.mlp_ratio}
     if m.text.eos_pooling == "token":  # the first end-of-text token (open_clip's default: the largest id)
         text.update(pool_type="eos", eos_id=model.tokenizer.eos_id)
-    out = {"embed_dim": model.image_clip_head.out_features, "vision_cfg": vision, "text_cfg": text}
+    out = {"embed_dim": model.heads["clip"].image.out_features, "vision_cfg": vision, "text_cfg": text}
     if m.text.hidden_act == "quick_gelu":
         out["quick_gelu"] = True
     return out
@@ -111,8 +111,8 @@ def openclip_state(model) -> dict[str, torch.Tensor]:
     ours = clip_model_names("text_model.", model.text.model)
     out = _unrenamed(ours, reader.TEXT_RENAMES)
     out.update(_resblocks(ours, *reader.BLOCKS["text"]))
-    out["text_projection"] = model.text_clip_head.weight.t()
-    head = model.image_clip_head.weight  # [D, d]
+    out["text_projection"] = model.heads["clip"].text.weight.t()
+    head = model.heads["clip"].image.weight  # [D, d]
     if model.vision.kind == "vit":
         ours = clip_model_names("vision_model.", model.vision.model)
         out.update(_unrenamed(ours, reader.VIT_RENAMES))

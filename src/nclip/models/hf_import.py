@@ -35,10 +35,9 @@ from nclip.models.hf_weights import (  # noqa: F401 (PT_WEIGHTS, hf_weights_file
     copy_weights,
     hf_weights_file,
     read_hf_weights,
-    read_safetensors,
     transformer_sizes,
 )
-from nclip.models.io import CONFIG, WEIGHTS, read_config
+from nclip.models.io import CONFIG, WEIGHTS, read_config, read_weights
 
 ACTIVATIONS = ("gelu", "quick_gelu")  # the ones nclip's config offers
 
@@ -203,5 +202,5 @@ def load_init_weights(model, init: str | Path, arch: str | None = None) -> str:
     elif is_hf_clip_dir(path):
         source = read_hf_weights(path)
     else:
-        hf, source = False, read_safetensors(_nclip_model_dir(path))
+        hf, source = False, read_weights(_nclip_model_dir(path) / WEIGHTS)
     return copy_weights(model, source, hf, path)

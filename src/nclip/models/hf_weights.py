@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from nclip.errors import NclipError
+from nclip.heads.builtin import ClipHead
 from nclip.jsonio import read_json
 from nclip.models.io import WEIGHTS
 
@@ -23,7 +24,7 @@ PT_SHARD_INDEX = "pytorch_model.bin.index.json"
 # nclip tower prefix in the model's state dict → CLIPModel's prefix
 HF_TOWERS = {"vision.model.": "vision_model.", "text.model.": "text_model."}
 # the CLIP head: nclip key → CLIPModel key (loaded where the model has it and the shapes match)
-HF_HEAD = {"image_clip_head.weight": "visual_projection.weight", "text_clip_head.weight": "text_projection.weight",
+HF_HEAD = {**{f"heads.clip.{side}.weight": f"{name}.weight" for side, name in ClipHead.hf_names.items()},
            "logit_scale": "logit_scale"}
 NCLIP_TOWERS = ("vision.", "text.")
 
@@ -55,8 +56,9 @@ def copy_weights(model, source: dict[str, torch.Tensor], hf: bool, path: Path) -
     loaded_heads = [k for k, src in heads.items() if src in source and source[src].shape == own[k].shape]
     state.update({k: source[heads[k]] for k in loaded_heads})
     model.load_state_dict(state, strict=False)
-    if hasattr(model, "target_vision"):  # CMSF's target branch starts as a copy of the online tower
-        model.target_vision.load_state_dict(model.vision.state_dict())
+    for name, tower in model.towers().items():  # the copies heads hold (CMSF's target) start as the image tower
+        if name not in ("vision", "text"):
+            tower.load_state_dict(model.vision.state_dict())
     head = "the CLIP head and logit scale" if len(loaded_heads) == len(HF_HEAD) else (
         f"{', '.join(loaded_heads)} of the CLIP head" if loaded_heads else "no CLIP head")
     return f"nclip: started from {path}: both towers and {head}; other heads freshly initialised"

@@ -1,13 +1,22 @@
-"""Model files: safetensors weights + the resolved run config as JSON. Nothing is unpickled."""
+"""Model files: safetensors weights + the resolved run config as JSON. Nothing is unpickled.
+
+Every weights file nclip writes (a model directory's, a training checkpoint's, a merge's) carries
+:data:`MODEL_FORMAT` in its safetensors header, and :func:`read_weights` refuses another version in
+one line (the weights' names change with the model's layout: an older file would not load, or load
+half). The names of training checkpoint directories, ``step_XXXXXXXX``, are read here too
+(:func:`checkpoint_step`): the trainer writes them, evaluation and the CLI find them.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from nclip import fileperm
@@ -22,6 +31,64 @@ CONFIG = "config.json"
 TOKENIZER_DIR = "tokenizer"  # a copy of model.text.tokenizer (model.init), so the directory stands alone
 # the first: a tokenizers file; the last: SigLIP's SentencePiece model (with its tokenizer_config.json)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", SENTENCEPIECE_FILE)
+# the layout of the weights' names; 2: the heads as modules, keyed by head name. A file without the
+# header entry is format 1 (every file written before the version was kept)
+MODEL_FORMAT = 2
+FORMAT_KEY = "nclip_model_format"
+STEP_PREFIX = "step_"  # a training checkpoint's directory: RUN/checkpoints/step_XXXXXXXX
+_STEP_NAME = re.compile(rf"{STEP_PREFIX}([0-9]+)")
+
+
+class FormatMismatch(NclipError):
+    """A file in another nclip format version than this nclip reads: not damaged, refused as it is."""
+
+
+def check_format(path: Path, found: int, needed: int, what: str) -> None:
+    """One line, naming ``path`` and both versions, unless ``found`` is ``needed``."""
+    if found != needed:
+        raise FormatMismatch(f"{path} is {what} format {found}, this nclip reads format {needed} only (it was "
+                             f"written by {'an older' if found < needed else 'a newer'} nclip): train it again, or "
+                             "use the nclip that wrote it")
+
+
+def checkpoint_step(path: str | Path) -> int | None:
+    """N of a training checkpoint directory named step_N, else None."""
+    match = _STEP_NAME.fullmatch(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def weights_metadata() -> dict[str, str]:
+    """The safetensors header of every nclip weights file: its model format. One entry only: safetensors
+    writes its metadata in a hash map's order, which differs between processes, so a second entry
+    would make the same weights a different file (a resumed run's model no longer equal byte for byte)."""
+    return {FORMAT_KEY: str(MODEL_FORMAT)}
+
+
+def check_weights(path: str | Path) -> None:
+    """One line when the nclip weights file ``path`` is missing, unreadable or of another model
+    format (see :data:`MODEL_FORMAT`); reads its header only, so a command can refuse it first."""
+    path = Path(path)
+    if not path.is_file():
+        raise NclipError(f"missing weights file: {path}")
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            found = (fh.metadata() or {}).get(FORMAT_KEY, "1")
+    except Exception as e:  # safetensors raises its own error types for corrupt headers
+        raise NclipError(f"cannot read {path}: {_first_line(e)}") from None
+    check_format(path, int(found) if found.isdigit() else 0, MODEL_FORMAT, "an nclip model of")
+
+
+def read_weights(path: str | Path, device: str = "cpu") -> dict:
+    """The tensors of an nclip weights file, after :func:`check_weights`."""
+    check_weights(path)
+    try:
+        return load_file(str(path), device=device)
+    except Exception as e:  # a header that reads, a body that does not
+        raise NclipError(f"cannot read {path}: {_first_line(e)}") from None
+
+
+def _first_line(error: Exception) -> str:
+    return (str(error).splitlines() or [type(error).__name__])[0]
 
 
 def atomic_dir(final: Path):
@@ -64,7 +131,7 @@ def save_model(model, cfg: RunConfig, directory: str | Path) -> Path:
     directory = Path(directory)
     with atomic_dir(directory) as tmp:
         state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-        save_file(state, str(tmp / WEIGHTS), metadata={"format": "nclip"})
+        save_file(state, str(tmp / WEIGHTS), metadata=weights_metadata())
         (tmp / CONFIG).write_text(json.dumps(cfg.model_dump(mode="json"), indent=2))
         if cfg.model.text.tokenizer is not None:
             copy_tokenizer(Path(cfg.model.text.tokenizer).expanduser(), tmp / TOKENIZER_DIR)
@@ -109,12 +176,7 @@ def load_model(directory: str | Path, device: str = "cpu"):
     cfg = read_config(directory)
     model = build_model(cfg, pretrained_text=False)
     weights = directory / WEIGHTS
-    if not weights.is_file():
-        raise NclipError(f"missing weights file: {weights}")
-    try:
-        state = load_file(str(weights), device=device)
-    except Exception as e:  # safetensors raises its own error types for corrupt headers
-        raise NclipError(f"cannot read {weights}: {e}") from None
+    state = read_weights(weights, device)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise NclipError(f"{weights} does not match its config: missing {missing[:3]}, unexpected {unexpected[:3]}")

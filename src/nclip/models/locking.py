@@ -111,10 +111,10 @@ def lock_towers(model: nn.Module, model_cfg) -> None:
 
 def lock_image_side(model: nn.Module) -> None:
     """ProtoCLIP's locked-image tuning: the image tower locked whole and the image-side heads
-    (``image_*``) frozen. Idempotent."""
+    (each head's ``image*`` modules) frozen. Idempotent."""
     _lock_whole(model.vision)
-    for name, module in model.named_children():
-        if name.startswith("image_"):
+    for head in model.heads.values():
+        for module in head.side_modules("image"):
             module.requires_grad_(False)
 
 

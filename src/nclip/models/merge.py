@@ -25,7 +25,7 @@ from pathlib import Path
 
 from nclip.errors import NclipError
 from nclip.jsonio import read_json
-from nclip.models.io import CONFIG, TOKENIZER_DIR, WEIGHTS, atomic_dir
+from nclip.models.io import CONFIG, TOKENIZER_DIR, WEIGHTS, atomic_dir, read_weights, weights_metadata
 from nclip.runlock import LOCK_NAME, DirLock
 
 RECORD = "merge.json"  # beside the merged weights: sources and α
@@ -132,15 +132,6 @@ def interpolate(state_a: dict, state_b: dict, alpha: float) -> dict:
     return out
 
 
-def read_weights(model_dir: Path) -> dict:
-    from safetensors.torch import load_file
-
-    try:
-        return load_file(str(model_dir / WEIGHTS), device="cpu")
-    except Exception as e:  # safetensors raises its own error types for corrupt headers
-        raise NclipError(f"cannot read {model_dir / WEIGHTS}: {e}") from None
-
-
 def merge(a: str | Path, b: str | Path, alpha: float, out: str | Path, force: bool = False) -> Path:
     """Write θ = (1 − α)·θ_A + α·θ_B to the model directory ``out`` (``a``, ``b``: run or model
     directories of one architecture) and return it. ``out`` is locked for the write
@@ -150,7 +141,7 @@ def merge(a: str | Path, b: str | Path, alpha: float, out: str | Path, force: bo
     out = Path(out).expanduser()
     sources = (dir_a, dir_b, Path(a).expanduser(), Path(b).expanduser())
     check_target(out, sources, force)
-    state_a, state_b = read_weights(dir_a), read_weights(dir_b)
+    state_a, state_b = read_weights(dir_a / WEIGHTS), read_weights(dir_b / WEIGHTS)
     check_same_architecture(dir_a, dir_b, state_a, state_b)
     merged = interpolate(state_a, state_b, alpha)
     with DirLock(out, "nclip merge"):
@@ -164,7 +155,7 @@ def _write(out: Path, dir_a: Path, dir_b: Path, merged: dict, alpha: float) -> N
 
     integer = sorted(k for k, v in merged.items() if not v.is_floating_point())
     with atomic_dir(out) as tmp:
-        save_file(merged, str(tmp / WEIGHTS), metadata={"format": "nclip"})
+        save_file(merged, str(tmp / WEIGHTS), metadata=weights_metadata())
         shutil.copyfile(dir_a / CONFIG, tmp / CONFIG)
         if (dir_a / TOKENIZER_DIR).is_dir():
             shutil.copytree(dir_a / TOKENIZER_DIR, tmp / TOKENIZER_DIR)

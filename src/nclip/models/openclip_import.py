@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import torch
 
+from nclip.config.model import clip_resnet_grid
 from nclip.data import clip_bpe
 from nclip.errors import NclipError
 from nclip.models.openclip_files import OPENAI_MEAN, OPENAI_STD, OpenClipSource, openai_config, vocabulary
-from nclip.vision_config import clip_resnet_grid
 
 TOP_KEYS = {"embed_dim", "vision_cfg", "text_cfg", "quick_gelu", "custom_text", "init_logit_scale",
             "init_logit_bias", "nonscalar_logit_scale", "cast_dtype"}

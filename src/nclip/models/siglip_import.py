@@ -5,7 +5,7 @@ SigLIP in nclip's terms (:mod:`nclip.models.siglip_towers`): the image tower is 
 ``pooling: map`` (no class token, no pre-norm, the attention-pooling head), the text tower
 ``eos_pooling: last`` (bidirectional, the last position through its Linear head), both with SigLIP's
 LayerNorm ε 1e-6. The towers' outputs *are* SigLIP's embeddings, so the CLIP heads (nclip's
-``image_clip_head`` / ``text_clip_head``, Linear without bias) start as the identity; fine-tuning
+``heads.clip.image`` / ``heads.clip.text``, Linear without bias) start as the identity; fine-tuning
 trains them from there. The model's ``logit_scale`` s loads exactly -- nclip's cap on s
 (``model.logit_scale_max``, ln 100 by default) is lifted to s where s is larger (SigLIP's released
 models learned s ≈ 4.76, exp(s) ≈ 117) -- and its ``logit_bias`` b becomes the SigLIP objective's
@@ -163,9 +163,9 @@ def carry_scalars(raw: dict, path: Path) -> None:
 
 
 def type_fields(objective: str) -> set[str]:
-    from nclip.objectives import REGISTRY
+    from nclip.objectives.registry import config_class, is_known
 
-    return set(REGISTRY[objective][0].model_fields) if objective in REGISTRY else set()
+    return set(config_class(objective).model_fields) if is_known(objective) else set()
 
 
 def load_weights(model, path: Path) -> str:
@@ -176,12 +176,10 @@ def load_weights(model, path: Path) -> str:
     copy_weights(model, source, True, path)  # the towers (a missing or misshapen tensor: one line)
     with torch.no_grad():
         model.logit_scale.fill_(scale)
-        for head in ("image_clip_head", "text_clip_head"):
-            linear = getattr(model, head, None)
-            if linear is not None:
-                if linear.weight.shape[0] != linear.weight.shape[1]:
-                    raise NclipError(f"model.init: SigLIP's embedding is its towers' output: model.embed_dim "
-                                     f"{linear.weight.shape[0]} must be the towers' width {linear.weight.shape[1]}")
-                linear.weight.copy_(torch.eye(linear.weight.shape[0]))
+        for linear in (model.heads["clip"].image, model.heads["clip"].text) if "clip" in model.heads else ():
+            if linear.weight.shape[0] != linear.weight.shape[1]:
+                raise NclipError(f"model.init: SigLIP's embedding is its towers' output: model.embed_dim "
+                                 f"{linear.weight.shape[0]} must be the towers' width {linear.weight.shape[1]}")
+            linear.weight.copy_(torch.eye(linear.weight.shape[0]))
     return (f"nclip: started from {path}: both SigLIP towers (attention-pool and text heads), its logit scale "
             f"{scale:.4f}; CLIP heads the identity; other heads freshly initialised")

@@ -16,6 +16,7 @@ None when it pools without attention, and has no ``attention_maps`` (mask probin
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
@@ -32,6 +33,7 @@ from transformers import (
 )
 
 from nclip.config import ModelConfig, TextConfig, VisionConfig
+from nclip.config.model import TEXT_KINDS, VISION_KINDS
 from nclip.data.tokenization import bundled_model_dir
 from nclip.errors import NclipError
 from nclip.models import checkpointing, pixel_stats
@@ -285,27 +287,36 @@ class ConvNetTower(nn.Module):
         return att.reshape(*att.shape[:2], h, w).float().cpu()
 
 
+# every kind of nclip.config.model.VISION_KINDS (checked below): its class (which says what its feature
+# is and which attention it can show) and how it is built from the config and the image size
+_VISION_KINDS: dict[str, tuple[type, Callable[[VisionConfig, int], nn.Module]]] = {
+    "vit": (VisionTower, lambda cfg, size: VisionTower(vision_config(cfg, size), cfg.pixel_mean, cfg.pixel_std,
+                                                       cfg.patch_dropout)),
+    "resnet": (ResNetTower, lambda cfg, size: set_tower_norm(ResNetTower(resnet_config(cfg)), cfg.norm)),
+    "convnet": (ConvNetTower, lambda cfg, size: set_tower_norm(ConvNetTower(cfg, size), cfg.norm)),
+    "clip_resnet": (ClipResNetTower, lambda cfg, size: set_tower_norm(ClipResNetTower(cfg, size), cfg.norm)),
+    "groupvit": (GroupViTTower, lambda cfg, size: GroupViTTower(groupvit_config(cfg, size))),
+}
+if _VISION_KINDS.keys() != VISION_KINDS.keys():  # a kind added to the config needs its tower here
+    raise ImportError(f"nclip.models.towers builds {sorted(_VISION_KINDS)}, model.vision.kind has "
+                      f"{sorted(VISION_KINDS)}")
+VISION_TOWERS = {kind: cls for kind, (cls, _) in _VISION_KINDS.items()}
+
+
+def _siglip_vit(cfg: VisionConfig) -> bool:
+    """SigLIP's ViT: kind vit with its attention-pooling head (``pooling: map``)."""
+    return cfg.kind == "vit" and cfg.pooling == "map"
+
+
 def vision_tower_class(cfg: VisionConfig) -> type:
     """The class :func:`build_vision_tower` builds for ``cfg`` (its ``feature`` and ``saliency``)."""
-    return SiglipVisionTower if cfg.kind == "vit" and cfg.pooling == "map" else VISION_TOWERS[cfg.kind]
-
-
-VISION_TOWERS = {"vit": VisionTower, "resnet": ResNetTower, "convnet": ConvNetTower, "clip_resnet": ClipResNetTower,
-                 "groupvit": GroupViTTower}
+    return SiglipVisionTower if _siglip_vit(cfg) else VISION_TOWERS[cfg.kind]
 
 
 def build_vision_tower(cfg: VisionConfig, image_size: int) -> nn.Module:
-    if cfg.kind == "resnet":
-        return set_tower_norm(ResNetTower(resnet_config(cfg)), cfg.norm)
-    if cfg.kind == "convnet":
-        return set_tower_norm(ConvNetTower(cfg, image_size), cfg.norm)
-    if cfg.kind == "clip_resnet":
-        return set_tower_norm(ClipResNetTower(cfg, image_size), cfg.norm)
-    if cfg.kind == "groupvit":
-        return GroupViTTower(groupvit_config(cfg, image_size))
-    if cfg.pooling == "map":  # SigLIP's ViT with its attention-pooling head
+    if _siglip_vit(cfg):
         return SiglipVisionTower(siglip_vision_config(cfg, image_size), cfg.pixel_mean, cfg.pixel_std)
-    return VisionTower(vision_config(cfg, image_size), cfg.pixel_mean, cfg.pixel_std, cfg.patch_dropout)
+    return _VISION_KINDS[cfg.kind][1](cfg, image_size)
 
 
 class ClipTextTower(nn.Module):
@@ -382,9 +393,11 @@ class PretrainedTextTower(nn.Module):
         checkpointing.enable_hf(self.model)  # each encoder layer
 
 
-def build_text_tower(cfg: ModelConfig, tokenizer, length: int, pretrained: bool = True) -> nn.Module:
-    if cfg.text.kind == "pretrained":
-        return PretrainedTextTower(cfg.text.path or str(bundled_model_dir()), cfg.text.pooling, pretrained)
+def _pretrained_text_tower(cfg: ModelConfig, tokenizer, length: int, pretrained: bool) -> nn.Module:
+    return PretrainedTextTower(cfg.text.path or str(bundled_model_dir()), cfg.text.pooling, pretrained)
+
+
+def _transformer_text_tower(cfg: ModelConfig, tokenizer, length: int, pretrained: bool) -> nn.Module:
     vocab = cfg.text.vocab_size or tokenizer.vocab_size
     if vocab < tokenizer.vocab_size:
         raise NclipError(f"model.text.vocab_size {vocab} is smaller than the tokenizer's vocabulary "
@@ -394,3 +407,15 @@ def build_text_tower(cfg: ModelConfig, tokenizer, length: int, pretrained: bool 
     return ClipTextTower(
         text_config(cfg.text, vocab, length, tokenizer.pad_id, tokenizer.cls_id, tokenizer.eos_id)
     )
+
+
+# every kind of nclip.config.model.TEXT_KINDS (checked below) and how it is built
+_TEXT_KINDS = {"transformer": _transformer_text_tower, "pretrained": _pretrained_text_tower}
+if set(_TEXT_KINDS) != set(TEXT_KINDS):  # a kind added to the config needs its tower here
+    raise ImportError(f"nclip.models.towers builds {sorted(_TEXT_KINDS)}, model.text.kind has {sorted(TEXT_KINDS)}")
+
+
+def build_text_tower(cfg: ModelConfig, tokenizer, length: int, pretrained: bool = True) -> nn.Module:
+    """The text tower of ``cfg.text.kind``; ``pretrained``: a pretrained encoder's weights loaded
+    (False: its architecture only, for weights loaded next)."""
+    return _TEXT_KINDS[cfg.text.kind](cfg, tokenizer, length, pretrained)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
+
+from nclip.batch import Batch
 
 # the detached nCLIP-head statistics every objective with such a head logs under its
 # head_stats_prefix (functional.distribution_diagnostics): Tab. B2's Acc_nC, Fig. B1's row/column
@@ -19,37 +21,28 @@ HEAD_STAT_KEYS = ("acc_nC", "row_std", "col_std", "logit_row_std", "logit_col_st
 class EncoderOutput:
     """The dual encoder's outputs for one batch of B pairs.
 
-    image_features, text_features: backbone features f_I [B, d_img], f_T [B, d_txt].
-    image_emb, text_emb: CLIP-head outputs g [B, D], or None when the model has no CLIP head.
-    image_logits, text_logits: nCLIP-head outputs h [B, K], or None without an nCLIP head.
+    image_features, text_features: backbone features f_I [B, d_img], f_T [B, d_txt]; text_features
+        is None when the model skipped the text tower (no head of the objective reads it).
     logit_scale: the InfoNCE multiplier 1/σ = exp(s), already clamped (scalar tensor).
-    image_proto, text_proto: ProtoCLIP projection-head outputs [B, d_h] (not normalised), computed
-        from the CLIP embeddings; None without a "proto" head.
-    image_cmsf_pred, image_cmsf_target: CMSF's v = h(g(T2(x))) [B, D] (online projection and
+    image, text: each side's head outputs keyed by head name (:mod:`nclip.heads`: a head writes its
+        output under its name, further outputs under ``<name>_<what>``), only those of the heads the
+        model has:
+        "clip": CLIP-head outputs g [B, D]; "nclip": nCLIP-head outputs h [B, K];
+        "proto": ProtoCLIP projection-head outputs [B, d_h] (not normalised), computed from g;
+        image "cmsf_pred", "cmsf_target": CMSF's v = h(g(T2(x))) [B, D] (online projection and
         predictor on the strong view, pixels[:, 0]) and u = f(T1(x)) [B, D] (momentum branch on the
-        weak view, pixels[:, 1], no gradient), not normalised; None unless the model has a "cmsf"
-        head and the batch holds two views.
-    image_class_logits: [B, C] the linear classifier of the "xent" head on f_I (the supervised
-        cross-entropy baseline); None without that head.
-    image_supcon: [B, V, D] the "supcon" head's projections (SupCon's MLP on the online tower) of the
-        V views of each image, V = 2 for pixels [B, 2, 3, S, S] and 1 otherwise, not normalised;
-        None without that head.
-    text_features is None when the model skipped the text tower (no head of the objective reads it).
+        weak view, pixels[:, 1], no gradient), not normalised, with two views only ("cmsf" is the
+        online projection);
+        image "xent": [B, C] the linear classifier's logits on f_I (the supervised baseline);
+        image "supcon": [B, V, D] the SupCon family's projections of the V views of each image,
+        V = 2 for pixels [B, 2, 3, S, S] and 1 otherwise, not normalised.
     """
 
     image_features: torch.Tensor
-    text_features: torch.Tensor
-    image_emb: torch.Tensor | None
-    text_emb: torch.Tensor | None
-    image_logits: torch.Tensor | None
-    text_logits: torch.Tensor | None
+    text_features: torch.Tensor | None
     logit_scale: torch.Tensor
-    image_proto: torch.Tensor | None = None
-    text_proto: torch.Tensor | None = None
-    image_cmsf_pred: torch.Tensor | None = None
-    image_cmsf_target: torch.Tensor | None = None
-    image_class_logits: torch.Tensor | None = None
-    image_supcon: torch.Tensor | None = None
+    image: dict[str, torch.Tensor] = field(default_factory=dict)
+    text: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class ObjectiveConfig(BaseModel):
@@ -90,9 +83,9 @@ class BranchWeights(ObjectiveConfig):
 @dataclass(frozen=True)
 class LabelRequest:
     """The per-row labels an objective wants in its training batches (see
-    :meth:`Objective.label_request`): the data layer appends ``labels`` (the training label:
+    :meth:`Objective.label_request`): the data layer fills the batch's ``labels`` (the training label:
     corrupted for a ``noise`` share of the rows, -1 = unlabelled outside a ``labelled`` share) and
-    ``true_labels`` (the clean label, for diagnostics) to every batch."""
+    ``true_labels`` (the clean label, for diagnostics) (:class:`nclip.batch.Batch`)."""
 
     key: str | None = None  # label kind of the built-in data ("digit", "shape", ...); None: the source's main one
     noise: float = 0.0  # share of the training labels corrupted, seeded (CMSF Sec. 2.2)
@@ -100,7 +93,7 @@ class LabelRequest:
     # the labels are optional: a source without labels gives rows of -1 (UNLABELLED) instead of an error
     optional: bool = False
     # a frozen embedding of every training sample (CMSF's cross-modal constraint, Sec. 2.3): the data
-    # layer then appends a third row, the samples' dataset indices, and the trainer hands the
+    # layer then fills the batch's ``index`` (the samples' dataset indices), and the trainer hands the
     # objective the table [N, Da] (:meth:`Objective.attach_frozen_embedding`)
     frozen: FrozenEmbedding | None = None
 
@@ -119,7 +112,7 @@ class FrozenEmbedding:
 @dataclass(frozen=True)
 class LabelSpace:
     """The classes of the labels a run trains on, handed to an objective that declares
-    ``needs_label_space`` by a higher layer (the trainer: :func:`nclip.train.labels.label_space_for`),
+    ``needs_label_space`` by a higher layer (the trainer: :func:`nclip.data.labels.label_space_for`),
     since objectives may not import the data layer that knows them.
 
     classes: the class names in label order (label c is ``classes[c]``);
@@ -136,15 +129,18 @@ class LabelSpace:
 
 
 def class_count(cfg, label_space: LabelSpace | None) -> int:
-    """The classes an objective with per-class parameters (PaCo's centres, ProtoNW, FrzProto's
-    prototypes) is built for: ``cfg.num_classes`` if set, else the run's label space; a one-line
-    ValueError when neither is known or the config's is below the labels'."""
+    """The one count of "the run's classes": those an objective with per-class parameters (PaCo's
+    centres, ProtoNW, FrzProto's prototypes, the xent head's classifier) is built for, and its
+    evaluation reads back. ``cfg.num_classes`` (an objective config's field, where it has one) if set,
+    else the run's label space (:func:`nclip.data.labels.run_label_space`); a one-line ValueError when
+    neither is known or the config's is below the labels'."""
+    configured = getattr(cfg, "num_classes", None)
     known = label_space.num_classes if label_space is not None else None
-    if cfg.num_classes is None and known is None:
+    if configured is None and known is None:
         raise ValueError(f"objective {cfg.name} needs objective.num_classes or the run's label space")
-    if cfg.num_classes is not None and known is not None and cfg.num_classes < known:
-        raise ValueError(f"objective.num_classes {cfg.num_classes} is below the {known} classes of the run's labels")
-    return cfg.num_classes if cfg.num_classes is not None else known
+    if configured is not None and known is not None and configured < known:
+        raise ValueError(f"objective.num_classes {configured} is below the {known} classes of the run's labels")
+    return configured if configured is not None else known
 
 
 @dataclass(frozen=True)
@@ -190,7 +186,7 @@ class Objective(nn.Module):
     # eval.probe_features override it
     probe_features: ClassVar[str] = "backbone"
     # the SGD linear-probe recipe of the objective's paper (`nclip eval --probe sgd`;
-    # nclip.eval.metrics.sgd_linear.SGD_RECIPES): xclip, cmsf, protoclip
+    # nclip.eval.sgd_recipes.SGD_RECIPES): xclip, cmsf, protoclip
     sgd_probe_recipe: ClassVar[str] = "xclip"
     # augmented views per image in a training batch: 1 = pixels [B, 3, S, S]; 2 = [B, 2, 3, S, S],
     # the online (strong) view first and the target (weak) view second (nclip.data.views)
@@ -221,11 +217,12 @@ class Objective(nn.Module):
 
     @classmethod
     def label_request(cls, run_cfg) -> LabelRequest | None:
-        """The per-row labels the training batches must carry for ``run_cfg`` (None: none), passed
-        as ``forward(out, labels, true_labels)``. A method rather than a class attribute: whether
-        labels are wanted can depend on the config (a constraint) and the data (labelled or not).
-        With :attr:`LabelRequest.frozen` the batches also carry the samples' dataset indices:
-        ``forward(out, labels, true_labels, index)``."""
+        """The per-row labels the training batches must carry for ``run_cfg`` (None: none), read by
+        ``forward(out, batch)`` as ``batch.labels`` and ``batch.true_labels``. A method rather than a
+        class attribute: whether labels are wanted can depend on the config (a constraint) and the data
+        (labelled or not).
+        With :attr:`LabelRequest.frozen` the batches also carry the samples' dataset indices,
+        ``batch.index``."""
         return None
 
     @classmethod
@@ -261,5 +258,8 @@ class Objective(nn.Module):
             return CollapseWatch(cls.head_stats_prefix, cfg.lambda1, cfg.lambda2)
         return CollapseWatch(cls.head_stats_prefix)
 
-    def forward(self, out: EncoderOutput) -> dict[str, torch.Tensor]:  # pragma: no cover
+    def forward(self, out: EncoderOutput, batch: Batch | None = None) -> dict[str, torch.Tensor]:  # pragma: no cover
+        """The loss and named terms of one batch: the model's outputs ``out`` and the
+        :class:`~nclip.batch.Batch` whose per-row tensors (``labels``, ``true_labels``, ``index``,
+        ``episode``) the objective asked for."""
         raise NotImplementedError

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from nclip.batch import Batch
 from nclip.objectives import functional
 from nclip.objectives.base import ClipReduction, EncoderOutput, Objective
 
@@ -20,8 +21,8 @@ class ClipObjective(Objective):
         super().__init__()
         self.cfg = cfg
 
-    def forward(self, out: EncoderOutput):
+    def forward(self, out: EncoderOutput, batch: Batch | None = None):
         cfg = self.cfg
-        terms = functional.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch,
-                                      reduction=cfg.clip_reduction)
+        terms = functional.clip_terms(out.image["clip"], out.text["clip"], out.logit_scale,
+                                      global_batch=cfg.global_batch, reduction=cfg.clip_reduction)
         return {"loss": terms["loss"], **{f"clip/{k}": v for k, v in terms.items()}}

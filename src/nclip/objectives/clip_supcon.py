@@ -31,6 +31,7 @@ from typing import Literal
 import torch
 from pydantic import Field, model_validator
 
+from nclip.batch import Batch
 from nclip.objectives import functional
 from nclip.objectives.base import (
     BranchWeights,
@@ -203,13 +204,13 @@ class ClipSupconObjective(Objective):
     def label_request(cls, run_cfg) -> LabelRequest | None:
         return SupconObjective.label_request(run_cfg)
 
-    def forward(self, out: EncoderOutput, labels: torch.Tensor | None = None,
-                true_labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def forward(self, out: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
         cfg = self.cfg
+        labels = batch.labels
         if labels is None:
             raise ValueError("clip_supcon needs the batch's labels")
-        clip = functional.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch,
-                                      reduction=cfg.clip_reduction)
+        clip = functional.clip_terms(out.image["clip"], out.text["clip"], out.logit_scale,
+                                     global_batch=cfg.global_batch, reduction=cfg.clip_reduction)
         loss = cfg.clip_weight * clip["loss"]
         logged = {f"clip/{k}": v for k, v in clip.items()}
         if cfg.contrastive == "xclip":
@@ -221,9 +222,9 @@ class ClipSupconObjective(Objective):
             if side == "image":
                 terms = aux.supcon_terms(out, labels)  # the "supcon" head's projections [B, 1, D]
             else:
-                if out.text_emb is None:
+                if "clip" not in out.text:
                     raise ValueError("clip_supcon on the text side needs the CLIP head's text embeddings")
-                terms = aux.contrast(out.text_emb[:, None], labels)  # [B, 1, D]: one caption per row
+                terms = aux.contrast(out.text["clip"][:, None], labels)  # [B, 1, D]: one caption per row
                 terms = {k.replace(f"{aux.prefix}/", f"{aux.prefix}_text/", 1): v for k, v in terms.items()}
             loss = loss + cfg.w_supcon * terms[f"{aux.prefix}{'' if side == 'image' else '_text'}/loss"]
             logged.update(terms)

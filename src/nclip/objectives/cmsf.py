@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 
+from nclip.batch import Batch
 from nclip.defaults import MAP_SOURCES, has_labels, unlabelled_reason
 from nclip.objectives import functional
 from nclip.objectives.base import (
@@ -58,7 +59,7 @@ from nclip.objectives.base import (
     ObjectiveConfig,
 )
 from nclip.objectives.cmsf_bank import MemoryBank
-from nclip.objectives.momentum import momentum_at
+from nclip.objectives.momentum import momentum_at, momentum_update
 
 LABELLED = ("labels", "noisy_labels", "semi")  # the constraints that read training labels
 
@@ -183,9 +184,8 @@ class CmsfObjective(Objective):
             raise ValueError(f"only the cross_modal constraint uses a frozen embedding, not {self.cfg.constraint}")
         self.frozen = table.to(self.bank.bank.device, torch.float32)  # once, not per step: the objective's device
 
-    def forward(self, out: EncoderOutput, labels: torch.Tensor | None = None,
-                true_labels: torch.Tensor | None = None, index: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        terms = self.cmsf_terms(out, labels, true_labels, index)
+    def forward(self, out: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
+        terms = self.cmsf_terms(out, batch)
         return {"loss": terms["cmsf/loss"], **terms}
 
     def _cross_modal_mask(self, index: torch.Tensor | None, g: bool) -> torch.Tensor:
@@ -198,11 +198,12 @@ class CmsfObjective(Objective):
         valid = torch.cat([bank.valid.new_ones(cand.shape[0] - bank.valid.shape[0]), bank.valid])  # [C]
         return functional.topk_constraint(self.frozen[index], self.frozen[cand], self.cfg.k_prime, valid)
 
-    def cmsf_terms(self, out: EncoderOutput, labels: torch.Tensor | None, true_labels: torch.Tensor | None,
-                   index: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """The CMSF loss and diagnostics (``cmsf/...``) of a batch; enqueues it when training."""
+    def cmsf_terms(self, out: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
+        """The CMSF loss and diagnostics (``cmsf/...``) of a batch (its labels and dataset indices, when
+        the constraint reads them); enqueues it when training."""
         cfg = self.cfg
-        v, u = out.image_cmsf_pred, out.image_cmsf_target
+        labels, true_labels, index = batch.labels, batch.true_labels, batch.index
+        v, u = out.image.get("cmsf_pred"), out.image.get("cmsf_target")
         if v is None or u is None:
             raise ValueError("CMSF needs the online prediction v and the target u: a model with a 'cmsf' head "
                              "and pixels of two views [B, 2, 3, S, S]")
@@ -242,7 +243,9 @@ class CmsfObjective(Objective):
         """θf ← m·θf + (1 − m)·θg after optimizer step ``step`` (0-based), m = momentum_at(step);
         nothing moves after a skipped step (``taken`` 0, gated on the device)."""
         cfg = self.cfg
-        model.update_cmsf_target(momentum_at(step, total_steps, cfg.momentum, cfg.momentum_schedule), taken)
+        m, head = momentum_at(step, total_steps, cfg.momentum, cfg.momentum_schedule), model.heads["cmsf"]
+        momentum_update(head.target_vision, model.vision, m, taken)  # the tower's copy, then the projection's
+        momentum_update(head.target_image, head.image, m, taken)
         following = momentum_at(min(step + 1, total_steps), total_steps, cfg.momentum, cfg.momentum_schedule)
         self.next_momentum.copy_(torch.where(taken.bool(), following, self.next_momentum))
 
@@ -254,12 +257,11 @@ class ClipCmsfObjective(CmsfObjective):
     heads = frozenset({"clip", "cmsf"})
     zero_shot_head = "clip"
 
-    def forward(self, out: EncoderOutput, labels: torch.Tensor | None = None,
-                true_labels: torch.Tensor | None = None, index: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def forward(self, out: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
         cfg = self.cfg
-        clip = functional.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch,
-                                      reduction=cfg.clip_reduction)
-        terms = self.cmsf_terms(out, labels, true_labels, index)
+        clip = functional.clip_terms(out.image["clip"], out.text["clip"], out.logit_scale,
+                                     global_batch=cfg.global_batch, reduction=cfg.clip_reduction)
+        terms = self.cmsf_terms(out, batch)
         loss = cfg.w_clip * clip["loss"] + cfg.w_cmsf * terms["cmsf/loss"]
         return {"loss": loss, **{f"clip/{k}": v for k, v in clip.items()}, **terms}
 
@@ -292,11 +294,10 @@ class XentObjective(Objective):
     def label_request(cls, run_cfg) -> LabelRequest | None:
         return _label_request(run_cfg.objective, run_cfg)
 
-    def forward(self, out: EncoderOutput, labels: torch.Tensor | None = None,
-                true_labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        if out.image_class_logits is None or labels is None:
+    def forward(self, out: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
+        if "xent" not in out.image or batch.labels is None:
             raise ValueError("xent needs the 'xent' head's class logits and the batch's labels")
-        logits = out.image_class_logits  # [B, C]
-        loss = F.cross_entropy(logits, labels)
-        accuracies = functional.class_accuracies(logits.argmax(1), labels, true_labels)
+        logits = out.image["xent"]  # [B, C]
+        loss = F.cross_entropy(logits, batch.labels)
+        accuracies = functional.class_accuracies(logits.argmax(1), batch.labels, batch.true_labels)
         return {"loss": loss, "xent/loss": loss.detach(), **{f"xent/{k}": v for k, v in accuracies.items()}}

@@ -25,8 +25,8 @@ under :func:`~nclip.objectives.functional.semi_supervised_constraint`::
 
     lab, unl = labelled.rows(), unlabelled.rows()
     mask = functional.semi_supervised_constraint(labels, lab.labels, unl.embeddings.shape[0])
-    loss = functional.cmsf_loss(v, u, torch.cat([lab.embeddings, unl.embeddings]), constraint_mask=mask,
-                                bank_valid=torch.cat([lab.valid, unl.valid]))
+    loss = functional.cmsf_terms(v, u, torch.cat([lab.embeddings, unl.embeddings]), constraint_mask=mask,
+                                 bank_valid=torch.cat([lab.valid, unl.valid]))["loss"]
     unlabelled.enqueue(u, labels)
     labelled.enqueue(u, labels, keep=labels != functional.UNLABELLED)
 """

@@ -50,6 +50,7 @@ from typing import Literal
 import torch
 from pydantic import Field, model_validator
 
+from nclip.batch import Batch
 from nclip.defaults import has_labels, unlabelled_reason
 from nclip.objectives import functional
 from nclip.objectives.base import EncoderOutput, LabelRequest, LabelSpace, Objective, class_count
@@ -107,10 +108,10 @@ class ProtoNwObjective(CmsfObjective):
             return cls(cfg, num_classes=k)
         return cls(cfg, dim=run_cfg.model.cmsf_dim, labelled_source=has_labels(run_cfg.data), num_classes=k)
 
-    def forward(self, out: EncoderOutput, labels: torch.Tensor | None = None,
-                true_labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def forward(self, out: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
         cfg = self.cfg
-        v, u = out.image_cmsf_pred, out.image_cmsf_target
+        v, u = out.image.get("cmsf_pred"), out.image.get("cmsf_target")
+        labels, true_labels = batch.labels, batch.true_labels
         if v is None or u is None or labels is None:
             raise ValueError("ProtoNW needs the online prediction v, the target u (a 'cmsf' head and pixels of two "
                              "views [B, 2, 3, S, S]) and the batch's labels")
@@ -159,11 +160,11 @@ class FrzProtoObjective(Objective):
     def label_request(cls, run_cfg) -> LabelRequest | None:
         return _label_request(run_cfg.objective, run_cfg)
 
-    def forward(self, out: EncoderOutput, labels: torch.Tensor | None = None,
-                true_labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        if out.image_supcon is None or labels is None:
+    def forward(self, out: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
+        if "supcon" not in out.image or batch.labels is None:
             raise ValueError("FrzProto needs the 'supcon' head's projection and the batch's labels")
-        t = functional.frzproto_terms(out.image_supcon[:, 0], self.prototypes, labels, true_labels=true_labels)
+        t = functional.frzproto_terms(out.image["supcon"][:, 0], self.prototypes, batch.labels,
+                                      true_labels=batch.true_labels)
         return {"loss": t["loss"], **{f"frzproto/{k}": v for k, v in t.items()}}
 
 

@@ -7,6 +7,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
+from nclip.batch import Batch
 from nclip.objectives.base import BranchWeights, ClipReduction, EncoderOutput, EntropyWeights, Objective
 from nclip.objectives.functional import clip_terms, distribution_diagnostics, nclip_terms
 
@@ -47,9 +48,9 @@ def nclip_head_terms(out: EncoderOutput, cfg: EntropyWeights) -> dict[str, torch
     detached diagnostics (Tab. B2's ``acc_nC``, Fig. B1's ``row_std``/``col_std`` of P and
     ``logit_row_std``/``logit_col_std`` of the image logits, ``usage``).
     Shared by every objective that has an nCLIP head beside another loss (xCLIP, xSigLIP)."""
-    terms = nclip_terms(out.image_logits, out.text_logits, cfg.lambda1, cfg.lambda2, global_batch=cfg.global_batch)
+    terms = nclip_terms(out.image["nclip"], out.text["nclip"], cfg.lambda1, cfg.lambda2, global_batch=cfg.global_batch)
     named = {"L_CE": terms["ce"], "L_EH": terms["eh"], "L_HE": terms["he"], "L_KL": terms["kl"]}
-    named.update(distribution_diagnostics(out.image_logits, out.text_logits, global_batch=cfg.global_batch))
+    named.update(distribution_diagnostics(out.image["nclip"], out.text["nclip"], global_batch=cfg.global_batch))
     return {"loss": terms["loss"], **named}
 
 
@@ -62,7 +63,7 @@ class NclipObjective(Objective):
         super().__init__()
         self.cfg = cfg
 
-    def forward(self, out: EncoderOutput):
+    def forward(self, out: EncoderOutput, batch: Batch | None = None):
         terms = nclip_head_terms(out, self.cfg)
         # + 0·s: nCLIP does not read the logit scale, but under DDP (find_unused_parameters off) a
         # parameter without a gradient leaves its gradient bucket un-averaged (and the next step
@@ -97,9 +98,9 @@ class XclipObjective(Objective):
             self.w_nclip_now.fill_(nclip_weight_at(step, self.cfg.w_nclip, self.cfg.nclip_warmup_start,
                                                    self.cfg.nclip_warmup_steps))
 
-    def forward(self, out: EncoderOutput):
+    def forward(self, out: EncoderOutput, batch: Batch | None = None):
         cfg = self.cfg
-        clip = clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch,
+        clip = clip_terms(out.image["clip"], out.text["clip"], out.logit_scale, global_batch=cfg.global_batch,
                           reduction=cfg.clip_reduction)
         nclip = nclip_head_terms(out, cfg)
         # float32(λ)·L, bitwise what a Python float λ gives (the scalar is cast to the loss's dtype)

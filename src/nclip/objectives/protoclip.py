@@ -5,7 +5,7 @@ L_CLIP (Eq. 1) acts on the CLIP-head embeddings z; the prototype losses act on t
 outputs h of the ProtoCLIP projection heads (the model's "proto" head, on top of z, Fig. 2). The
 prototypes are built once per *episode* (Sec. 3.3) by :mod:`nclip.train.episodic`, which hands them
 to :meth:`ProtoclipObjective.set_episode`; every batch then carries the episode positions of its
-rows (``rows``), from which the objective looks up the teacher cluster of each row.
+rows (``Batch.episode``), from which the objective looks up the teacher cluster of each row.
 
 Directions (Algorithm 1, lines 38-49): the image student is scored against the *text* prototypes
 translated into image space by PBT, C_PBT→I = PBT(h^I, label^T), with targets from label^T; the
@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import nn
 
+from nclip.batch import Batch
 from nclip.objectives import functional
 from nclip.objectives.base import ClipReduction, EncoderOutput, Objective
 
@@ -194,15 +195,16 @@ class ProtoclipObjective(Objective):
             valid=getattr(self, f"{name}_valid"), teacher_centroids=targets if targets.numel() else None,
         )
 
-    def forward(self, out: EncoderOutput, rows: torch.Tensor | None = None):
-        """``rows``: [B] int64 episode positions of the batch's rows (given by the episodic data)."""
+    def forward(self, out: EncoderOutput, batch: Batch):
+        """``batch.episode``: [B] int64 episode positions of the batch's rows (given by the episodic data)."""
+        rows = batch.episode
         cfg = self.cfg
-        clip = functional.clip_terms(out.image_emb, out.text_emb, out.logit_scale, global_batch=cfg.global_batch,
-                                      reduction=cfg.clip_reduction)
+        clip = functional.clip_terms(out.image["clip"], out.text["clip"], out.logit_scale,
+                                     global_batch=cfg.global_batch, reduction=cfg.clip_reduction)
         logged = {f"clip/{k}": v for k, v in clip.items()}
         loss = cfg.w_clip * clip["loss"]
-        h_i = F.normalize(_at_least_float32(out.image_proto), dim=-1)  # [B, d_h]
-        h_t = F.normalize(_at_least_float32(out.text_proto), dim=-1)  # [B, d_h]
+        h_i = F.normalize(_at_least_float32(out.image["proto"]), dim=-1)  # [B, d_h]
+        h_t = F.normalize(_at_least_float32(out.text["proto"]), dim=-1)  # [B, d_h]
         t_proto = self.t_proto()
         if not self.proto_active():
             # keep every parameter in the graph (zero gradient): DDP expects a gradient for each

@@ -20,6 +20,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
+from nclip.batch import Batch
 from nclip.objectives.base import BranchWeights, EncoderOutput, EntropyWeights, Objective, ObjectiveConfig
 from nclip.objectives.functional import siglip_terms
 from nclip.objectives.nclip import nclip_head_terms
@@ -47,13 +48,13 @@ class SiglipObjective(Objective):
 
     def _siglip(self, out: EncoderOutput) -> dict[str, torch.Tensor]:
         t = siglip_terms(
-            out.image_emb, out.text_emb, out.logit_scale, self.logit_bias, global_batch=self.cfg.global_batch
+            out.image["clip"], out.text["clip"], out.logit_scale, self.logit_bias, global_batch=self.cfg.global_batch
         )
         logged = {f"siglip/{k}": v for k, v in t.items() if k != "loss"}
         logged["siglip/logit_bias"] = self.logit_bias.detach()
         return {"loss": t["loss"], **logged}
 
-    def forward(self, out: EncoderOutput):
+    def forward(self, out: EncoderOutput, batch: Batch | None = None):
         return self._siglip(out)
 
 
@@ -67,7 +68,7 @@ class XsiglipObjective(SiglipObjective):
     def __init__(self, cfg: XsiglipConfig):
         super().__init__(cfg)  # type: ignore[arg-type]
 
-    def forward(self, out: EncoderOutput):
+    def forward(self, out: EncoderOutput, batch: Batch | None = None):
         sig = self._siglip(out)
         sig_loss = sig.pop("loss")
         nclip = nclip_head_terms(out, self.cfg)

@@ -6,13 +6,13 @@ auxiliary term of ``clip_supcon`` (:mod:`nclip.objectives.clip_supcon`), which b
 What the rest of nclip does for them (declared by the class attributes, see :class:`Objective`):
 
 - the model builds the "supcon" head: SupCon's projection MLP on the *online* image tower, applied to
-  every view (``out.image_supcon`` [B, V, D], sizes ``model.supcon_hidden`` / ``model.supcon_dim``);
+  every view (``out.image["supcon"]`` [B, V, D], sizes ``model.supcon_hidden`` / ``model.supcon_dim``);
 - the data gives two views per image (``views = 2``: the 2N multi-view batch of Eq. 1, both views
   anchors) and the rows' training labels (:meth:`label_request`) of any labelled source
   (:func:`nclip.defaults.has_labels`: the built-in data, a class-folder tree, a CSV with
   ``data.csv_label_key``);
 - the trainer hands the run's label space in at construction (``needs_label_space``; built by
-  :func:`nclip.train.labels.label_space_for`, since objectives may not import the data layer): the
+  :func:`nclip.data.labels.label_space_for`, since objectives may not import the data layer): the
   class count for PaCo's centres and, for ReCo, the [C, C] normalised class similarity s (Eq. 4) of
   the file ``hierarchy`` names or, on built-in data only, of the source's built-in hierarchy.
 
@@ -40,8 +40,12 @@ from typing import Literal
 
 import torch
 from pydantic import Field
+from torch import nn
 
+from nclip.batch import Batch
 from nclip.defaults import BUILTIN_SOURCES, has_labels, unlabelled_reason
+from nclip.heads import ImageHead, register_head
+from nclip.heads.layers import ProjectionMLP
 from nclip.objectives import functional
 from nclip.objectives.base import EncoderOutput, LabelRequest, LabelSpace, Objective, ObjectiveConfig, class_count
 from nclip.objectives.cmsf_bank import MemoryBank
@@ -103,7 +107,7 @@ def _check_labelled(run_cfg) -> None:
 def _check_labelled_with_hierarchy(run_cfg, wants_hierarchy: bool) -> None:
     """ReCo's run check: labelled data and, when the class similarity is wanted, ``objective.hierarchy``
     an existing file, or left unset on built-in data (which has its own hierarchy). Whether the file's
-    classes match the data's is checked when the trainer reads both (:mod:`nclip.train.labels`)."""
+    classes match the data's is checked when the trainer reads both (:mod:`nclip.data.labels`)."""
     _check_labelled(run_cfg)
     path, source = run_cfg.objective.hierarchy, run_cfg.data.source
     if path is not None and not Path(path).is_file():
@@ -112,6 +116,46 @@ def _check_labelled_with_hierarchy(run_cfg, wants_hierarchy: bool) -> None:
         raise ValueError(f"objective {run_cfg.objective.name} on data.source {source} needs objective.hierarchy: a "
                          "JSON or TSV class hierarchy whose leaves are the class names (only the built-in sources, "
                          f"{', '.join(BUILTIN_SOURCES)}, have one of their own)")
+
+
+class SupconMLP(ProjectionMLP):
+    """The SupCon family's projection head (Khosla et al., "Supervised Contrastive Learning", Sec. 3:
+    an MLP with one hidden layer of 2048 to a 128-d output, discarded after training):
+    Linear(d, 2048) → BN → ReLU → Linear(2048, 128); its outputs are ℓ2-normalised by the loss. The
+    BatchNorm is the house :class:`ProjectionMLP`'s (Khosla et al.'s head has none)."""
+
+    def __init__(self, in_dim: int, hidden: int = 2048, out_dim: int = 128):
+        super().__init__(in_dim, hidden, out_dim)
+
+
+@register_head
+class SupconHead(ImageHead):
+    """The "supcon" head (SupCon, PaCo, ReCo, FrzProto, clip_supcon): ``image``, a
+    :class:`SupconMLP` (sizes ``model.supcon_hidden`` / ``model.supcon_dim``) or, with FrzProto's
+    ``objective.head: fc``, one linear layer, on the online image tower. On a training batch of two
+    views both go through the tower and the head as one batch of 2B (BatchNorm statistics over the
+    whole multi-view batch, as SupCon's code): "supcon" [B, 2, D]; on one view [B, 1, D].
+    Evaluation reads "supcon" [B, D] of one view (FrzProto's readout, :mod:`nclip.eval.classifier`)."""
+
+    name = "supcon"
+    two_views = "every"
+    config_fields = ("supcon_hidden", "supcon_dim")
+
+    @classmethod
+    def build(cls, ctx) -> SupconHead:
+        m, width = ctx.model_cfg, ctx.vision.width
+        if getattr(ctx.run_cfg.objective, "head", "mlp") == "fc":  # FrzProto's Tab. 2c "FC" row
+            return cls(nn.Linear(width, m.supcon_dim))
+        return cls(SupconMLP(width, m.supcon_hidden, m.supcon_dim))
+
+    def from_towers(self, feats):
+        if "image_views" not in feats:
+            return {}
+        views = feats["image_views"]  # every view through the head (BatchNorm over all 2N rows)
+        return {"supcon": self.image(views.flatten(0, 1)).unflatten(0, views.shape[:2])}  # [B, V, D]
+
+    def train_forward(self, side, f, outs):
+        return {} if "supcon" in outs else {"supcon": self.image(f)[:, None]}  # one view: [B, 1, D]
 
 
 class SupconObjective(Objective):
@@ -146,17 +190,16 @@ class SupconObjective(Objective):
         cfg = run_cfg.objective
         return LabelRequest(cfg.label_key, cfg.label_noise, 1.0)
 
-    def forward(self, out: EncoderOutput, labels: torch.Tensor | None = None,
-                true_labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        terms = self.supcon_terms(out, labels)
+    def forward(self, out: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
+        terms = self.supcon_terms(out, batch.labels)
         return {"loss": terms[f"{self.prefix}/loss"], **terms}
 
     def _features(self, out: EncoderOutput, labels: torch.Tensor | None) -> torch.Tensor:
-        if out.image_supcon is None:
-            raise ValueError(f"{self.prefix} needs the 'supcon' head's projections (EncoderOutput.image_supcon)")
+        if "supcon" not in out.image:
+            raise ValueError(f"{self.prefix} needs the 'supcon' head's projections (EncoderOutput.image['supcon'])")
         if labels is None:
             raise ValueError(f"{self.prefix} needs the batch's labels")
-        return out.image_supcon  # [B, V, D]
+        return out.image["supcon"]  # [B, V, D]
 
     def _queue(self) -> dict:
         if not self.cfg.queue_size:
@@ -264,13 +307,6 @@ class RecoObjective(SupconObjective):
         step), the same on every rank; made on the host, nothing read from the device."""
         key = ((self.seed * _DRAW_MIX + self._step + 1) * _DRAW_MIX + self._forwards) % (2**63 - 1)
         return torch.Generator(device=device).manual_seed(key)
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
-        if prefix + "draws" in unexpected_keys:  # the device draw counter of checkpoints before issue 32
-            unexpected_keys.remove(prefix + "draws")
 
     def contrast(self, z: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
         cfg = self.cfg

@@ -68,6 +68,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
+from nclip.batch import Batch
 from nclip.objectives import functional
 from nclip.objectives.base import HEAD_STAT_KEYS, EncoderOutput, EntropyWeights, Objective
 
@@ -177,11 +178,11 @@ class UnifiedObjective(Objective):
             mean.copy_(new_mean)
             var.copy_(new_var)
 
-    def forward(self, out: EncoderOutput) -> dict[str, torch.Tensor]:
+    def forward(self, out: EncoderOutput, batch: Batch | None = None) -> dict[str, torch.Tensor]:
         cfg = self.cfg
         centers: dict[str, Any] = {}
         if cfg.uniform == "centering":
-            self._ensure_centers(out.image_logits)
+            self._ensure_centers(out.image["nclip"])
             # clones: the loss uses this batch's pre-update statistics (DINO updates after the loss)
             centers = {
                 f"{side}_center": (getattr(self, f"center_mean_{side}").clone(),
@@ -190,8 +191,8 @@ class UnifiedObjective(Objective):
                 for side in ("image", "text")
             }
         terms = functional.unified_terms(
-            out.image_logits,
-            out.text_logits,
+            out.image["nclip"],
+            out.text["nclip"],
             cfg.tau_s,
             cfg.tau,
             cfg.lambda1,
@@ -204,7 +205,7 @@ class UnifiedObjective(Objective):
             **centers,
         )
         if cfg.uniform == "centering" and self.training:
-            self._update_centers(out.image_logits, out.text_logits)
+            self._update_centers(out.image["nclip"], out.text["nclip"])
         named = {"L_CE": terms["ce"], "L_EH": terms["eh"], "L_HE": terms["he"], "L_KL": terms["kl"]}
         named.update({k: terms[k] for k in HEAD_STAT_KEYS})
         # + 0·s: the logit scale gets a zero gradient, as DDP needs (see NclipObjective.forward)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from nclip.batch import Batch
 from nclip.objectives.base import HEAD_STAT_KEYS, EncoderOutput, EntropyWeights, Objective
 from nclip.objectives.functional import yclip_terms
 
@@ -32,10 +33,10 @@ class YclipObjective(Objective):
         super().__init__()
         self.cfg = cfg
 
-    def forward(self, out: EncoderOutput):
+    def forward(self, out: EncoderOutput, batch: Batch | None = None):
         t = yclip_terms(
-            out.image_logits,
-            out.text_logits,
+            out.image["nclip"],
+            out.text["nclip"],
             out.logit_scale,
             self.cfg.lambda1,
             self.cfg.lambda2,

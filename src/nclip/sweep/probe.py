@@ -10,7 +10,7 @@ from pathlib import Path
 def probe_dataset(cfg) -> tuple[str, str]:
     """(built-in dataset, label kind) that a run is probed on: its own data's primary label
     (synthetic scenes for runs on user data)."""
-    from nclip.data.loader import MAIN_LABEL
+    from nclip.data.sources import MAIN_LABEL
 
     source = cfg.data.source if cfg.data.source in MAIN_LABEL else "synthetic"
     return source, MAIN_LABEL[source]
@@ -63,7 +63,7 @@ def probe_run(run_dir: str | Path, train_samples: int = 2000, test_samples: int 
     dev = torch.device(device)
     ftr = extract(model, train, cfg.data.image_size, dev, texts=False)
     fte = extract(model, test, cfg.data.image_size, dev, texts=False)
-    n_cls = len(test.label_spaces[kind])
+    n_cls = len(test.label_kinds[kind])
     r = linear(ftr.image["features"], ftr.labels[kind], fte.image["features"], fte.labels[kind], n_cls, seed=seed)
     return {"linear/top1": float(r["top1"]), "linear/mean_per_class": float(r["mean_per_class"]),
             "linear/l2": float(r["l2"]), "dataset": f"{dataset}-{kind}", "train_samples": len(train),

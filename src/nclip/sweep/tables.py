@@ -9,7 +9,8 @@ import shlex
 from pathlib import Path
 
 from nclip.jsonio import read_json
-from nclip.objectives import REGISTRY
+from nclip.objectives import plan_for
+from nclip.objectives.registry import registered_configs
 from nclip.sweep.grid import RunSpec, format_value, short_names
 from nclip.sweep.options import SweepOptions
 from nclip.sweep.probe import probe_dataset
@@ -23,7 +24,7 @@ def field_title(key: str) -> str | None:
 
     *path, name = key.split(".")
     if path == ["objective"]:
-        configs = [config for config, _ in REGISTRY.values()]
+        configs = list(registered_configs())
     else:
         section = RunConfig
         for part in path:
@@ -69,7 +70,7 @@ def collect(out: Path, runs: list[RunSpec], configs: dict, journal=None) -> list
             "final": v["final"], "collapse": v["collapse"], "nonfinite_steps": v["nonfinite_steps"],
             "wall_s": entry.get("wall_s"), "error": entry.get("error", ""), "metrics": metrics,
             "zs_key": f"zeroshot/{kind}/top1", "ln_data": f"{dataset}-{kind}", "k": cfg.model.nclip_dim,
-            "stats_prefix": getattr(REGISTRY[cfg.objective.name][1].collapse_watch(cfg.objective), "prefix", None),
+            "stats_prefix": getattr(plan_for(cfg).collapse_watch, "prefix", None),
         })
     return rows
 

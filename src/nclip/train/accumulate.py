@@ -30,14 +30,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from nclip.batch import Batch
 from nclip.train.launch import TOWERS, no_grad_sync
 from nclip.train.snapshot import BufferSnapshot
 
 
 def online_towers(model: nn.Module) -> nn.Module:
-    """The towers that pass 2 runs again (not CMSF's target tower): their buffers are put back after pass 1."""
-    return nn.ModuleDict({name: getattr(model, name) for name in TOWERS
-                          if hasattr(model, name) and name != "target_vision"})
+    """The towers that pass 2 runs again (not CMSF's target tower, held by its head): their buffers
+    are put back after pass 1."""
+    return nn.ModuleDict({name: getattr(model, name) for name in TOWERS if hasattr(model, name)})
 
 
 def _rng_state(device: torch.device) -> tuple:
@@ -51,33 +52,32 @@ def _set_rng_state(state: tuple, device: torch.device) -> None:
         torch.cuda.set_rng_state(state[1], device)
 
 
-def cached_step(towers: nn.Module, heads: nn.Module, batch: tuple, k: int, tower_buffers: BufferSnapshot,
+def cached_step(towers: nn.Module, heads: nn.Module, batch: Batch, k: int, tower_buffers: BufferSnapshot,
                 device: torch.device, scaled=lambda loss: loss) -> dict[str, torch.Tensor]:
-    """One step's forward and backward on this rank's ``batch`` (pixels, ids, mask, *rows) in ``k``
-    micro-batches; returns the objective's terms on the whole batch. ``towers``/``heads``: the
+    """One step's forward and backward on this rank's ``batch`` in ``k`` micro-batches; returns the
+    objective's terms on the whole batch. ``towers``/``heads``: the
     :class:`nclip.train.launch.TowerPass`/``HeadPass`` (in DDP under torchrun); ``tower_buffers``:
     a snapshot of :func:`online_towers`; ``scaled``: the loss as back-propagated (fp16: times the loss
     scale, :mod:`nclip.train.loss_scale`; pass 2 then carries the scaled feature gradients)."""
-    pixels, ids, mask, *rows = batch
-    chunks = list(zip(pixels.chunk(k), ids.chunk(k), mask.chunk(k)))
+    chunks = batch.chunk(k)
     tower_buffers.take()
     states, cached = [], []
     with torch.no_grad():
-        for p, i, m in chunks:  # pass 1
+        for micro in chunks:  # pass 1
             states.append(_rng_state(device))
-            cached.append(towers(p, i, m))
+            cached.append(towers(micro))
     tower_buffers.restore()  # pass 2 updates the towers' running statistics, once per micro-batch
     feats = {key: torch.cat([c[key] for c in cached]) for key in cached[0]}
     leaves = {key: f.requires_grad_() for key, f in feats.items() if key != "image_target"}
-    terms = heads(feats, *rows)  # the whole batch: DDP averages the heads' gradients after this backward
+    terms = heads(feats, batch)  # the whole batch: DDP averages the heads' gradients after this backward
     scaled(terms["loss"]).backward()
     after_heads = _rng_state(device)
-    sizes = [len(p) for p, _, _ in chunks]
+    sizes = [len(micro) for micro in chunks]
     grads = {key: leaf.grad.split(sizes) for key, leaf in leaves.items() if leaf.grad is not None}
-    for j, ((p, i, m), state) in enumerate(zip(chunks, states)):  # pass 2
+    for j, (micro, state) in enumerate(zip(chunks, states)):  # pass 2
         _set_rng_state(state, device)
         with no_grad_sync(towers, skip=j < k - 1):
-            out = towers(p, i, m, target=False)
+            out = towers(micro, target=False)
             pairs = [(out[key], grads[key][j]) for key in grads if out[key].requires_grad]
             if pairs:
                 torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])

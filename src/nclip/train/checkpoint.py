@@ -10,6 +10,10 @@ Layout: ``RUN/checkpoints/step_XXXXXXXX/`` holding
   and bad samples skipped per loader worker), the loop's counters and, under ``train.precision:
   fp16``, the loss scale and its growth count (:mod:`nclip.train.loss_scale`; bf16 needs none).
 
+``state.pt`` carries :data:`FORMAT`, and the weights the model format of :mod:`nclip.models.io`: a
+checkpoint of another version is refused in one line, naming the file and both versions (it is not
+damaged, so no older checkpoint is tried instead). There is no reading of older layouts.
+
 ``state.pt`` holds tensors and plain containers only and is read with
 ``torch.load(weights_only=True)``, so a file that would execute code on unpickling is refused with
 a one-line :class:`NclipError`. A directory is complete once it has both files (it is written to a
@@ -27,18 +31,25 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from nclip.errors import NclipError
 from nclip.jsonio import writing
-from nclip.models.io import atomic_dir
+from nclip.models.io import (
+    STEP_PREFIX,
+    FormatMismatch,
+    atomic_dir,
+    check_format,
+    checkpoint_step,
+    read_weights,
+    weights_metadata,
+)
 
-PREFIX = "step_"
-FORMAT = 2  # state.pt layout version
+FORMAT = 3  # state.pt layout version; 3: the model format 2 beside it, no keys of older layouts read
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / "checkpoints" / f"{PREFIX}{step:08d}"
+    return Path(run_dir) / "checkpoints" / f"{STEP_PREFIX}{step:08d}"
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -46,9 +57,9 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit()
+    found = [p for p in root.iterdir() if checkpoint_step(p) is not None
              and (p / "state.pt").is_file() and (p / "model.safetensors").is_file()]
-    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+    return sorted(found, key=checkpoint_step)
 
 
 def save_checkpoint(run_dir: Path, step: int, weights: dict[str, torch.Tensor], state: dict, keep: int) -> Path:
@@ -57,7 +68,7 @@ def save_checkpoint(run_dir: Path, step: int, weights: dict[str, torch.Tensor], 
     final = checkpoint_dir(run_dir, step)
     weights = {k: v.detach().contiguous().cpu() for k, v in weights.items()}
     with writing(final), atomic_dir(final) as tmp:  # a full disk: one line; the temporary is removed
-        save_file(weights, str(tmp / "model.safetensors"))
+        save_file(weights, str(tmp / "model.safetensors"), metadata=weights_metadata())
         torch.save({"format": FORMAT, "step": step, **state}, tmp / "state.pt")
     for old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
@@ -87,13 +98,11 @@ def read_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
         raise NclipError(f"cannot read checkpoint {path / 'state.pt'}: {str(e).splitlines()[0]}") from None
     if not isinstance(state, dict) or "step" not in state:
         raise NclipError(f"{path / 'state.pt'} is not an nclip training state")
-    try:
-        weights = load_file(str(path / "model.safetensors"))
-    except FileNotFoundError:
-        raise NclipError(f"checkpoint {path} has no model.safetensors") from None
-    except Exception as e:  # safetensors raises its own error types for corrupt headers
-        raise NclipError(f"cannot read {path / 'model.safetensors'}: {str(e).splitlines()[0]}") from None
-    return weights, state
+    found = state.get("format")  # a version, or none at all in the oldest states
+    check_format(path / "state.pt", found if isinstance(found, int) else 1, FORMAT, "a training state of")
+    if not (path / "model.safetensors").is_file():
+        raise NclipError(f"checkpoint {path} has no model.safetensors")
+    return read_weights(path / "model.safetensors"), state
 
 
 def newest_good_checkpoint(run_dir: Path, warn=None) -> tuple[Path, dict[str, torch.Tensor], dict] | None:
@@ -105,6 +114,8 @@ def newest_good_checkpoint(run_dir: Path, warn=None) -> tuple[Path, dict[str, to
     for path in reversed(list_checkpoints(run_dir)):
         try:
             weights, state = read_checkpoint(path)
+        except FormatMismatch:  # not damaged: an older checkpoint is no better
+            raise
         except NclipError as e:
             damaged.append((path, e))
             continue
@@ -152,17 +163,11 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
+    """Restore what :func:`rng_state` saved (CUDA's: the devices this process has, when it saved any)."""
     torch.set_rng_state(state["torch"])
-    n = state.get("numpy")
-    if n is not None:
-        np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
-    p = state.get("python")
-    if p is not None:
-        random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
-    if "cuda" in state and torch.cuda.is_available():
-        cuda = state["cuda"]
-        if torch.is_tensor(cuda):  # written before every device's state was kept: the current device's
-            torch.cuda.set_rng_state(cuda)
-        else:  # a run resumed on fewer devices restores those it has
-            for index, device_state in enumerate(cuda[: torch.cuda.device_count()]):
-                torch.cuda.set_rng_state(device_state, index)
+    n, p = state["numpy"], state["python"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
+    if "cuda" in state and torch.cuda.is_available():  # a run resumed on fewer devices restores those it has
+        for index, device_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(device_state, index)

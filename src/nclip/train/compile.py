@@ -39,7 +39,6 @@ import sys
 import torch
 from torch import nn
 
-TOWERS = ("vision", "text", "target_vision")  # DualEncoder's towers (target_vision: CMSF's momentum copy)
 BACKEND = "inductor"  # torch.compile's backend (tests count graphs with a backend of their own)
 
 
@@ -83,10 +82,8 @@ def compile_towers(model: nn.Module) -> bool:
     fails here, leaving them eager."""
     if not _can_compile(model):
         return False
-    for name in TOWERS:
-        tower = getattr(model, name, None)
-        if isinstance(tower, nn.Module):
-            tower.compile(backend=BACKEND)
+    for tower in model.towers().values():  # with the towers heads hold (CMSF's momentum copy)
+        tower.compile(backend=BACKEND)
     return True
 
 

@@ -57,15 +57,17 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from nclip import distributed as collectives
+from nclip.batch import Batch
 from nclip.config import RunConfig
-from nclip.data.loader import build_dataset, tag_captions
+from nclip.data.labels import tag_captions
+from nclip.data.sources import build_dataset
 from nclip.data.transforms import augment, to_tensor
 from nclip.data.workers import check_worker_socket_path, loader_workers
 from nclip.defaults import MAP_SOURCES, USER_LABEL
 from nclip.errors import NclipError
 from nclip.jsonio import truncate_jsonl, writing
 from nclip.models.locking import lock_image_side
-from nclip.objectives import REGISTRY, functional
+from nclip.objectives import functional, plan_for
 from nclip.precision import autocast_dtype, to_float32, tower_autocast
 from nclip.train.kmeans import kmeans
 from nclip.train.rundir import (
@@ -121,10 +123,10 @@ class _Collate:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
 
-    def __call__(self, items):
+    def __call__(self, items) -> Batch:
         images, captions = zip(*items)
         ids, mask = self.tokenizer(list(captions))
-        return torch.stack(images), ids, mask
+        return Batch(torch.stack(images), ids, mask)
 
 
 class CsvSamples:
@@ -163,7 +165,7 @@ def train_samples(cfg: RunConfig):
 
 
 def _check(cfg: RunConfig, world_size: int) -> None:
-    if not getattr(REGISTRY[cfg.objective.name][1], "episodic", False):
+    if not plan_for(cfg).episodic:
         raise NclipError(f"objective {cfg.objective.name!r} is not episodic")
     if cfg.data.source not in MAP_SOURCES:
         raise NclipError(f"episodic training needs random access to the training set: data.source "
@@ -223,8 +225,9 @@ def build_prototypes(oc, h_i: torch.Tensor, h_t: torch.Tensor, teacher: torch.Te
     return state, stats
 
 class EpisodicData:
-    """The loop's data source for an episodic objective: this rank's batches (pixels, ids, mask,
-    rows) from ``start`` to ``train.steps``, building each episode's prototypes first."""
+    """The loop's data source for an episodic objective: this rank's batches from ``start`` to
+    ``train.steps`` (with ``episode``: the rows' positions in their episode), building each episode's
+    prototypes first."""
 
     skipped = 0  # built-in samples are never bad
 
@@ -274,10 +277,11 @@ class EpisodicData:
         self.model.eval()
         img, txt = [], []
         try:
-            for pixels, ids, mask in self._loader(keys):
+            for batch in self._loader(keys):
+                batch = batch.to(self.device)
                 with tower_autocast(self.device, amp):
-                    hi = self.model.encode_image(pixels.to(self.device))["proto"]
-                    ht = self.model.encode_text(ids.to(self.device), mask.to(self.device))["proto"]
+                    hi = self.model.encode_image(batch.pixels)["proto"]
+                    ht = self.model.encode_text(batch.ids, batch.mask)["proto"]
                 img.append(F.normalize(to_float32(hi), dim=-1))
                 txt.append(F.normalize(to_float32(ht), dim=-1))
         finally:
@@ -328,7 +332,7 @@ class EpisodicData:
 
     def __iter__(self):
         cfg, world, rank = self.cfg, self.ctx.world_size, self.ctx.rank
-        batch, local = cfg.train.batch_size, cfg.train.batch_size // world
+        whole, local = cfg.train.batch_size, cfg.train.batch_size // world
         log = _EpisodeLog(self.run_dir / EPISODES_LOG, self.ctx.is_main)
         first_episode = self.start // self.spe
         log.truncate(first_episode)
@@ -345,12 +349,13 @@ class EpisodicData:
             last = min((episode + 1) * self.spe, self.steps)
             indices = episode_indices(cfg.seed, len(self.samples), self.oc.episode_size, episode)
             order = episode_order(cfg.seed, self.oc.episode_size, episode)
-            rows = [order[j * batch + rank * local : j * batch + (rank + 1) * local]
+            rows = [order[j * whole + rank * local : j * whole + (rank + 1) * local]
                     for j in range(j0, last - episode * self.spe)]
             keys = [[(episode, TRAIN, int(p), int(indices[p])) for p in r] for r in rows]
             t_train = time.perf_counter()
-            for r, (pixels, ids, mask) in zip(rows, self._loader(keys)):
-                yield pixels, ids, mask, torch.from_numpy(r.astype(np.int64))
+            for r, batch in zip(rows, self._loader(keys)):
+                batch.episode = torch.from_numpy(r.astype(np.int64))
+                yield batch
                 step += 1
             log.write({"episode": episode, "first_step": episode * self.spe + j0,
                        "steps": last - episode * self.spe - j0,

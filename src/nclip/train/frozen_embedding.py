@@ -69,13 +69,13 @@ def _nclip_table(cfg: RunConfig, directory: Path, modality: str, device) -> torc
         out = encode_texts(model, train_captions(cfg), device)
     else:
         out = encode_images(model, _train_images(cfg), cfg.data.image_size, device)
-    return (out["emb"] if "emb" in out else out["features"]).float().cpu()
+    return (out["clip"] if "clip" in out else out["features"]).float().cpu()
 
 
 def _train_images(cfg: RunConfig) -> list:
     if cfg.data.source == "csv":
         raise NclipError("an image frozen embedding of a csv source is not supported: use the text modality")
-    from nclip.data.loader import build_dataset
+    from nclip.data.sources import build_dataset
 
     samples = build_dataset(cfg, "train")
     return [samples[i].image for i in range(len(samples))]

@@ -13,7 +13,7 @@ that the objective's own parameters (learnable biases, prototypes) are averaged 
 - ``train.strategy: ddp`` — DistributedDataParallel: every rank holds the full model, gradients
   are averaged over ranks (the convention that :mod:`nclip.distributed` is written against).
 - ``train.strategy: fsdp`` — FSDP2 (``torch.distributed.fsdp.fully_shard``): every entry of the
-  towers' layer lists and every ``*_head`` of the model is its own shard unit, then the root
+  towers' layer lists and every side of every head of the model is its own shard unit, then the root
   (0-d parameters such as the logit scale stay replicated, see :func:`sync_replicated_grads`); parameters,
   gradients and optimizer state are sharded over ranks. Gradients are averaged exactly like DDP's,
   so the objectives need no change. Works with gloo on CPU as well (tested on 2 ranks).
@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from nclip.batch import Batch
 from nclip.config import RunConfig
 from nclip.errors import NclipError
 from nclip.models.sync_batchnorm import convert_sync_batchnorm
@@ -117,7 +118,7 @@ def teardown(ctx: DistContext) -> None:
 
 
 class TrainStep(nn.Module):
-    """model + objective as one module: pixels, ids, mask → the objective's dict of terms.
+    """model + objective as one module: a :class:`~nclip.batch.Batch` → the objective's dict of terms.
 
     The towers and heads run under autocast (bf16 on CUDA by default); their outputs are cast to
     float32 as they leave it (:func:`nclip.precision.to_float32`), so the objective, whatever
@@ -132,27 +133,27 @@ class TrainStep(nn.Module):
         super().__init__()
         self.model, self.objective, self.amp = model, objective, amp
 
-    def forward(self, pixels: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
-                *rows: torch.Tensor) -> dict[str, torch.Tensor]:
-        """``rows``: optional per-row tensors of the batch for the objective (ProtoCLIP's episode
-        positions), passed on as ``objective(out, *rows)``."""
-        with tower_autocast(pixels.device, self.amp):
-            out = self.model(pixels, ids, mask)
-        return _objective_terms(self.objective, out, rows)
+    def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """The model reads the batch's pixels, ids and mask; the objective gets the whole batch for
+        its per-row tensors (labels, dataset indices, episode positions): ``objective(out, batch)``."""
+        with tower_autocast(batch.pixels.device, self.amp):
+            out = self.model(batch.pixels, batch.ids, batch.mask)
+        return _objective_terms(self.objective, out, batch)
 
 
-def _objective_terms(objective: nn.Module, out, rows) -> dict[str, torch.Tensor]:
-    terms = objective(to_float32(out), *rows)
+def _objective_terms(objective: nn.Module, out, batch: Batch) -> dict[str, torch.Tensor]:
+    terms = objective(to_float32(out), batch)
     if "logit_scale" not in terms:
         terms["logit_scale"] = out.logit_scale.detach()
     return terms
 
 
-TOWERS = ("vision", "text", "target_vision")  # the DualEncoder's towers; every other part is a head
+# the DualEncoder's trained towers; every other part (the heads, with CMSF's target copy in its head) is a head
+TOWERS = ("vision", "text")
 
 
 class TowerPass(nn.Module):
-    """The towers of a :class:`TrainStep`: pixels, ids, mask → the towers' features
+    """The towers of a :class:`TrainStep`: a batch → the towers' features
     (``DualEncoder.tower_features``). It registers the towers alone, so that DDP around it
     averages their gradients and nothing else; the model is held without registering it."""
 
@@ -164,16 +165,15 @@ class TowerPass(nn.Module):
         self._step = [step]  # a list: not a registered submodule
         self.amp = step.amp
 
-    def forward(self, pixels: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
-                target: bool = True) -> dict[str, torch.Tensor]:
-        with tower_autocast(pixels.device, self.amp):
-            return self._step[0].model.tower_features(pixels, ids, mask, target=target)
+    def forward(self, batch: Batch, target: bool = True) -> dict[str, torch.Tensor]:
+        with tower_autocast(batch.pixels.device, self.amp):
+            return self._step[0].model.tower_features(batch.pixels, batch.ids, batch.mask, target=target)
 
 
 class HeadPass(nn.Module):
     """The heads and the objective of a :class:`TrainStep`: the towers' features (of the whole
-    batch) and the per-row tensors → the objective's dict of terms. Registers every part of the
-    step that :class:`TowerPass` does not (heads, logit scale, the objective)."""
+    batch) and the batch (its per-row tensors) → the objective's dict of terms. Registers every part
+    of the step that :class:`TowerPass` does not (heads, logit scale, the objective)."""
 
     def __init__(self, step: TrainStep):
         super().__init__()
@@ -187,12 +187,12 @@ class HeadPass(nn.Module):
         self._step = [step]
         self.amp = step.amp
 
-    def forward(self, feats: dict[str, torch.Tensor], *rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    def forward(self, feats: dict[str, torch.Tensor], batch: Batch) -> dict[str, torch.Tensor]:
         step = self._step[0]
         device = next(iter(feats.values())).device
         with tower_autocast(device, self.amp):
             out = step.model.head_outputs(feats)
-        return _objective_terms(self.objective, out, rows)
+        return _objective_terms(self.objective, out, batch)
 
 
 def _find_unused(cfg: RunConfig) -> bool:
@@ -239,9 +239,10 @@ def wrap(step: TrainStep, ctx: DistContext, cfg: RunConfig) -> nn.Module:
             for layer in module:
                 if any(True for _ in layer.parameters()):
                     fully_shard(layer, ignored_params=scalars)
-    for name, head in step.model.named_children():  # projection heads (the nCLIP ones are large)
-        if name.endswith("_head") and any(True for _ in head.parameters()):
-            fully_shard(head, ignored_params=scalars)
+    for head in step.model.heads.values():  # each side of a projection head (the nCLIP ones are large)
+        for name, part in head.named_children():
+            if name not in head.towers() and any(True for _ in part.parameters()):
+                fully_shard(part, ignored_params=scalars)
     fully_shard(step, ignored_params=scalars)
     # in registration order, the same on every rank (a set's order is not)
     step._nclip_replicated = [p for p in step.parameters() if p.ndim == 0 and not hasattr(p, "device_mesh")]

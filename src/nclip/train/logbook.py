@@ -101,7 +101,7 @@ def startup_block(run, preset: str | None) -> str:
 
 def _gave_way(preset: str | None, cfg) -> str:
     """The preset's synthetic-scene settings set back for the run's own data source, if any
-    (:func:`nclip.config.synthetic_settings_give_way`)."""
+    (:func:`nclip.config_files.synthetic_settings_give_way`)."""
     from nclip.config import load_preset
     from nclip.config_files import gave_way
     from nclip.errors import NclipError

@@ -41,8 +41,10 @@ import torch
 import torch.distributed as dist
 
 from nclip import distributed as collectives
+from nclip.batch import Batch
 from nclip.config import RunConfig
 from nclip.data.device_feed import DeviceFeed
+from nclip.data.labels import label_space_for
 from nclip.data.loader import train_loader
 from nclip.defaults import BUILTIN_SOURCES
 from nclip.errors import NclipError
@@ -51,7 +53,7 @@ from nclip.models import build_model
 from nclip.models.hf_import import init_config, load_init_weights
 from nclip.models.locking import lock_towers
 from nclip.models.patch_dropout import patch_dropout_at, set_patch_dropout
-from nclip.objectives import REGISTRY, build_objective
+from nclip.objectives import build_objective, plan_for
 from nclip.precision import autocast_dtype
 from nclip.runlock import DirLock
 from nclip.train.accumulate import cached_step, online_towers
@@ -67,7 +69,6 @@ from nclip.train.checkpoint import (
 from nclip.train.compile import compile_step
 from nclip.train.ema import WeightEMA, ema_for, ema_state, evaluate_with_ema, save_run_models
 from nclip.train.gate import StepGate
-from nclip.train.labels import label_space_for
 from nclip.train.launch import (
     DistContext,
     TrainStep,
@@ -116,7 +117,7 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: b
     ``preset``: what the config was resolved from, for the start-up block (:mod:`nclip.train.logbook`).
     ``save=False`` (``nclip bench``): no checkpoint, model/ or eval.json (config.yaml, metrics.jsonl still).
     """
-    if data_source is None and REGISTRY[cfg.objective.name][1].episodic:
+    if data_source is None and plan_for(cfg).episodic:
         from nclip.train.episodic import EpisodicData
 
         data_source = EpisodicData
@@ -226,13 +227,12 @@ def _restore(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool) -> t
     if state is None:
         run.start_gate()
         return run, None
-    load_optimizer_state(module, run.optimizer, state.get("optimizer_format", "ids"), state["optimizer"])
-    run.counters.update({k: int(v) for k, v in state.get("counters", {}).items()})
-    run.counters["nonfinite_total"] = int(state.get("nonfinite_total", run.counters["nonfinite_total"]))
-    rngs = state.get("rng") or [{"torch": state["rng_torch"]}]
+    load_optimizer_state(module, run.optimizer, state["optimizer_format"], state["optimizer"])
+    run.counters.update({k: int(v) for k, v in state["counters"].items()})
+    rngs = state["rng"]
     set_rng_state(rngs[ctx.rank] if len(rngs) == ctx.world_size else rngs[0])
     run.start_gate(state)
-    return run, _data_state_for_rank(state.get("data") or [], ctx)
+    return run, _data_state_for_rank(state["data"], ctx)
 
 
 def _note_tower_statistics(run: _Run) -> None:
@@ -257,8 +257,8 @@ def _open_data(run: _Run, data_source, data_state: dict | None) -> DeviceFeed:
 def _open_source(run: _Run, data_source, data_state: dict | None):
     cfg, ctx = run.cfg, run.ctx
     if data_source is None:
-        objective = REGISTRY[cfg.objective.name][1]  # what it needs: views per image, per-row labels
-        request = objective.label_request(cfg)
+        objective = plan_for(cfg)  # what it needs: views per image, per-row labels
+        request = objective.label_request()
         if request is not None and request.frozen is not None:  # CMSF's cross-modal constraint
             from nclip.train.frozen_embedding import frozen_table
 
@@ -313,12 +313,11 @@ def _term_vector(terms: dict, keys: list[str]) -> torch.Tensor:
     return torch.stack([terms[k].detach().float() for k in keys])
 
 
-def _step(run: _Run, step: int, batch: tuple) -> _StepResult:
-    """One optimizer step on one global batch ``(pixels, ids, mask, *rows)``, already on the device
-    (:class:`nclip.data.device_feed.DeviceFeed`; a data source may add
-    per-row tensors, such as ProtoCLIP's episode positions, split like the batch and passed on to
-    the objective). A step whose loss or gradient is not finite on any rank is skipped on all,
-    decided on the device (:mod:`nclip.train.gate`): nothing here waits on the host."""
+def _step(run: _Run, step: int, batch: Batch) -> _StepResult:
+    """One optimizer step on this rank's rows of one global batch, already on the device (its
+    per-row tensors, e.g. ProtoCLIP's episode positions, reach the objective). A step whose loss or
+    gradient is not finite on any rank is skipped on all, decided on the device
+    (:mod:`nclip.train.gate`): nothing here waits on the host."""
     t, device, module, optimizer = run.cfg.train, run.ctx.device, run.module, run.optimizer
     lr = lr_at(step, t)
     for group in optimizer.param_groups:
@@ -348,19 +347,19 @@ def _step(run: _Run, step: int, batch: tuple) -> _StepResult:
     return _StepResult(lr, keys, vector, grad_norm.detach(), skip)
 
 
-def _independent_micro_batches(run: _Run, batch: tuple) -> tuple[list[str], torch.Tensor, torch.Tensor]:
+def _independent_micro_batches(run: _Run, batch: Batch) -> tuple[list[str], torch.Tensor, torch.Tensor]:
     """Forward and backward of ``train.accumulation`` micro-batches, each its own contrastive batch
     (one micro-batch: the whole batch). Returns (term names, the terms' means, non-finite losses)."""
     k, module, device = run.cfg.train.accumulation, run.module, run.ctx.device
     keys: list[str] = []
     sums: torch.Tensor | None = None
     nonfinite_loss = torch.zeros((), device=device)
-    chunks = list(zip(*(x.chunk(k) for x in batch)))
+    chunks = batch.chunk(k)
     for i, micro in enumerate(chunks):
         # gradients are all-reduced on the last micro-batch only; a non-finite loss is still
         # back-propagated so that every rank runs the same collectives
         with no_grad_sync(module, skip=i < len(chunks) - 1):
-            terms = module(*micro)
+            terms = module(micro)
             loss = terms["loss"]
             run.gate.scaled(loss / k).backward()  # fp16: times the loss scale
         nonfinite_loss += (~torch.isfinite(loss.detach())).float()

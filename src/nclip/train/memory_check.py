@@ -52,6 +52,7 @@ from pathlib import Path
 
 import torch
 
+from nclip.batch import Batch
 from nclip.errors import NclipError
 
 GIB = 2**30
@@ -133,7 +134,7 @@ def fixed_bytes(model: torch.nn.Module, objective: torch.nn.Module, optimizer: s
     return grads + sum(p.numel() for p in params) * 4 * _STATE_FLOATS.get(optimizer, 2.0)
 
 
-def saved_bytes(step: torch.nn.Module, batch: tuple) -> int:
+def saved_bytes(step: torch.nn.Module, batch: Batch) -> int:
     """Bytes of the distinct storages that autograd saves for the backward in a forward of ``step``
     on ``batch``, parameters and buffers excluded (they are resident already)."""
     resident = {t.untyped_storage().data_ptr() for t in (*step.parameters(), *step.buffers())}
@@ -150,30 +151,30 @@ def saved_bytes(step: torch.nn.Module, batch: tuple) -> int:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = step(*batch)
+        out = step(batch)
     del out
     return total
 
 
-def probe_batch(model, cfg, n: int, views: int, label_request, device: torch.device) -> tuple:
+def probe_batch(model, cfg, n: int, views: int, label_request, device: torch.device) -> Batch:
     """A stand-in training batch of ``n`` rows, as the step gets it (normalised pixels on the device)."""
     size = cfg.data.image_size
     pixels = torch.rand(n, *((2,) if views == 2 else ()), 3, size, size, device=device)
     ids, mask = model.tokenizer(["a photo of a thing"] * n)
-    rows = []
+    batch = Batch(pixels, ids.to(device), mask.to(device))
     if label_request is not None:
-        rows = [torch.zeros(n, dtype=torch.long, device=device)] * 2
+        batch.labels = batch.true_labels = torch.zeros(n, dtype=torch.long, device=device)
         if label_request.frozen is not None:
-            rows.append(torch.zeros(n, dtype=torch.long, device=device))
-    return pixels, ids.to(device), mask.to(device), *rows
+            batch.index = torch.zeros(n, dtype=torch.long, device=device)
+    return batch
 
 
 def _probe(run) -> dict | None:
     """The fit of the saved bytes at ``PROBE_BATCHES``; None when a probe step fails (skip the check)."""
-    from nclip.objectives import REGISTRY
+    from nclip.objectives import plan_for
 
     cfg, step = run.cfg, run.step_module
-    objective = REGISTRY[cfg.objective.name][1]
+    objective = plan_for(cfg)
     rng = torch.get_rng_state(), (torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
     counters = [(m, k, v) for m in step.modules() for k, v in vars(m).items()
                 if isinstance(v, (int, float)) and not isinstance(v, bool)]
@@ -181,7 +182,7 @@ def _probe(run) -> dict | None:
     try:
         sizes = []
         for n in PROBE_BATCHES:
-            batch = probe_batch(run.model, cfg, n, objective.views, objective.label_request(cfg), run.ctx.device)
+            batch = probe_batch(run.model, cfg, n, objective.views, objective.label_request(), run.ctx.device)
             sizes.append(saved_bytes(step, batch))
         return fit_line(list(PROBE_BATCHES), [float(s) for s in sizes])
     except torch.OutOfMemoryError:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from nclip.objectives import REGISTRY
+from nclip.objectives import plan_for
 from nclip.train.checkpoint import list_checkpoints
 
 
@@ -100,7 +100,7 @@ class CollapseMonitor:
         """The monitor of a run (a :class:`nclip.config.RunConfig`): watching what its objective
         declares (:meth:`nclip.objectives.Objective.collapse_watch`), or None when it has no
         nCLIP-style head."""
-        watch = REGISTRY[cfg.objective.name][1].collapse_watch(cfg.objective)
+        watch = plan_for(cfg).collapse_watch
         if watch is None:
             return None
         return cls(cfg.model.nclip_dim, prefix=watch.prefix, batch_size=cfg.train.batch_size,
@@ -242,7 +242,7 @@ def nonfinite_fix(lambda1: float | None, lambda2: float | None, cfg=None) -> str
 def nonfinite_stop_message(cfg, run_dir: Path, in_a_row: int, step: int) -> str:
     """The one line with which a run stops after ``in_a_row`` non-finite steps (last: ``step``):
     the checkpoint that exists, and the setting that applies to the objective being trained."""
-    watch = REGISTRY[cfg.objective.name][1].collapse_watch(cfg.objective)
+    watch = plan_for(cfg).collapse_watch
     fix = nonfinite_fix(watch.lambda1 if watch else None, watch.lambda2 if watch else None, cfg)
     kept = list_checkpoints(run_dir)
     where = (f"the last good checkpoint is {kept[-1]} (--resume auto continues from it with the same settings)"

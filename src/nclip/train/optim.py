@@ -9,8 +9,7 @@ import torch
 from torch import nn
 
 from nclip.config import TrainConfig
-
-IMAGE_TOWER_PREFIXES = ("vision.", "image_")  # the DualEncoder's image tower and image heads
+from nclip.heads import param_side
 
 
 def param_groups(modules: list[nn.Module], weight_decay: float) -> list[dict]:
@@ -29,7 +28,7 @@ def param_groups(modules: list[nn.Module], weight_decay: float) -> list[dict]:
             if not p.requires_grad or id(p) in seen:
                 continue
             seen.add(id(p))
-            tower = "image" if i == 0 and name.startswith(IMAGE_TOWER_PREFIXES) else "rest"
+            tower = "image" if i == 0 and param_side(name) == "image" else "rest"  # image tower and heads
             buckets[(tower, p.ndim >= 2)].append(p)
     return [
         {"params": params, "weight_decay": weight_decay if decay else 0.0, "tower": tower}

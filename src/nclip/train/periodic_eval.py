@@ -46,13 +46,13 @@ import torch
 import torch.distributed as dist
 
 from nclip.config import RunConfig
-from nclip.data.types import LabelSpace, Sample
+from nclip.data.types import LabelKind, Sample
 from nclip.defaults import BUILTIN_SOURCES, PROBE_FEATURES
 from nclip.errors import NclipError
 from nclip.eval import datasets as eval_data
 from nclip.eval import probe, retrieval, zeroshot
 from nclip.eval.features import class_text_outputs, extract, similarity
-from nclip.objectives import REGISTRY
+from nclip.objectives import plan_for
 from nclip.precision import autocast_dtype
 from nclip.train.checkpoint import rng_state, set_rng_state
 from nclip.train.ema import swapped_to_ema
@@ -67,7 +67,7 @@ class EvalSet:
     name: str
     test: list[Sample]
     reference: list[Sample]  # k-NN's labelled reference images (image-only objectives), else []
-    label_spaces: dict[str, LabelSpace]  # the kinds the samples carry a label of
+    label_kinds: dict[str, LabelKind]  # the kinds the samples carry a label of
     retrieval: bool  # score image–text retrieval on the test captions
 
 
@@ -90,7 +90,7 @@ def data_sources(cfg: RunConfig) -> list[str]:
 def build_sets(cfg: RunConfig) -> list[EvalSet]:
     """The evaluation data, built once (rank 0); a dataset with nothing to evaluate for this
     objective, or two datasets whose result keys would collide, is a one-line error."""
-    n, head = cfg.train.eval_samples, REGISTRY[cfg.objective.name][1].zero_shot_head
+    n, head = cfg.train.eval_samples, plan_for(cfg).zero_shot_head
     sets: list[EvalSet] = []
     for spec in data_sources(cfg):
         built = eval_data.build(spec, image_size=cfg.data.image_size, max_objects=cfg.data.max_objects,
@@ -99,10 +99,10 @@ def build_sets(cfg: RunConfig) -> list[EvalSet]:
         for data in built:
             test = _subset(data.splits.get("test"), n)
             labelled = test[0].labels if test else {}
-            spaces = {k: v for k, v in data.label_spaces.items() if k in labelled}
+            spaces = {k: v for k, v in data.label_kinds.items() if k in labelled}
             reference = _subset(data.splits.get("train"), n) if head is None else []
             s = EvalSet(data.name, test, reference, spaces, bool(data.retrieval and head is not None and test))
-            if not (s.retrieval or (s.label_spaces and (head is not None or s.reference))):
+            if not (s.retrieval or (s.label_kinds and (head is not None or s.reference))):
                 need = "labelled test and train images (k-NN)" if head is None else "class labels or captions"
                 raise NclipError(f"train.eval_datasets: {spec} has nothing to evaluate while training "
                                  f"{cfg.objective.name}: it needs {need}")
@@ -132,7 +132,7 @@ class PeriodicEval:
     on rank 0) and the loop's hook (:meth:`at_step`)."""
 
     def __init__(self, cfg: RunConfig, device: torch.device, sets: list[EvalSet]):
-        objective = REGISTRY[cfg.objective.name][1]
+        objective = plan_for(cfg)
         self.every, self.sets, self.device = cfg.train.eval_every, sets, device
         self.head, self.nclip_score = objective.zero_shot_head, cfg.eval.nclip_score
         self.autocast = autocast_dtype(cfg.train.precision, device)  # the towers' precision in training
@@ -201,7 +201,7 @@ class PeriodicEval:
                 continue
             feats = extract(model, s.test, self.image_size, self.device, self.batch_size, texts=s.retrieval,
                             autocast=self.autocast)
-            for kind, space in s.label_spaces.items():
+            for kind, space in s.label_kinds.items():
                 classes = class_text_outputs(model, space, self.device, self.autocast)
                 metrics, _ = zeroshot.evaluate(zeroshot.scores(feats.image, classes, self.head, self.nclip_score),
                                                feats.labels[kind])
@@ -219,7 +219,7 @@ class PeriodicEval:
         key = self.probe_key
         return {f"{prefix}/knn/{s.name}-{kind}/top1":
                 probe.knn(ref.image[key], ref.labels[kind], test.image[key], test.labels[kind], len(space))["top1"]
-                for kind, space in s.label_spaces.items() if kind in ref.labels}
+                for kind, space in s.label_kinds.items() if kind in ref.labels}
 
 
 def _whole_model(cfg: RunConfig, weights: dict, device) -> torch.nn.Module:
@@ -239,7 +239,7 @@ def describe(cfg: RunConfig, periodic: PeriodicEval | None) -> str:
     if not data_sources(cfg):
         return (f"off: data.source {cfg.data.source} has no built-in held-out data (set train.eval_datasets, "
                 "as nclip eval --dataset)")
-    head = REGISTRY[cfg.objective.name][1].zero_shot_head
+    head = plan_for(cfg).zero_shot_head
     tasks = "k-NN" if head is None else f"zero-shot and retrieval ({head} head)"
     names = ", ".join(data_sources(cfg))
     return f"every {t.eval_every} steps: {tasks} on {t.eval_samples} images of {names}"

@@ -36,7 +36,8 @@ import torch
 
 from nclip import fileperm
 from nclip.config import RunConfig
-from nclip.data.loader import build_dataset, tag_captions
+from nclip.data.labels import tag_captions
+from nclip.data.sources import build_dataset
 from nclip.defaults import MAP_SOURCES, USER_LABEL
 from nclip.errors import NclipError
 
@@ -102,7 +103,7 @@ def _source_identity(cfg: RunConfig) -> dict:
         from nclip.data.folders import fingerprint
 
         samples = build_dataset(cfg, "train")
-        names = list(samples.label_spaces[USER_LABEL].names)
+        names = list(samples.label_kinds[USER_LABEL].names)
         return {"source": "folder", "root": str(Path(d.folder).expanduser().resolve()),
                 "files": fingerprint(samples.paths, json.dumps(names))}
     raise NclipError(f"the external teacher needs a map-style source ({', '.join(MAP_SOURCES)}), not {d.source}")

@@ -11,7 +11,7 @@ from nclip.data.synthetic.captions import loose_caption, reference_captions
 from nclip.data.synthetic.picker import Picker
 from nclip.data.synthetic.render import Grid, layout, render
 from nclip.data.synthetic.shapes import BACKGROUNDS, COLOURS, COUNT_NAMES, REALMS, SHAPE_REALM, SHAPES, SIZES
-from nclip.data.types import LabelSpace, Sample
+from nclip.data.types import LabelKind, Sample
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 _SALT = 0x5C3E  # separates this generator's streams from other users of the same seed
@@ -29,13 +29,13 @@ SIZE_TEMPLATES = ("a {} shape.", "a picture of a {} object.", "something {} on a
                   "the {} thing.")
 
 
-def _label_spaces(max_objects: int) -> dict[str, LabelSpace]:
+def _label_kinds(max_objects: int) -> dict[str, LabelKind]:
     return {
-        "shape": LabelSpace(SHAPES, SHAPE_TEMPLATES),
-        "colour": LabelSpace(COLOURS, COLOUR_TEMPLATES),
-        "count": LabelSpace(COUNT_NAMES[:max_objects], COUNT_TEMPLATES),
-        "realm": LabelSpace(REALMS, REALM_TEMPLATES),
-        "size": LabelSpace(SIZES, SIZE_TEMPLATES),
+        "shape": LabelKind(SHAPES, SHAPE_TEMPLATES),
+        "colour": LabelKind(COLOURS, COLOUR_TEMPLATES),
+        "count": LabelKind(COUNT_NAMES[:max_objects], COUNT_TEMPLATES),
+        "realm": LabelKind(REALMS, REALM_TEMPLATES),
+        "size": LabelKind(SIZES, SIZE_TEMPLATES),
     }
 
 
@@ -84,7 +84,7 @@ class SyntheticScenes(Sequence):
             raise ValueError(f"loose_caption_prob must be in [0, 1], got {loose_caption_prob!r}")
         self.loose_caption_prob = float(loose_caption_prob)
         self.hard_negative_group = check_int("hard_negative_group", hard_negative_group, 1)
-        self.label_spaces = _label_spaces(self.max_objects)
+        self.label_kinds = _label_kinds(self.max_objects)
         coords = ((np.arange(self.image_size) + 0.5) / self.image_size - 0.5).astype(np.float32)
         self._grid = Grid(*np.meshgrid(coords, coords, indexing="xy"))
 

@@ -1,7 +1,7 @@
 """The vocabulary of the scenes and the geometry of each shape.
 
 Class names are the exact words the captions use, so zero-shot prompts built from the dataset's
-``label_spaces`` match the training text.
+``label_kinds`` match the training text.
 """
 
 from __future__ import annotations

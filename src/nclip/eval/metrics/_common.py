@@ -19,6 +19,15 @@ def as_float(x, name: str, ndim: int | None = None) -> torch.Tensor:
     return t
 
 
+def nonempty_matrix(x, name: str) -> torch.Tensor:
+    """``x`` as :func:`as_float` makes it, 2-D with at least one row and one column: every score
+    matrix, feature matrix and distribution a metric reads."""
+    t = as_float(x, name, ndim=2)
+    if t.shape[0] == 0 or t.shape[1] == 0:
+        raise ValueError(f"{name} must be non-empty, got shape {tuple(t.shape)}")
+    return t
+
+
 def as_labels(x, name: str, n: int | None = None, num_classes: int | None = None) -> torch.Tensor:
     """``x`` as a 1-D int64 tensor, optionally of length ``n`` with values in [0, num_classes)."""
     t = torch.as_tensor(x)

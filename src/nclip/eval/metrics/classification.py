@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from nclip.eval.metrics._common import as_float, as_labels, cutoffs, positive_int, rank_of_target
+from nclip.eval.metrics._common import as_float, as_labels, cutoffs, nonempty_matrix, positive_int, rank_of_target
 
 
 def topk_accuracy(logits, labels, ks: Sequence[int] = (1, 5)) -> dict:
@@ -22,10 +22,8 @@ def topk_accuracy(logits, labels, ks: Sequence[int] = (1, 5)) -> dict:
     Returns:
         ``{"top{k}": accuracy in [0, 1]}``. Ties count against the true class (module docstring).
     """
-    lg = as_float(logits, "logits", ndim=2)
+    lg = nonempty_matrix(logits, "logits")
     n, c = lg.shape
-    if n == 0 or c == 0:
-        raise ValueError(f"logits must be non-empty, got shape {tuple(lg.shape)}")
     y = as_labels(labels, "labels", n=n, num_classes=c)
     ks = cutoffs(ks)
     rank = rank_of_target(lg, lg.gather(1, y[:, None])[:, 0])

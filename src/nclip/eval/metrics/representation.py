@@ -9,7 +9,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from nclip.eval.metrics._common import as_float, positive_int
+from nclip.eval.metrics._common import as_float, nonempty_matrix, positive_int
 
 
 def effective_rank(features, center: bool = False, rtol: float | None = None) -> float:
@@ -30,9 +30,7 @@ def effective_rank(features, center: bool = False, rtol: float | None = None) ->
     Returns:
         float; 0.0 for an all-zero matrix (nothing left to measure).
     """
-    x = as_float(features, "features", ndim=2)
-    if x.numel() == 0:
-        raise ValueError(f"features must be non-empty, got shape {tuple(x.shape)}")
+    x = nonempty_matrix(features, "features")
     if rtol is None:
         rtol = max(x.shape) * torch.finfo(x.dtype).eps
     x = x.double()
@@ -101,13 +99,6 @@ def uniformity(x, t: float = 2.0, chunk_size: int = 2048) -> float:
     return (total - math.log(n * (n - 1) / 2)).item()
 
 
-def _probs(probs, name: str = "probs") -> torch.Tensor:
-    p = as_float(probs, name, ndim=2)
-    if p.shape[0] == 0 or p.shape[1] == 0:
-        raise ValueError(f"{name} must be non-empty [N, K], got shape {tuple(p.shape)}")
-    return p
-
-
 def prototype_usage(probs) -> dict:
     """How many prototypes (clusters) the assignments actually use -- a collapse diagnostic.
 
@@ -122,7 +113,7 @@ def prototype_usage(probs) -> dict:
     Args:
         probs: [N, K] assignment probabilities (logits work too: only the argmax is used).
     """
-    p = _probs(probs)
+    p = nonempty_matrix(probs, "probs")
     n, k = p.shape
     counts = torch.bincount(p.argmax(dim=1), minlength=k)
     q = counts[counts > 0].double() / n
@@ -155,7 +146,7 @@ def probability_std(probs) -> dict:
     Returns:
         ``{"row_std": float, "col_std": float}``.
     """
-    p = _probs(probs)
+    p = nonempty_matrix(probs, "probs")
     return {
         "row_std": p.std(dim=1, correction=0).mean().item(),
         "col_std": p.std(dim=0, correction=0).mean().item(),

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from nclip.eval.metrics._common import as_float, as_labels, cutoffs, rank_of_target
+from nclip.eval.metrics._common import as_labels, cutoffs, nonempty_matrix, rank_of_target
 
 
 def recall_at_k(similarity, text_to_image, ks: Sequence[int] = (1, 5, 10)) -> dict:
@@ -34,10 +34,8 @@ def recall_at_k(similarity, text_to_image, ks: Sequence[int] = (1, 5, 10)) -> di
     Ties count against the query (see the module docstring): a constant similarity matrix scores
     0 for every ``k`` smaller than the candidate count.
     """
-    sim = as_float(similarity, "similarity", ndim=2)
+    sim = nonempty_matrix(similarity, "similarity")
     n_img, n_txt = sim.shape
-    if n_img == 0 or n_txt == 0:
-        raise ValueError(f"similarity must be non-empty, got shape {tuple(sim.shape)}")
     t2i = as_labels(text_to_image, "text_to_image", n=n_txt, num_classes=n_img)
     ks = cutoffs(ks)
 

@@ -1,18 +1,6 @@
 """The papers' SGD linear probes on frozen features, beside the L-BFGS one of :mod:`.linear`.
 
-Three recipes, each as its paper states it (``SGD_RECIPES``):
-
-* ``xclip`` -- xCLIP Sec. 4.2 "Linear probing" (after MAE / iBOT): SGD *without* momentum, no
-  weight decay, 100 epochs, [CLS] features; "we sweep a set of different learning rates by adding
-  multiple classification heads over a shared frozen backbone, each with its own optimizer and
-  scheduler" (iBOT's multi-head sweep). The paper gives neither the grid, the batch size nor the
-  schedule: nclip sweeps a 1-2-5 grid from 1e-3 to 5 with iBOT's cosine schedule and batch 256.
-* ``cmsf`` -- CMSF Sec. 4 "Linear IN-1k" (after CompRess): features L2-normalised, then standardised
-  per dimension; SGD lr 0.01, momentum 0.9, weight decay 1e-4, batch 256, 40 epochs, lr x0.1 at
-  epochs 15 and 30. (The paper trains with ImageNet augmentations; on frozen, pre-extracted features
-  nclip has none -- as for every other probe.)
-* ``protoclip`` -- ProtoCLIP App. B "Linear Probing" for ImageNet (after MoCo / SwAV / SLIP): z
-  "before normalization", SGD lr 0.3, momentum 0.9, weight decay 1e-6, batch 256, 100 epochs, cosine.
+The recipes are one table, :data:`nclip.eval.sgd_recipes.SGD_RECIPES`, each as its paper states it.
 
 Where a recipe sweeps learning rates (``xclip``), the papers report the best head on the evaluation
 set. nclip instead picks the head on a seeded stratified validation split of the training set (the
@@ -23,7 +11,6 @@ and reports the test accuracy; the validation accuracy of every head is returned
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
@@ -31,37 +18,7 @@ import torch.nn.functional as F
 from nclip.eval.metrics._common import as_float, as_labels, positive_int
 from nclip.eval.metrics.classification import mean_per_class_recall
 from nclip.eval.metrics.linear import stratified_split
-
-_XCLIP_GRID = tuple(m * 10.0 ** e for e in range(-3, 1) for m in (1, 2, 5))
-
-
-@dataclass(frozen=True)
-class SgdRecipe:
-    """One paper's linear-probe optimisation (recorded in results.json)."""
-
-    paper: str
-    lrs: tuple[float, ...]  # more than one: a head per learning rate, chosen on a validation split
-    momentum: float
-    weight_decay: float
-    epochs: int
-    batch_size: int
-    schedule: str  # "cosine" (to 0 over the epochs) or "steps" (x0.1 at each milestone)
-    milestones: tuple[int, ...] = ()
-    normalise: bool = False  # L2-normalise, then standardise with the training set's statistics
-
-    def summary(self, epochs: int | None = None) -> dict:
-        return {**asdict(self), "epochs": epochs or self.epochs, "lrs": list(self.lrs),
-                "milestones": list(self.milestones)}
-
-
-SGD_RECIPES = {
-    "xclip": SgdRecipe("xCLIP Sec. 4.2 (MAE / iBOT multi-head sweep)", _XCLIP_GRID, momentum=0.0, weight_decay=0.0,
-                       epochs=100, batch_size=256, schedule="cosine"),
-    "cmsf": SgdRecipe("CMSF Sec. 4, Linear IN-1k (CompRess)", (0.01,), momentum=0.9, weight_decay=1e-4, epochs=40,
-                      batch_size=256, schedule="steps", milestones=(15, 30), normalise=True),
-    "protoclip": SgdRecipe("ProtoCLIP App. B, ImageNet linear probing (MoCo / SwAV / SLIP)", (0.3,), momentum=0.9,
-                           weight_decay=1e-6, epochs=100, batch_size=256, schedule="cosine"),
-}
+from nclip.eval.sgd_recipes import SGD_RECIPES, SgdRecipe
 
 
 def _lr_factor(recipe: SgdRecipe, epochs: int):

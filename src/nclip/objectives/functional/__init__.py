@@ -6,7 +6,9 @@ the prototypical loss), ``cmsf`` (Constrained Mean Shift, Eq. 1 of its own paper
 constraints and its Sec. 2.1.1 baselines ProtoNW and FrzProto) and ``supcon`` (SupCon, PaCo and
 ReCo, OmniBenchmark paper Eq. 2-7); everything
 public is re-exported here, so
-``from nclip.objectives.functional import clip_loss`` works for every family.
+``from nclip.objectives.functional import clip_terms`` works for every family. Each family has one
+function, ``<family>_terms``, returning the loss under ``"loss"`` beside its named terms (no ``_loss``
+twin restating its signature); ``xclip_loss`` composes two of them (Eq. 5).
 
 Notation follows "Non-Contrastive Learning Meets Language-Image Pre-Training" (xCLIP paper),
 Sec. 3.1 and Algorithm 1: g, h are projected features of the two modalities, u = g/||g||,
@@ -23,12 +25,11 @@ every function is finite in float32 for logits of magnitude 1e4 and for a batch 
 """
 
 from nclip.objectives.functional._common import class_accuracies
-from nclip.objectives.functional.clip import CLIP_REDUCTIONS, clip_loss, clip_terms
+from nclip.objectives.functional.clip import CLIP_REDUCTIONS, clip_terms
 from nclip.objectives.functional.cmsf import (
     PROTONW_TEMPERATURE,
     UNLABELLED,
     cmsf_candidates,
-    cmsf_loss,
     cmsf_terms,
     frozen_prototypes,
     frzproto_terms,
@@ -40,25 +41,21 @@ from nclip.objectives.functional.nclip import (
     NCLIP_SCORES,
     batch_mean_log_prob,
     distribution_diagnostics,
-    nclip_loss,
     nclip_similarity,
     nclip_terms,
     xclip_loss,
 )
-from nclip.objectives.functional.protoclip import pbt, proto_loss, proto_terms
-from nclip.objectives.functional.siglip import siglip_loss, siglip_terms
+from nclip.objectives.functional.protoclip import pbt, proto_terms
+from nclip.objectives.functional.siglip import siglip_terms
 from nclip.objectives.functional.supcon import (
     PACO_ALPHA,
     PACO_BETA,
     PACO_TEMPERATURE,
     SUPCON_TEMPERATURE,
     multiview_labels,
-    paco_loss,
     paco_terms,
     reco_keep_mask,
-    reco_loss,
     reco_terms,
-    supcon_loss,
     supcon_terms,
 )
 from nclip.objectives.functional.unified import (
@@ -66,23 +63,22 @@ from nclip.objectives.functional.unified import (
     batch_moments,
     ema_moments,
     sinkhorn,
-    unified_loss,
     unified_target_log_prob,
     unified_terms,
 )
-from nclip.objectives.functional.yclip import yclip_loss, yclip_similarity, yclip_terms
+from nclip.objectives.functional.yclip import yclip_similarity, yclip_terms
 
 __all__ = [
-    "clip_loss", "clip_terms", "CLIP_REDUCTIONS",
-    "nclip_loss", "nclip_terms", "xclip_loss", "nclip_similarity", "NCLIP_SCORES", "batch_mean_log_prob",
+    "clip_terms", "CLIP_REDUCTIONS",
+    "nclip_terms", "xclip_loss", "nclip_similarity", "NCLIP_SCORES", "batch_mean_log_prob",
     "distribution_diagnostics",
-    "sinkhorn", "batch_moments", "ema_moments", "unified_target_log_prob", "unified_terms", "unified_loss",
+    "sinkhorn", "batch_moments", "ema_moments", "unified_target_log_prob", "unified_terms",
     "UNIFORM_CHOICES",
-    "yclip_terms", "yclip_loss", "yclip_similarity",
-    "siglip_terms", "siglip_loss",
-    "pbt", "proto_loss", "proto_terms",
-    "cmsf_terms", "cmsf_loss", "cmsf_candidates", "topk_constraint", "semi_supervised_constraint", "UNLABELLED",
+    "yclip_terms", "yclip_similarity",
+    "siglip_terms",
+    "pbt", "proto_terms",
+    "cmsf_terms", "cmsf_candidates", "topk_constraint", "semi_supervised_constraint", "UNLABELLED",
     "protonw_terms", "PROTONW_TEMPERATURE", "frzproto_terms", "frozen_prototypes", "class_accuracies",
-    "supcon_terms", "supcon_loss", "paco_terms", "paco_loss", "reco_keep_mask", "reco_terms", "reco_loss",
+    "supcon_terms", "paco_terms", "reco_keep_mask", "reco_terms",
     "multiview_labels", "SUPCON_TEMPERATURE", "PACO_ALPHA", "PACO_BETA", "PACO_TEMPERATURE",
 ]

@@ -66,17 +66,3 @@ def clip_terms(
     return {"loss": loss, **terms}
 
 
-def clip_loss(
-    image_emb: torch.Tensor,
-    text_emb: torch.Tensor,
-    logit_scale: torch.Tensor | float,
-    *,
-    global_batch: bool = True,
-    reduction: str = "mean",
-) -> torch.Tensor:
-    """Symmetric InfoNCE, Eq. (1): the mean (or, ``reduction="sum"``, Algorithm 1's sum) of the
-    image→text and text→image cross-entropies.
-
-    image_emb, text_emb: [B, D], L2-normalised inside; logit_scale: the multiplier 1/σ.
-    """
-    return clip_terms(image_emb, text_emb, logit_scale, global_batch=global_batch, reduction=reduction)["loss"]

@@ -249,26 +249,6 @@ def cmsf_terms(
     return terms
 
 
-def cmsf_loss(
-    pred: torch.Tensor,
-    target: torch.Tensor,
-    bank: torch.Tensor,
-    *,
-    k: int | None = 10,
-    query_labels: torch.Tensor | None = None,
-    bank_labels: torch.Tensor | None = None,
-    include_target: bool = True,
-    constraint_mask: torch.Tensor | None = None,
-    global_batch: bool = True,
-) -> torch.Tensor:
-    """Constrained mean shift, Eq. (1): mean over the batch of the mean squared distance between v_b and
-    the k nearest members of u_b's constrained set (u_b included). pred, target: [B, D]; bank: [N, D]
-    before this batch is enqueued; labels [B] and [N]. See :func:`cmsf_terms` for every argument."""
-    return cmsf_terms(pred, target, bank, k=k, query_labels=query_labels, bank_labels=bank_labels,
-                      include_target=include_target, constraint_mask=constraint_mask,
-                      global_batch=global_batch)["loss"]
-
-
 # ---------------------------------------------------------------------------------------------
 # The baselines of Sec. 2.1.1 (Tab. 1 and Tab. 2c): ProtoNW and FrzProto
 # ---------------------------------------------------------------------------------------------

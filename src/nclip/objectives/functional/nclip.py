@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from nclip import distributed as collectives
+from nclip.defaults import NCLIP_SCORES
 from nclip.objectives.functional._common import check_pair
-from nclip.objectives.functional.clip import clip_loss
+from nclip.objectives.functional.clip import clip_terms
 
 # --------------------------------------------------------------------------------------------
 # nCLIP: cross-entropy between cluster assignments with entropy regularisers, Eq. (2)-(4)
@@ -29,6 +30,20 @@ def batch_mean_log_prob(log_p: torch.Tensor, *, global_batch: bool = True) -> to
         lse = torch.logsumexp(collectives.gather_with_grad(lse[None]), dim=0)  # [W, K] -> [K]
         batch *= collectives.world_size()
     return lse - math.log(batch)
+
+
+def entropy_terms(
+    log_p_i: torch.Tensor, p_i: torch.Tensor, log_p_t: torch.Tensor, p_t: torch.Tensor, *, global_batch: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 3's regularisers of the image and text distributions p_I, p_T ([B, K], given with their
+    logs): L_EH = −½ Σ_k (p_I log p_I + p_T log p_T), batch mean, and L_HE = −½ Σ_k (p̄_I log p̄_I +
+    p̄_T log p̄_T) with p̄ the (global) batch mean. Shared by nCLIP, the unified objective (on its
+    targets) and yCLIP; the caller's p is reused, so each objective's autograd graph is what it was."""
+    eh = -((p_i * log_p_i).sum(1) + (p_t * log_p_t).sum(1)).mean() / 2
+    log_pbar_i = batch_mean_log_prob(log_p_i, global_batch=global_batch)  # [K]
+    log_pbar_t = batch_mean_log_prob(log_p_t, global_batch=global_batch)  # [K]
+    he = -((log_pbar_i.exp() * log_pbar_i).sum() + (log_pbar_t.exp() * log_pbar_t).sum()) / 2
+    return eh, he
 
 
 def nclip_terms(
@@ -62,27 +77,9 @@ def nclip_terms(
     log_p_t = F.log_softmax(text_logits, dim=1)  # [B, K]
     p_i, p_t = log_p_i.exp(), log_p_t.exp()
     ce = -((p_i * log_p_t).sum(1) + (p_t * log_p_i).sum(1)).mean() / 2
-    eh = -((p_i * log_p_i).sum(1) + (p_t * log_p_t).sum(1)).mean() / 2
-    log_pbar_i = batch_mean_log_prob(log_p_i, global_batch=global_batch)  # [K]
-    log_pbar_t = batch_mean_log_prob(log_p_t, global_batch=global_batch)  # [K]
-    he = -((log_pbar_i.exp() * log_pbar_i).sum() + (log_pbar_t.exp() * log_pbar_t).sum()) / 2
+    eh, he = entropy_terms(log_p_i, p_i, log_p_t, p_t, global_batch=global_batch)
     loss = ce + lambda1 * eh - lambda2 * he
     return {"loss": loss, "ce": ce, "eh": eh, "he": he, "kl": (ce - eh).detach()}
-
-
-def nclip_loss(
-    image_logits: torch.Tensor,
-    text_logits: torch.Tensor,
-    lambda1: float = 0.5,
-    lambda2: float = 1.5,
-    *,
-    global_batch: bool = True,
-) -> torch.Tensor:
-    """Algorithm 1's L_nCLIP: (L_CE + λ1·L_EH − λ2·L_HE) / 2 with each term summed over both
-    modalities; image_logits, text_logits: [B, K] nCLIP head outputs. See :func:`nclip_terms`."""
-    return nclip_terms(image_logits, text_logits, lambda1, lambda2, global_batch=global_batch)[
-        "loss"
-    ]
 
 
 def xclip_loss(
@@ -105,12 +102,9 @@ def xclip_loss(
     outputs (the two heads are separate, Algorithm 1); logit_scale: the multiplier 1/σ;
     clip_reduction: L_CLIP's two directions averaged (Sec. 3.1) or summed (Algorithm 1).
     """
-    clip = clip_loss(image_emb, text_emb, logit_scale, global_batch=global_batch, reduction=clip_reduction)
-    nclip = nclip_loss(image_logits, text_logits, lambda1, lambda2, global_batch=global_batch)
+    clip = clip_terms(image_emb, text_emb, logit_scale, global_batch=global_batch, reduction=clip_reduction)["loss"]
+    nclip = nclip_terms(image_logits, text_logits, lambda1, lambda2, global_batch=global_batch)["loss"]
     return w_clip * clip + w_nclip * nclip
-
-
-NCLIP_SCORES = ("symmetric", "image_to_text")
 
 
 def _check_score_logits(image_logits: torch.Tensor, text_logits: torch.Tensor, name: str) -> None:

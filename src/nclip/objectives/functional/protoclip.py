@@ -5,7 +5,7 @@ Algorithm 1: h^I, h^T are the L2-normalised projection-head outputs [*, d_h]; C^
 prototypes of an episode [K, d_h]; label^I, label^T the episode samples' cluster assignments;
 C_PBT→I (C_PBT→T) the teacher's clusters translated into the image (text) space by PBT.
 
-Both functions are pure and per-sample: :func:`proto_loss` has no batch statistic, so under DDP
+Both functions are pure and per-sample: :func:`proto_terms` has no batch statistic, so under DDP
 each rank returns the mean over its own rows and DDP's gradient averaging makes the result the
 global-batch loss (equal local batches, as nclip's loaders give). The prototypes themselves are
 built once per episode, on rank 0, and broadcast (:mod:`nclip.train.episodic`).
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["pbt", "proto_loss", "proto_terms"]
+__all__ = ["pbt", "proto_terms"]
 
 
 def pbt(
@@ -43,7 +43,7 @@ def pbt(
     Empty clusters (no sample assigned; K-Means can leave some): the row is **zero**, as in the
     authors' code, which initialises the translated centroids with zeros. A zero row would still
     compete in the softmax of Eq. 3 with a logit of exactly 0, so ProtoCLIP passes the mask to
-    :func:`proto_loss` (``valid=``), which drops empty clusters from the classifier and from the
+    :func:`proto_terms` (``valid=``), which drops empty clusters from the classifier and from the
     soft targets. No label can point to an empty cluster, since the labels define the clusters.
 
     The centroids are means of unit vectors and are *not* renormalised (Algorithm 1 and the
@@ -131,21 +131,3 @@ def proto_terms(
     return {"loss": loss, "acc": acc, "target_entropy": ent.detach()}
 
 
-def proto_loss(
-    features: torch.Tensor,
-    target_centroids: torch.Tensor,
-    labels: torch.Tensor,
-    t_proto: torch.Tensor | float,
-    t_target: float,
-    *,
-    valid: torch.Tensor | None = None,
-    teacher_centroids: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Algorithm 1's ``loss_Proto``: cross-entropy of softmax(features·Cᵀ/τ_Proto) against
-    softmax(C[labels]·Cᵀ/τ_y) (one-hot ``labels`` when τ_y <= 0), averaged over the batch.
-
-    features [B, d], target_centroids [K, d], labels [B]; see :func:`proto_terms` for the rest.
-    """
-    return proto_terms(
-        features, target_centroids, labels, t_proto, t_target, valid=valid, teacher_centroids=teacher_centroids
-    )["loss"]

@@ -51,13 +51,3 @@ def siglip_terms(
     return {"loss": loss, **pair_logit_stats(logits, targets)}
 
 
-def siglip_loss(
-    image_emb: torch.Tensor,
-    text_emb: torch.Tensor,
-    logit_scale: torch.Tensor | float,
-    logit_bias: torch.Tensor | float,
-    *,
-    global_batch: bool = True,
-) -> torch.Tensor:
-    """SigLIP's sigmoid loss (Zhai et al. 2023); image_emb, text_emb: [B, D]. See :func:`siglip_terms`."""
-    return siglip_terms(image_emb, text_emb, logit_scale, logit_bias, global_batch=global_batch)["loss"]

@@ -211,14 +211,6 @@ def supcon_terms(
                      centers=None, alpha=1.0, beta=0.0, global_batch=global_batch, queue_valid=queue_valid)
 
 
-def supcon_loss(features: torch.Tensor, labels: torch.Tensor, *, temperature: float = SUPCON_TEMPERATURE,
-                keep: torch.Tensor | None = None, queue: torch.Tensor | None = None,
-                queue_labels: torch.Tensor | None = None, global_batch: bool = True) -> torch.Tensor:
-    """SupCon, Eq. (2): see :func:`supcon_terms` for every argument."""
-    return supcon_terms(features, labels, temperature=temperature, keep=keep, queue=queue,
-                        queue_labels=queue_labels, global_batch=global_batch)["loss"]
-
-
 def paco_terms(
     features: torch.Tensor,
     labels: torch.Tensor,
@@ -258,15 +250,6 @@ def paco_terms(
     return _contrast(features, labels, temperature=temperature, keep=keep, queue=queue, queue_labels=queue_labels,
                      centers=centers, alpha=alpha, beta=beta, global_batch=global_batch, queue_valid=queue_valid,
                      check_labels=check_labels)
-
-
-def paco_loss(features: torch.Tensor, labels: torch.Tensor, centers: torch.Tensor, *, alpha: float = PACO_ALPHA,
-              beta: float = PACO_BETA, temperature: float = PACO_TEMPERATURE, keep: torch.Tensor | None = None,
-              queue: torch.Tensor | None = None, queue_labels: torch.Tensor | None = None,
-              global_batch: bool = True) -> torch.Tensor:
-    """PaCo, Eq. (3): see :func:`paco_terms` for every argument."""
-    return paco_terms(features, labels, centers, alpha=alpha, beta=beta, temperature=temperature, keep=keep,
-                      queue=queue, queue_labels=queue_labels, global_batch=global_batch)["loss"]
 
 
 @torch.no_grad()
@@ -346,6 +329,3 @@ def reco_terms(
             "reco": reco["loss"].detach(), "kept": kept}
 
 
-def reco_loss(features: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor, **kwargs) -> torch.Tensor:
-    """ReCo, Eq. (7): see :func:`reco_terms` for every argument."""
-    return reco_terms(features, labels, keep, **kwargs)["loss"]

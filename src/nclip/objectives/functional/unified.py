@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from nclip import distributed as collectives
 from nclip.objectives.functional._common import check_pair
-from nclip.objectives.functional.nclip import batch_mean_log_prob, distribution_diagnostics
+from nclip.objectives.functional.nclip import batch_mean_log_prob, distribution_diagnostics, entropy_terms
 
 UNIFORM_CHOICES = ("none", "sinkhorn", "batch_softmax", "centering")
 
@@ -233,24 +233,10 @@ def unified_terms(
     log_q_t = F.log_softmax(text_logits / tau, dim=1)  # [B, K]
     p_i, p_t = log_p_i.exp(), log_p_t.exp()
     ce = -((p_i * log_q_t).sum(1) + (p_t * log_q_i).sum(1)).mean() / 2
-    eh = -((p_i * log_p_i).sum(1) + (p_t * log_p_t).sum(1)).mean() / 2
-    log_pbar_i = batch_mean_log_prob(log_p_i, global_batch=global_batch)  # [K]
-    log_pbar_t = batch_mean_log_prob(log_p_t, global_batch=global_batch)  # [K]
-    he = -((log_pbar_i.exp() * log_pbar_i).sum() + (log_pbar_t.exp() * log_pbar_t).sum()) / 2
+    eh, he = entropy_terms(log_p_i, p_i, log_p_t, p_t, global_batch=global_batch)
     loss = ce + lambda1 * eh - lambda2 * he
     diag = distribution_diagnostics(log_p_i, log_p_t, global_batch=global_batch,
                                     raw_logits=image_logits)  # P of the targets, logit stds of f_I
     return {"loss": loss, "ce": ce, "eh": eh, "he": he, "kl": (ce - eh).detach(), **diag}
 
 
-def unified_loss(
-    image_logits: torch.Tensor,
-    text_logits: torch.Tensor,
-    tau_s: float = 1.0,
-    tau: float = 1.0,
-    lambda1: float = 0.5,
-    lambda2: float = 1.5,
-    **kwargs,
-) -> torch.Tensor:
-    """Algorithm 1's L_unified(f_I, f_T, τ_s, τ, λ1, λ2); keyword options of :func:`unified_terms`."""
-    return unified_terms(image_logits, text_logits, tau_s, tau, lambda1, lambda2, **kwargs)["loss"]

@@ -6,7 +6,11 @@ import torch
 import torch.nn.functional as F
 
 from nclip.objectives.functional._common import check_pair, global_rows
-from nclip.objectives.functional.nclip import batch_mean_log_prob, distribution_diagnostics, nclip_similarity
+from nclip.objectives.functional.nclip import (
+    distribution_diagnostics,
+    entropy_terms,
+    nclip_similarity,
+)
 
 # ============================================================================================
 # yCLIP: InfoNCE over a cross-entropy score matrix in one shared latent space, App. B.2 Eq. 2-3
@@ -50,10 +54,7 @@ def yclip_terms(
     s_t2i = q @ all_log_p.T + log_q @ all_p.T  # [B, W·B]: local texts against every image
     logits_i2t, logits_t2i = logit_scale * s_i2t, logit_scale * s_t2i
     nce = (F.cross_entropy(logits_i2t, targets) + F.cross_entropy(logits_t2i, targets)) / 2
-    eh = -((p * log_p).sum(1) + (q * log_q).sum(1)).mean() / 2
-    log_pbar = batch_mean_log_prob(log_p, global_batch=global_batch)  # [K]
-    log_qbar = batch_mean_log_prob(log_q, global_batch=global_batch)  # [K]
-    he = -((log_pbar.exp() * log_pbar).sum() + (log_qbar.exp() * log_qbar).sum()) / 2
+    eh, he = entropy_terms(log_p, p, log_q, q, global_batch=global_batch)
     loss = nce + lambda1 * eh - lambda2 * he
     with torch.no_grad():
         ce = -s_i2t.gather(1, targets[:, None]).mean() / 2
@@ -65,21 +66,6 @@ def yclip_terms(
         }
     diag = distribution_diagnostics(image_logits, text_logits, global_batch=global_batch)
     return {"loss": loss, "nce": nce, "eh": eh, "he": he, **terms, **diag}
-
-
-def yclip_loss(
-    image_logits: torch.Tensor,
-    text_logits: torch.Tensor,
-    logit_scale: torch.Tensor | float,
-    lambda1: float = 0.5,
-    lambda2: float = 1.5,
-    *,
-    global_batch: bool = True,
-) -> torch.Tensor:
-    """L_yCLIP of Appendix B.2, Eq. (3); see :func:`yclip_terms`."""
-    return yclip_terms(image_logits, text_logits, logit_scale, lambda1, lambda2, global_batch=global_batch)[
-        "loss"
-    ]
 
 
 def yclip_similarity(image_logits: torch.Tensor, text_logits: torch.Tensor) -> torch.Tensor:

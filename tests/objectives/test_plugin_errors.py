@@ -1,0 +1,102 @@
+"""An objective of the user's own (docs/plugins.md): found by module:Class or by an entry point, its
+options validated like a built-in's, and every way of getting it wrong one line with exit status 2."""
+
+import textwrap
+
+import pytest
+
+from nclip.cli import main
+from nclip.config import resolve
+from nclip.objectives import plan_for
+
+GOOD = """
+    from typing import ClassVar
+
+    from pydantic import Field
+
+    from nclip.objectives import Objective, ObjectiveConfig
+    from nclip.objectives.functional import clip_terms
+
+
+    class ScaledClipConfig(ObjectiveConfig):
+        weight: float = Field(1.0, ge=0)
+
+
+    class ScaledClip(Objective):
+        Config = ScaledClipConfig
+        heads: ClassVar = frozenset({"clip"})
+        zero_shot_head: ClassVar = "clip"
+
+        def __init__(self, cfg):
+            super().__init__()
+            self.cfg = cfg
+
+        def forward(self, out, batch=None):
+            return {"loss": self.cfg.weight * clip_terms(out.image["clip"], out.text["clip"], out.logit_scale)["loss"]}
+"""
+
+
+def _write(folder, module: str, source: str) -> None:
+    (folder / f"{module}.py").write_text(textwrap.dedent(source))
+
+
+def _refused(args: list[str], capsys) -> str:
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    return err
+
+
+def test_a_plugin_from_the_working_directory_validates_its_options(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _write(tmp_path, "plugin_good_a", GOOD)
+    cfg = resolve("micro", ["objective.name=plugin_good_a:ScaledClip", "objective.weight=0.5"])
+    assert cfg.objective.weight == 0.5 and cfg.objective.name == "plugin_good_a:ScaledClip"
+    plan = plan_for(cfg)
+    assert plan.heads == {"clip"} and plan.zero_shot_head == "clip"
+    assert resolve("micro", ["objective.name=xclip"]).objective.name == "xclip"  # the built-ins still validate
+
+
+def test_a_plugin_from_an_entry_point(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    site.mkdir()
+    _write(site, "plugin_good_b", GOOD)
+    info = site / "plugin_good_b-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: plugin-good-b\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[nclip.objectives]\nscaled_clip = plugin_good_b:ScaledClip\n")
+    monkeypatch.syspath_prepend(str(site))
+    cfg = resolve("micro", ["objective.name=scaled_clip", "objective.weight=2"])
+    assert plan_for(cfg).objective_class.__name__ == "ScaledClip" and cfg.objective.weight == 2
+
+
+@pytest.mark.parametrize("case, source, needle", [
+    ("import_error", "import does_not_exist_anywhere\n", "does not import (ModuleNotFoundError"),
+    ("missing_method", GOOD.replace('zero_shot_head: ClassVar = "clip"', ""), "does not define zero_shot_head"),
+    ("no_config", GOOD.replace("Config = ScaledClipConfig", ""), "does not define Config"),
+    ("not_an_objective", "class ScaledClip:\n    pass\n", "not a subclass of nclip.objectives.Objective"),
+    ("bad_config", GOOD.replace("Config = ScaledClipConfig", "Config = dict"), "Config is not a subclass"),
+])
+def test_a_wrong_plugin_is_one_line(case, source, needle, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    _write(tmp_path, f"plugin_bad_{case}", source)
+    err = _refused(["train", "--preset", "micro", "--set", f"objective.name=plugin_bad_{case}:ScaledClip",
+                    "--out", str(tmp_path / "run")], capsys)
+    assert needle in err and f"plugin_bad_{case}" in err
+
+
+def test_a_bad_option_and_an_unknown_name_are_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    _write(tmp_path, "plugin_good_c", GOOD)
+    err = _refused(["train", "--preset", "micro", "--set", "objective.name=plugin_good_c:ScaledClip",
+                    "--set", "objective.weight=-1", "--out", str(tmp_path / "run")], capsys)
+    assert "objective.weight" in err and "greater than or equal to 0" in err
+    err = _refused(["train", "--preset", "micro", "--set", "objective.name=plugin_good_c:ScaledClip",
+                    "--set", "objective.wieght=1", "--out", str(tmp_path / "run")], capsys)
+    assert "objective.wieght: unknown key" in err
+    err = _refused(["train", "--preset", "micro", "--set", "objective.name=no_such_objective",
+                    "--out", str(tmp_path / "run")], capsys)
+    assert "unknown objective 'no_such_objective'" in err and "xclip" in err
+    err = _refused(["train", "--preset", "micro", "--set", "objective.name=plugin_good_c:Missing",
+                    "--out", str(tmp_path / "run")], capsys)
+    assert "has no 'Missing'" in err
