@@ -100,3 +100,20 @@ def test_a_bad_option_and_an_unknown_name_are_one_line(tmp_path, monkeypatch, ca
     err = _refused(["train", "--preset", "micro", "--set", "objective.name=plugin_good_c:Missing",
                     "--out", str(tmp_path / "run")], capsys)
     assert "has no 'Missing'" in err
+
+
+def test_a_plugins_config_pickles_into_a_fresh_process(tmp_path, monkeypatch):
+    """A spawned worker (torchrun's, a spawn-context DataLoader's) unpickles the run config: the
+    plugin's config class is found again by loading the plugin there."""
+    import pickle
+    import subprocess
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    _write(tmp_path, "plugin_good_d", GOOD)
+    cfg = resolve("micro", ["objective.name=plugin_good_d:ScaledClip", "objective.weight=0.25"])
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
+    (tmp_path / "cfg.pkl").write_bytes(pickle.dumps(cfg))
+    code = "import pickle; print(pickle.load(open('cfg.pkl', 'rb')).objective.weight)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "0.25", done.stderr[-500:]

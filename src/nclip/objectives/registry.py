@@ -158,5 +158,19 @@ def _named_config(name: str, cls) -> type[ObjectiveConfig]:
     if not (isinstance(config, type) and issubclass(config, ObjectiveConfig)):
         raise ValueError(f"objective.name {name!r}: {cls.__name__}.Config is not a subclass of "
                          "nclip.objectives.ObjectiveConfig")
-    return create_model(config.__name__, __base__=config, __module__=config.__module__,
-                        name=(Literal[name], name))  # type: ignore[valid-type]
+    named = create_model(config.__name__, __base__=config, __module__=__name__,
+                         name=(Literal[name], name))  # type: ignore[valid-type]
+    # pickle finds a class by module and qualified name: this module's __getattr__ answers the name
+    # below by loading the plugin, in this process or a fresh one (a spawned worker)
+    named.__qualname__ = _PLUGIN_CONFIG + name.encode().hex()
+    return named
+
+
+_PLUGIN_CONFIG = "_plugin_config_"
+
+
+def __getattr__(attr: str):
+    """A plugin's config class by its pickled name (:func:`_named_config`), loading the plugin."""
+    if attr.startswith(_PLUGIN_CONFIG):
+        return config_class(bytes.fromhex(attr[len(_PLUGIN_CONFIG):]).decode())
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
