@@ -3,6 +3,7 @@ with the commands the page shows, as written there; resumed and accumulated, it 
 uninterrupted, whole-batch run, as a built-in objective does."""
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -52,7 +53,7 @@ def test_the_pages_commands_train_resume_and_evaluate_its_file(plugin_folder):
     for args in _example()[1]:
         assert args[0] == "nclip"
         done = subprocess.run([sys.executable, "-m", "nclip", *args[1:]], cwd=plugin_folder, capture_output=True,
-                              text=True, timeout=300, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+                              text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
         assert done.returncode == 0, f"{shlex.join(args)}: {done.stderr[-800:]}"
     rows = [json.loads(x) for x in (plugin_folder / "runs/barlow/metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["step"] == 40 and all("barlow/L_BT" in r and "clip/loss" in r for r in rows)

@@ -30,7 +30,6 @@ class ObjectivePlan:
     zero_shot_head: str | None  # the score of zero-shot transfer and retrieval; None: probes only
     probe_features: str  # the image features the probes read by default
     sgd_probe_recipe: str  # the SGD linear probe of the objective's paper
-    head_stats_prefix: str | None  # where its nCLIP-head statistics are logged
     collapse_watch: CollapseWatch | None  # what the collapse monitor reads (App. B.1)
     needs_label_space: bool  # built with the run's classes
     run_cfg: Any = None  # the RunConfig the plan was made for (None: the objective section alone)
@@ -75,7 +74,6 @@ def plan_of(config: ObjectiveConfig, run_cfg=None) -> ObjectivePlan:
         zero_shot_head=cls.zero_shot_head,
         probe_features=cls.probe_features,
         sgd_probe_recipe=cls.sgd_probe_recipe,
-        head_stats_prefix=cls.head_stats_prefix,
         collapse_watch=cls.collapse_watch(config),
         needs_label_space=bool(cls.needs_label_space),
         run_cfg=run_cfg,
