@@ -54,7 +54,8 @@ class Head(nn.Module):
     sides: ClassVar[tuple[str, ...]] = ("image",)
     # the heads whose outputs it reads (they come first in the model: proto reads "clip")
     after: ClassVar[tuple[str, ...]] = ()
-    # the model.* fields it is sized by (so that a merge or an export can say which belong to it)
+    # the model.* fields it is sized by: documentation that a test keeps true (each names a ModelConfig field);
+    # nothing in src reads it
     config_fields: ClassVar[tuple[str, ...]] = ()
     # how it reads a training batch of two views per image, pixels [B, 2, 3, S, S]: None (it cannot),
     # "every" (each view through the tower and the head: SupCon's 2N batch) or "target" (the first
