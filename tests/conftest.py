@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +21,24 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # so that two workers on two cores do not each start two threads
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.when == "call":
+        item.passed_its_call = report.passed
+    return report
+
+
+@pytest.fixture(autouse=True)
+def _free_the_disk_after_a_passing_test(request):
+    """Delete a passing test's ``tmp_path`` as soon as it ends. A full run writes about 7 GB of
+    run folders; kept to the end (pytest's retention), they filled a CI machine's disk."""
+    yield
+    path = request.node.funcargs.get("tmp_path")
+    if path is not None and getattr(request.node, "passed_its_call", False):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def micro_sizes() -> list[str]:
