@@ -48,7 +48,7 @@ RUNS = {
     "protoclip_noext": ("protoclip-tiny", ["objective.w_ext=0"]),
     "noext_nopbt": ("protoclip-tiny", ["objective.w_ext=0", "objective.pbt=false"]),
     "noext_hard": ("protoclip-tiny", ["objective.w_ext=0", "objective.t_target=0"]),
-    # Tab. 1(a)'s last two rows, not measured yet (docs/reproduction.md, claim 6): K random episode
+    # Tab. 1(a)'s last two rows (measured in docs/reproduction.md, claim 6): K random episode
     # samples as the prototypes (no Lloyd iteration), and no augmentation (after COMMON, so these win)
     "noext_nokmeans": ("protoclip-tiny", ["objective.w_ext=0", "objective.kmeans_iters=0"]),
     "noext_noaug": ("protoclip-tiny", ["objective.w_ext=0", "data.augment.crop_scale=[1.0,1.0]",
