@@ -29,18 +29,16 @@ def test_the_verdict_rule_heads_the_doc():
 
 
 def _recorded_ranges() -> set[tuple[str, float, float]]:
-    """(mean, min, max) of every table figure: "X ± h" cells (two seeds: [X − h, X + h]), "X (seed
-    0/seed 1)" cells and "X [min, max]" cells (three seeds: the mean and the seeds' range)."""
+    """(mean, min, max) of every table figure: "X ± h" cells (two seeds: [X − h, X + h]) and "X [min,
+    max]" cells (three seeds: the mean and the seeds' range)."""
     out = set()
-    for name in ("reproduction.md", "tagging.md", "protoclip.md"):
+    for name in ("reproduction.md", "tagging.md"):
         for line in _text(name).splitlines():
             if not line.startswith("|"):
                 continue
             for mean, half in re.findall(NUM + r" ± " + NUM, line):
                 m, h = float(mean), float(half)
                 out.add((mean, round(m - h, 1), round(m + h, 1)))
-            for mean, a, b in re.findall(NUM + r" \(" + NUM + "/" + NUM + r"\)", line):
-                out.add((mean, min(float(a), float(b)), max(float(a), float(b))))
             for mean, lo, hi in re.findall(NUM + r" \[" + NUM + ", " + NUM + r"\]", line):
                 out.add((mean, float(lo), float(hi)))
     return out
