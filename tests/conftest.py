@@ -11,9 +11,6 @@ import pytest
 import torch
 
 from nclip.config import load_preset
-from nclip.models.torchvision_compat import ensure_importable
-
-ensure_importable()  # a test may import transformers before nclip.models does (see that module)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -9,12 +9,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from nclip.models.torchvision_compat import ensure_importable
+import nclip  # noqa: F401 (its import makes torchvision importable beside a CPU torch: nclip.torchvision_compat)
 
 
 def open_clip():
-    """The open_clip module (its torchvision made importable beside a CPU torch: nclip.models.torchvision_compat)."""
-    ensure_importable()
+    """The open_clip module."""
     return pytest.importorskip("open_clip")
 
 

@@ -67,3 +67,16 @@ def test_presets_lists_each_with_its_one_line_description(capsys):
         assert line.endswith(description) and line.split(None, 1)[1] == description
         # a summary that stands alone: one sentence on one line (the header's first), not cut mid-sentence
         assert description.endswith(".") and 20 <= len(description) <= 98, (name, description)
+
+
+def test_the_peers_import_beside_nclip_which_imports_no_torchvision():
+    """``import nclip`` loads neither torch nor torchvision, and open_clip, OpenAI's CLIP code and
+    transformers' CLIP then import in the same process (a CUDA-built torchvision beside CPU torch:
+    nclip.torchvision_compat)."""
+    pytest.importorskip("open_clip")
+    probe = ("import sys, warnings; import nclip; before = [m for m in ('torch', 'torchvision') if m in sys.modules]; "
+             "warnings.simplefilter('ignore'); import open_clip, clip; from transformers import CLIPModel; "
+             "print('RESULT', before, 'torchvision' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "RESULT [] True"

@@ -2,6 +2,8 @@
 
 import logging
 
+from nclip import torchvision_compat as _torchvision_compat
+
 __version__ = "0.1.0"
 
 # transformers imports torchao whenever it is installed (nclip[lowmem]); torchao then logs one warning
@@ -9,6 +11,9 @@ __version__ = "0.1.0"
 # concerns nclip's use (the 8-bit optimizer, nclip.train.lowbit), so both loggers show errors only.
 for _name in ("torchao", "torch.utils._pytree"):
     logging.getLogger(_name).setLevel(logging.ERROR)
+
+# a CUDA-built torchvision beside the CPU torch wheel: made importable when something imports it
+_torchvision_compat.install()
 
 
 def load(path, device=None, arch=None):

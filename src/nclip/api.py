@@ -17,6 +17,7 @@ from typing import Sequence
 
 import numpy as np
 import torch
+from PIL import Image
 from torch import nn
 from torch.nn import functional as F
 
@@ -90,11 +91,12 @@ class LoadedModel(nn.Module):
         return out + self.logit_bias if self.logit_bias is not None else out
 
     def transform(self, image) -> torch.Tensor:
-        """The run's eval pre-processing of one image (a PIL image or uint8 [H, W, 3] array) →
-        float32 [3, S, S]: shorter side to S (bicubic), centre crop, CLIP normalisation -- or the
-        resize of the run's ``data.eval_resize`` / ``eval_interpolation`` (an OpenCLIP checkpoint's)."""
-        if hasattr(image, "convert"):  # PIL
-            image = np.asarray(image.convert("RGB"))
+        """The run's eval pre-processing of one image (a PIL image of any mode, or a uint8 [H, W, 3] RGB
+        array) → float32 [3, S, S]: shorter side to S (bicubic), centre crop, CLIP normalisation -- or
+        the run's ``data.eval_resize`` / ``eval_interpolation`` / ``eval_convention`` (a checkpoint's
+        own preprocessing, pixel for pixel: docs/transfer.md)."""
+        if isinstance(image, Image.Image):
+            return eval_tensor(image, self.image_size, model_resize(self.model))
         image = np.asarray(image)
         if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
             raise NclipError(f"transform takes a PIL image or a uint8 [H, W, 3] array, got {image.dtype} "

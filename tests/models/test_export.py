@@ -99,3 +99,13 @@ def test_hf_export_with_auto_classes_matches_nclip_load(tmp_path, micro_override
     hf_t = F.normalize(getattr(hf_t, "pooler_output", hf_t), dim=-1)
     assert (hf_i * ours.encode_image(images)).sum(-1).min() >= 0.9999
     assert (hf_t * ours.encode_text(captions)).sum(-1).min() >= 0.9999
+
+    # the export loaded back takes CLIPImageProcessor's pixels exactly, also where transformers' crop and
+    # conversion are not torchvision's (nclip's own convention): a 3 (mod 4) overhang, an RGBA image
+    back = nclip.load(hf_dir, device="cpu")
+    assert back.cfg.data.eval_convention == "transformers" and ours.cfg.data.eval_convention == "torchvision"
+    odd = [Image.fromarray(rng.integers(0, 256, (32, 38, 3), dtype=np.uint8)),
+           Image.fromarray(rng.integers(0, 256, (20, 37, 4), dtype=np.uint8))]
+    pixels = proc(images=odd, return_tensors="pt")["pixel_values"]
+    torch.testing.assert_close(pixels, torch.stack([back.transform(im) for im in odd]), rtol=0, atol=1e-6)
+    assert (pixels - torch.stack([ours.transform(im) for im in odd])).abs().amax((1, 2, 3)).min() > 0.1

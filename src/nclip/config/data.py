@@ -74,6 +74,11 @@ class DataConfig(Section):
     # OpenCLIP checkpoint sets them from its preprocess_cfg (resize_mode, interpolation)
     eval_resize: Literal["shortest", "squash"] = "shortest"
     eval_interpolation: Literal["bicubic", "bilinear"] = "bicubic"
+    # whose evaluation pixels to reproduce (nclip.data.transforms.CONVENTIONS): "torchvision" (open_clip's,
+    # OpenAI's and CLIP_benchmark's preprocess: the crop rounds half the overhang, the mode becomes RGB after
+    # resize and crop) or "transformers" (CLIPImageProcessor: RGB first, the crop floors). model.init sets
+    # it from the checkpoint's origin; nclip's own models take torchvision's, which published numbers use
+    eval_convention: Literal["torchvision", "transformers"] = "torchvision"
     train_length: int = Field(1_000_000, ge=1, description="samples in the (procedural) train split")
     max_objects: int = Field(4, ge=1, le=4)
     loose_caption_prob: float = Field(0.3, ge=0, le=1)

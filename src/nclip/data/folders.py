@@ -26,31 +26,45 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".ti
 FOLDER_TEMPLATES = ("a photo of a {}.", "a picture of a {}.", "an image of a {}.", "a {}.")
 
 
-def image_or_reason(path: Path) -> np.ndarray | str:
-    """uint8 [H, W, 3] RGB, or why the file cannot be read: ``image not found`` or ``cannot read
-    image: <the decoder's first line>``."""
+def image_or_reason(path: Path, keep_mode: bool = False):
+    """uint8 [H, W, 3] RGB (with ``keep_mode``, the decoded PIL image where its mode is another), or why
+    the file cannot be read: ``image not found`` or ``cannot read image: <the decoder's first line>``."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(path) as im:
-            return np.asarray(im.convert("RGB"))
+            return decoded_pixels(im, keep_mode)
     except FileNotFoundError:
         return "image not found"
     except (UnidentifiedImageError, OSError, ValueError) as e:
         return f"cannot read image: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
 
 
-def load_image(path: Path, where: str = "") -> np.ndarray:
-    """uint8 [H, W, 3] RGB, or an NclipError naming the file (and ``where`` it was listed)."""
-    out = image_or_reason(path)
+def load_image(path: Path, where: str = "", keep_mode: bool = False):
+    """uint8 [H, W, 3] RGB, or an NclipError naming the file (and ``where`` it was listed).
+    ``keep_mode``: an image whose mode is not RGB comes as the decoded PIL image, for evaluation to
+    convert where the model's convention does (:func:`nclip.data.transforms.eval_resize`)."""
+    out = image_or_reason(path, keep_mode)
     if not isinstance(out, str):
         return out
     what, _, detail = out.partition(": ")
     raise NclipError(f"{where}{what}: {path}" if not detail else f"{where}{what} {path}: {detail}")
 
 
+def decoded_pixels(image, keep_mode: bool = False):
+    """An open PIL image as uint8 [H, W, 3] RGB; with ``keep_mode``, one whose mode is not RGB as the
+    loaded PIL image, so that evaluation converts it after its resize and crop as torchvision's
+    pipelines do (a P image resizes by nearest, an RGBA one with its alpha)."""
+    if keep_mode and image.mode != "RGB":
+        image.load()
+        return image.copy()
+    return np.asarray(image.convert("RGB"))
+
+
 class FileSamples(Sequence):
-    """Samples whose images are read from disk on access; ``label_kinds`` as every dataset's."""
+    """Samples whose images are read from disk on access; ``label_kinds`` as every dataset's. Indexing
+    gives the evaluation's samples (an image that is not RGB stays a PIL image: :func:`decoded_pixels`),
+    :meth:`read` the training's (always RGB arrays)."""
 
     def __init__(self, paths: list[Path], captions: list[tuple[str, ...]], labels: list[dict[str, int]],
                  where: list[str] | None = None, label_kinds: dict[str, LabelKind] | None = None):
@@ -64,7 +78,7 @@ class FileSamples(Sequence):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        return self._sample(i, load_image(self.paths[i], self.where[i]))
+        return self._sample(i, load_image(self.paths[i], self.where[i], keep_mode=True))
 
     def read(self, i: int) -> Sample | str:
         """Sample ``i``, or why its image cannot be read (training skips it: :mod:`nclip.data.bad_samples`)."""

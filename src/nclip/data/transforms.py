@@ -15,6 +15,7 @@ bitwise :func:`to_tensor` of them on the CPU. Evaluation keeps :func:`to_tensor`
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -140,40 +141,92 @@ def augment(image: np.ndarray, size: int, aug, rng: np.random.Generator) -> np.n
 
 
 INTERPOLATION = {"bicubic": Image.BICUBIC, "bilinear": Image.BILINEAR}
-EVAL_RESIZE = ("shortest", "bicubic")  # data.eval_resize, data.eval_interpolation by default
+PIL_RESAMPLE = {2: "bilinear", 3: "bicubic"}  # PIL's resample codes, as a preprocessor_config.json names them
+# data.eval_convention: whose evaluation pixels a model reproduces. "torchvision": torchvision's Resize and
+# CenterCrop on the decoded image, then convert("RGB") -- the preprocess of open_clip, OpenAI's CLIP and
+# CLIP_benchmark, which published CLIP numbers use; "transformers": CLIPImageProcessor's PIL backend --
+# convert to RGB first (transparency composited onto white), then resize and crop
+CONVENTIONS = ("torchvision", "transformers")
 
 
-def model_resize(model) -> tuple[str, str]:
-    """The (mode, interpolation) evaluation resizes with for ``model``: a DualEncoder's ``eval_resize``
-    (its run's data.eval_resize and data.eval_interpolation)."""
-    return getattr(model, "eval_resize", EVAL_RESIZE)
+class EvalPreprocess(NamedTuple):
+    """How evaluation turns an image into the image tower's input: ``resize`` (data.eval_resize),
+    ``interpolation`` (data.eval_interpolation) and ``convention`` (data.eval_convention)."""
+
+    resize: str = "shortest"
+    interpolation: str = "bicubic"
+    convention: str = "torchvision"
 
 
-def eval_resize(image: np.ndarray, size: int, mode: str = "shortest", interpolation: str = "bicubic") -> np.ndarray:
-    """Evaluation pre-processing to [size, size, 3]: ``shortest`` (:func:`resize_center_crop`) or
-    ``squash`` (both sides to ``size``), as OpenCLIP's eval transform of that ``resize_mode`` (PIL's
-    resize, which torchvision's ``Resize`` calls on PIL images)."""
-    if mode == "squash":
-        h, w = image.shape[:2]
-        if (h, w) == (size, size):
-            return image
-        return np.asarray(Image.fromarray(image).resize((size, size), INTERPOLATION[interpolation]))
-    return resize_center_crop(image, size, interpolation)
+EVAL_RESIZE = EvalPreprocess()  # the preprocessing of a model without its own
 
 
-def resize_center_crop(image: np.ndarray, size: int, interpolation: str = "bicubic") -> np.ndarray:
-    """Evaluation pre-processing: shorter side to ``size`` (bicubic), then a centre crop.
+def preprocess_of(data) -> EvalPreprocess:
+    """The EvalPreprocess of a run's data section (a DataConfig)."""
+    return EvalPreprocess(data.eval_resize, data.eval_interpolation, data.eval_convention)
 
-    The longer side becomes ``int(size * long / short)``, truncated as torchvision's ``Resize``,
-    OpenCLIP and transformers' ``CLIPImageProcessor`` size it, so the image processor that
-    ``nclip export --hf`` writes reproduces these pixels exactly."""
-    h, w = image.shape[:2]
-    if (h, w) != (size, size):
-        long = int(size * max(h, w) / min(h, w))
-        img = Image.fromarray(image).resize((size, long) if w <= h else (long, size), INTERPOLATION[interpolation])
-        left, top = (img.width - size) // 2, (img.height - size) // 2
-        image = np.asarray(img.crop((left, top, left + size, top + size)))
-    return image
+
+def model_resize(model) -> EvalPreprocess:
+    """How evaluation pre-processes images for ``model``: a DualEncoder's ``eval_resize`` (its run's
+    data.eval_resize, data.eval_interpolation and data.eval_convention)."""
+    return EvalPreprocess(*getattr(model, "eval_resize", EVAL_RESIZE))
+
+
+def center_crop_offset(length: int, size: int, convention: str = "torchvision") -> int:
+    """Where a centre crop of ``size`` starts in ``length``: torchvision's CenterCrop rounds half the
+    overhang to the nearest integer, ties to even (Python's ``round``); transformers' center_crop
+    floors it. The two differ by 1 px when the overhang is 3 (mod 4)."""
+    return int(round((length - size) / 2.0)) if convention == "torchvision" else (length - size) // 2
+
+
+def shortest_side_size(height: int, width: int, size: int) -> tuple[int, int]:
+    """(width, height) of the shorter side resized to ``size``: the longer side becomes
+    ``int(size * long / short)``, truncated, as torchvision's Resize and CLIPImageProcessor size it."""
+    long = int(size * max(height, width) / min(height, width))
+    return (size, long) if width <= height else (long, size)
+
+
+def to_rgb(image: Image.Image, convention: str = "torchvision") -> Image.Image:
+    """The image in RGB mode as ``convention`` converts it: PIL's ``convert("RGB")`` (torchvision's
+    pipelines, which drop any alpha), or transformers' ``convert_to_rgb``, which composites an image
+    with an alpha band or a transparency colour onto white first."""
+    if image.mode == "RGB":
+        return image
+    if convention == "transformers" and ("A" in image.getbands() or image.info.get("transparency") is not None):
+        white = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, image.convert("RGBA")).convert("RGB")
+    return image.convert("RGB")
+
+
+def eval_resize(image, size: int, mode: str = "shortest", interpolation: str = "bicubic",
+                convention: str = "torchvision") -> np.ndarray:
+    """Evaluation pre-processing of a PIL image (any mode, as decoded) or a uint8 [H, W, 3] RGB array
+    to uint8 [size, size, 3] RGB: ``shortest`` (the shorter side to ``size``, then a centre crop) or
+    ``squash`` (both sides to ``size``), with the PIL resize that torchvision's ``Resize`` and
+    CLIPImageProcessor call. ``convention`` decides the crop's rounding and whether the mode becomes
+    RGB after the crop (torchvision: P images resize by nearest, RGBA ones with their alpha) or
+    before the resize (transformers); both pixel for pixel the same as the reference tools."""
+    img = image if isinstance(image, Image.Image) else Image.fromarray(np.asarray(image))
+    if convention == "transformers":
+        img = to_rgb(img, convention)
+    target = (size, size) if mode == "squash" else shortest_side_size(img.height, img.width, size)
+    if img.size != target:  # torchvision's Resize returns an image of the output size as it is
+        img = img.resize(target, INTERPOLATION[interpolation])
+    if img.size != (size, size):
+        left = center_crop_offset(img.width, size, convention)
+        top = center_crop_offset(img.height, size, convention)
+        img = img.crop((left, top, left + size, top + size))
+    return np.asarray(to_rgb(img, convention))
+
+
+def resize_center_crop(image, size: int, interpolation: str = "bicubic", convention: str = "torchvision") -> np.ndarray:
+    """Evaluation pre-processing with the shorter side to ``size``, then a centre crop (:func:`eval_resize`)."""
+    return eval_resize(image, size, "shortest", interpolation, convention)
+
+
+def rgb_array(image) -> np.ndarray:
+    """A sample's image as uint8 [H, W, 3] RGB (a PIL image is converted, an array returned as it is)."""
+    return np.asarray(image.convert("RGB")) if isinstance(image, Image.Image) else image
 
 
 def to_tensor(image: np.ndarray) -> torch.Tensor:
@@ -201,8 +254,8 @@ def normalize_pixels(pixels: torch.Tensor, stats: tuple[torch.Tensor, torch.Tens
     return (pixels.float() / 255.0 - mean) / std
 
 
-def eval_tensor(image: np.ndarray, size: int, resize: tuple[str, str] | tuple[()] = ()) -> torch.Tensor:
-    """Evaluation pre-processing of one image: resize (+ centre crop) + normalise; ``resize``: the
-    model's (mode, interpolation), :func:`model_resize` (default: the shorter
-    side, bicubic)."""
+def eval_tensor(image, size: int, resize: tuple[str, ...] = ()) -> torch.Tensor:
+    """Evaluation pre-processing of one image (a PIL image of any mode, or uint8 [H, W, 3] RGB):
+    resize (+ centre crop) + normalise; ``resize``: the model's EvalPreprocess, :func:`model_resize`
+    (default: the shorter side, bicubic, torchvision's convention)."""
     return to_tensor(eval_resize(image, size, *resize))

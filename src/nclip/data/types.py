@@ -33,7 +33,9 @@ class LabelKind:
 class Sample:
     """One image-text pair with the labels kept for evaluation.
 
-    image:       uint8 array [H, W, 3], RGB.
+    image:       uint8 array [H, W, 3], RGB; in evaluation's samples of image files, an image whose
+                 mode is not RGB is the decoded PIL image, converted where the model's convention
+                 converts it (nclip.data.transforms.eval_resize; rgb_array for the RGB pixels).
     caption:     the training caption (may be *loose*: mention only part of the image).
     captions:    reference captions for retrieval evaluation (>= 1, all faithful to the image).
     labels:      single-label targets by kind, e.g. {"shape": 3, "colour": 1, "count": 2, "realm": 0},

@@ -72,8 +72,7 @@ class Encoder:
         """[3, S, S] of a PIL image or uint8 [H, W, 3] array, by the eval transform."""
         from nclip.data.transforms import eval_tensor
 
-        array = np.asarray(image.convert("RGB")) if hasattr(image, "convert") else np.asarray(image)
-        return eval_tensor(array, self.image_size, self.resize)
+        return eval_tensor(image if hasattr(image, "convert") else np.asarray(image), self.image_size, self.resize)
 
     @torch.no_grad()
     def images(self, pixels: torch.Tensor) -> torch.Tensor:

@@ -23,8 +23,9 @@ from safetensors.torch import load_file, save_file
 from nclip import fileperm
 
 # bump when the content of an entry changes meaning (2: the eval resize truncates the long side,
-# nclip.data.transforms.resize_center_crop; 3: head outputs keyed by head name, "clip" not "emb")
-FORMAT = "nclip-eval-features/3"
+# nclip.data.transforms.resize_center_crop; 3: head outputs keyed by head name, "clip" not "emb";
+# 4: the centre crop rounds as torchvision's and a non-RGB image converts after it, data.eval_convention)
+FORMAT = "nclip-eval-features/4"
 
 
 def file_sha256(path: str | Path, chunk: int = 1 << 22) -> str:

@@ -40,7 +40,9 @@ def img_tag(b64: str, alt: str, cls: str = "") -> str:
 def _image_png(image: np.ndarray, size: int = 128) -> str:
     from PIL import Image
 
-    im = Image.fromarray(np.asarray(image, dtype=np.uint8))
+    from nclip.data.transforms import rgb_array
+
+    im = Image.fromarray(np.asarray(rgb_array(image), dtype=np.uint8))
     scale = max(1, size // max(im.size))
     im = im.resize((im.width * scale, im.height * scale), Image.NEAREST)
     buf = io.BytesIO()

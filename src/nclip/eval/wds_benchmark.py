@@ -33,7 +33,7 @@ import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from nclip.data.folders import fingerprint
+from nclip.data.folders import decoded_pixels, fingerprint
 from nclip.data.types import LabelKind, Sample
 from nclip.errors import NclipError
 
@@ -73,7 +73,6 @@ class TarSamples(Sequence):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        import numpy as np
         from PIL import Image
 
         shard, offset, size, key = self.images[i]
@@ -82,7 +81,7 @@ class TarSamples(Sequence):
                 fh.seek(offset)
                 data = fh.read(size)
             with Image.open(io.BytesIO(data)) as im:
-                image = np.asarray(im.convert("RGB"))
+                image = decoded_pixels(im, keep_mode=True)
         except Exception as e:  # PIL raises many types for a corrupt image
             raise NclipError(f"{shard}: sample {key!r}: image does not decode "
                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None

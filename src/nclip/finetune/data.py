@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from nclip.data.transforms import eval_tensor
+from nclip.data.transforms import eval_tensor, preprocess_of, rgb_array
 from nclip.data.types import LabelKind
 from nclip.finetune.loop import LabelledData
 from nclip.finetune.splits import LabelSplits, label_splits, per_class_counts
@@ -41,13 +41,13 @@ def prepare(cfg, settings) -> Prepared:
                         train_samples=settings.train_samples, seed=settings.seed)
     data = build_datasets(cfg, spec)[0]
     kind = class_kind(data.label_kinds)
-    size, resize = cfg.data.image_size, (cfg.data.eval_resize, cfg.data.eval_interpolation)
+    size, resize = cfg.data.image_size, preprocess_of(cfg.data)
     train = [data.splits["train"][i] for i in range(len(data.splits["train"]))]
     test = [data.splits["test"][i] for i in range(len(data.splits["test"]))]
     y = np.array([s.labels[kind] for s in train], dtype=np.int64)
     splits = label_splits(y, settings.fraction, settings.val_fraction, settings.seed)
     labelled = LabelledData(
-        train_images=[train[i].image for i in splits.train],
+        train_images=[rgb_array(train[i].image) for i in splits.train],  # augmented as training's RGB arrays
         train_labels=torch.from_numpy(y[splits.train]),
         val_pixels=torch.stack([eval_tensor(train[i].image, size, resize) for i in splits.val]),
         val_labels=torch.from_numpy(y[splits.val]),

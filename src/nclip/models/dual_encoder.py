@@ -11,6 +11,7 @@ from torch import nn
 
 from nclip.config import RunConfig
 from nclip.data.tokenization import CaptionTokenizer
+from nclip.data.transforms import preprocess_of
 from nclip.heads import HeadContext, build_heads
 from nclip.models.towers import build_text_tower, build_vision_tower
 from nclip.objectives import plan_for
@@ -45,10 +46,9 @@ class DualEncoder(nn.Module):
         m = cfg.model
         self.cfg_text_kind = m.text.kind
         self.tokenizer = CaptionTokenizer(cfg.data.text_length, m.text.tokenizer)
-        # how evaluation resizes an image for the image tower, (mode, interpolation): data.eval_resize and
-        # data.eval_interpolation (an OpenCLIP checkpoint's own preprocessing), read by
-        # nclip.data.transforms.eval_tensor
-        self.eval_resize = (cfg.data.eval_resize, cfg.data.eval_interpolation)
+        # how evaluation pre-processes an image for the image tower (a checkpoint's own preprocessing:
+        # data.eval_resize, eval_interpolation, eval_convention), read by nclip.data.transforms.eval_tensor
+        self.eval_resize = preprocess_of(cfg.data)
         self.vision = build_vision_tower(m.vision, cfg.data.image_size)
         self.text = build_text_tower(m, self.tokenizer, cfg.data.text_length, pretrained_text)
         if m.grad_checkpointing:  # active while training only; CMSF's target copy runs without grad

@@ -25,7 +25,7 @@ import numpy as np
 
 from nclip.config import RunConfig, validate
 from nclip.data.tokenization import TOKENIZER_FILE, CaptionTokenizer
-from nclip.data.transforms import CLIP_MEAN, CLIP_STD
+from nclip.data.transforms import CLIP_MEAN, CLIP_STD, PIL_RESAMPLE
 from nclip.errors import NclipError
 from nclip.jsonio import read_json
 from nclip.models import openclip_files, openclip_import, siglip_import
@@ -135,7 +135,7 @@ def _hf_architecture(path: Path):
     pooling = "argmax" if tc.eos_token_id == 2 else "token"
     text = {"kind": "transformer", **_transformer(tc, "text"), "vocab_size": tc.vocab_size,
             "eos_pooling": pooling, "tokenizer": _hf_tokenizer(path, length, tc, pooling)}
-    data = {"image_size": vc.image_size, "text_length": length}
+    data = {"image_size": vc.image_size, "text_length": length, **_hf_preprocess(path)}
     return vision, text, data, hf.projection_dim, "a transformers CLIPModel"
 
 
@@ -153,6 +153,15 @@ def _pixel_stats(path: Path) -> dict:
                                        and np.allclose(std, CLIP_STD, atol=1e-6)):
         return {}
     return {"pixel_mean": list(mean), "pixel_std": list(std)}
+
+
+def _hf_preprocess(path: Path) -> dict:
+    """CLIPImageProcessor's pixels: its conversion and crop (data.eval_convention) and its resample."""
+    resample = read_json(path / PREPROCESSOR).get("resample", 3) if (path / PREPROCESSOR).is_file() else 3
+    if resample not in PIL_RESAMPLE:
+        raise NclipError(f"model.init: {path / PREPROCESSOR}: resample {resample!r} is not bicubic (3) or "
+                         "bilinear (2), the ones nclip's evaluation offers")
+    return {"eval_convention": "transformers", "eval_interpolation": PIL_RESAMPLE[resample]}
 
 
 def _hf_tokenizer(path: Path, length: int, tc, pooling: str) -> str | None:
@@ -179,7 +188,8 @@ def _hf_tokenizer(path: Path, length: int, tc, pooling: str) -> str | None:
 
 def _nclip_architecture(path: Path):
     src = read_config(_nclip_model_dir(path))
-    data = {k: getattr(src.data, k) for k in ("image_size", "text_length", "eval_resize", "eval_interpolation")}
+    data = {k: getattr(src.data, k) for k in ("image_size", "text_length", "eval_resize", "eval_interpolation",
+                                                 "eval_convention")}
     m = src.model.model_dump(mode="json")
     return m["vision"], m["text"], data, m["embed_dim"], "an nclip model"
 

@@ -67,7 +67,8 @@ def architecture(src: OpenClipSource, cfg: dict) -> tuple[dict, dict, dict, int]
     text = _text(tc, act, where)
     text["tokenizer"] = str(vocabulary(src))
     data = {"image_size": int(image_size), "text_length": int(tc.get("context_length", 77)),
-            "eval_resize": src.preprocess["resize_mode"], "eval_interpolation": src.preprocess["interpolation"]}
+            "eval_resize": src.preprocess["resize_mode"], "eval_interpolation": src.preprocess["interpolation"],
+            "eval_convention": "torchvision"}
     return vision, text, data, embed_dim
 
 

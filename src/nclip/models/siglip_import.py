@@ -25,6 +25,7 @@ import torch
 from safetensors import safe_open
 
 from nclip.data.tokenization import SENTENCEPIECE_FILE, CaptionTokenizer
+from nclip.data.transforms import PIL_RESAMPLE
 from nclip.errors import NclipError
 from nclip.jsonio import read_json
 from nclip.models.hf_weights import (
@@ -41,7 +42,6 @@ from nclip.models.siglip_towers import LAYER_NORM_EPS
 FORMAT = "transformers SiglipModel"
 ACTIVATIONS = ("gelu", "quick_gelu", "gelu_pytorch_tanh")
 SCALARS = ("logit_scale", "logit_bias")
-INTERPOLATION = {2: "bilinear", 3: "bicubic"}  # PIL's resample codes in a preprocessor_config.json
 
 
 def is_siglip_dir(path: Path) -> bool:
@@ -104,12 +104,13 @@ def _pixel_stats(path: Path) -> dict:
 
 
 def _eval_resize(path: Path) -> dict:
-    """SiglipImageProcessor resizes to image_size² without a crop ("squash"), bicubic by default."""
+    """SiglipImageProcessor converts to RGB first (transformers' convention), then resizes to image_size²
+    without a crop ("squash"), bicubic by default."""
     resample = _preprocessor(path).get("resample", 3)
-    if resample not in INTERPOLATION:
+    if resample not in PIL_RESAMPLE:
         raise NclipError(f"model.init: {path / PREPROCESSOR}: resample {resample!r} is not bicubic (3) or "
                          "bilinear (2), the ones nclip's evaluation offers")
-    return {"eval_resize": "squash", "eval_interpolation": INTERPOLATION[resample]}
+    return {"eval_resize": "squash", "eval_interpolation": PIL_RESAMPLE[resample], "eval_convention": "transformers"}
 
 
 def _tokenizer(path: Path, tc) -> str:

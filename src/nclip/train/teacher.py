@@ -154,9 +154,6 @@ def encode_captions(captions: list[str], directory: Path, max_length: int, batch
     Exact shortcuts: each distinct caption is encoded once, in batches of similar lengths with the
     trailing padding cut (padding is at the end and masked, so the pooled states do not change)."""
     _check_pooling(pooling)
-    from nclip.models.torchvision_compat import ensure_importable
-
-    ensure_importable()  # before transformers imports torchvision (see the module)
     from transformers import AutoModel
     from transformers.utils import logging as hf_logging
 
