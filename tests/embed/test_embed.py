@@ -48,8 +48,9 @@ def setup(tmp_path_factory):
     rng = np.random.default_rng(0)
     (tmp / "images").mkdir()
     lines = ["image,caption"]
-    for i in range(ROWS):
-        Image.fromarray(rng.integers(0, 256, (20 + i % 7, 24, 3), dtype=np.uint8)).save(tmp / "images" / f"{i}.png")
+    for i in range(ROWS):  # RGB, RGBA and P files: each becomes RGB where the model's convention converts it
+        image = Image.fromarray(rng.integers(0, 256, (20 + i % 7, 24, 3 + (i % 3 == 1)), dtype=np.uint8))
+        (image.quantize(colors=16) if i % 3 == 2 else image).save(tmp / "images" / f"{i}.png")
         lines.append(f"images/{i}.png,picture {i} of a {COLOURS[i % 5]} thing")
     (tmp / "pairs.csv").write_text("\n".join(lines) + "\n")
     out = tmp / "full"

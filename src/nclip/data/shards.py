@@ -26,6 +26,7 @@ from typing import Iterator
 import numpy as np
 from PIL import Image
 
+from nclip.data.folders import decoded_pixels
 from nclip.errors import NclipError
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
@@ -137,8 +138,10 @@ def iter_records(url: str) -> Iterator[Record | Bad]:
             proc.wait()
 
 
-def decode(rec: Record | Bad) -> tuple[np.ndarray, str, dict] | Bad:
-    """(image uint8 [H, W, 3] RGB, caption, json metadata) or :class:`Bad` with the reason."""
+def decode(rec: Record | Bad, keep_mode: bool = False) -> tuple[np.ndarray, str, dict] | Bad:
+    """(image uint8 [H, W, 3] RGB, caption, json metadata) or :class:`Bad` with the reason; ``keep_mode``:
+    an image that is not RGB comes as the decoded PIL image, for evaluation to convert
+    (:func:`nclip.data.folders.decoded_pixels`)."""
     if isinstance(rec, Bad):
         return rec
     ext = next((e for e in IMAGE_EXTS if e in rec.parts), None)
@@ -154,11 +157,12 @@ def decode(rec: Record | Bad) -> tuple[np.ndarray, str, dict] | Bad:
         return Bad(rec.key, rec.url, "empty caption")
     try:
         with Image.open(io.BytesIO(rec.parts[ext])) as img:
-            image = np.asarray(img.convert("RGB"))
+            image = decoded_pixels(img, keep_mode)
     except Exception as e:  # PIL raises many types for corrupt/truncated/bomb images
         return Bad(rec.key, rec.url, f"image does not decode: {type(e).__name__}: {str(e)[:80]}")
-    if image.ndim != 3 or image.shape[0] < 1 or image.shape[1] < 1:
-        return Bad(rec.key, rec.url, f"image has shape {image.shape}")
+    height, width = (image.height, image.width) if isinstance(image, Image.Image) else image.shape[:2]
+    if height < 1 or width < 1:
+        return Bad(rec.key, rec.url, f"image has shape {(height, width)}")
     meta = {}
     if "json" in rec.parts:
         try:

@@ -140,7 +140,8 @@ class Index:
 
 
 def open_image(path: str | Path):
-    """The RGB PIL image of a file; one line if it is missing or not an image."""
+    """The decoded PIL image of a file, in its own mode (the model's convention converts it to RGB); one line
+    if it is missing or not an image."""
     from PIL import Image, UnidentifiedImageError
 
     path = Path(path).expanduser()
@@ -148,6 +149,7 @@ def open_image(path: str | Path):
         raise NclipError(f"image not found: {path}")
     try:
         with Image.open(path) as im:
-            return im.convert("RGB")
+            im.load()
+            return im.copy()
     except (UnidentifiedImageError, OSError, ValueError) as e:
         raise NclipError(f"{path} is not an image ({type(e).__name__})") from None

@@ -169,7 +169,7 @@ class _Records(Sequence):
     def __getitem__(self, i: int) -> Sample:
         from nclip.data.shards import Bad, decode
 
-        out = decode(self.records[i])
+        out = decode(self.records[i], keep_mode=True)
         if isinstance(out, Bad):
             raise NclipError(f"{out.url}#{out.key}: {out.reason}")
         image, caption, _ = out
