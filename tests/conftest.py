@@ -17,7 +17,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # `make test` runs the suite in parallel processes (pytest-xdist): each gets its share of the cores,
 # so that two workers on two cores do not each start two threads
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
+_THREADS = max(1, min(2, (os.cpu_count() or 1) // _WORKERS))
+torch.set_num_threads(_THREADS)
+# train.threads auto would follow the machine's load, which a parallel suite moves: runs that a test compares
+# bitwise (in this process or in `nclip train` subprocesses) compute with one pinned count
+os.environ["OMP_NUM_THREADS"] = str(_THREADS)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -113,7 +117,9 @@ def train_and_kill(args: list[str], metrics: Path, after_lines: int, timeout: fl
 def one_thread():
     """Micro models are all small ops: on a shared 2-core machine one thread is several times faster.
     Use with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
-    before = torch.get_num_threads()
+    before, omp = torch.get_num_threads(), os.environ["OMP_NUM_THREADS"]
     torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"  # training's train.threads: auto follows it
     yield
     torch.set_num_threads(before)
+    os.environ["OMP_NUM_THREADS"] = omp

@@ -42,7 +42,7 @@ def test_startup_block_and_a_line_per_log_step(tmp_path, capsys):
     args += [x for o in OVERRIDES + evals for x in ("--set", o)]
     assert main(args) == 0
     err = capsys.readouterr().err.splitlines()
-    block = {line.split()[0]: line for line in err[1:12]}
+    block = {line.split()[0]: line for line in err[1:13]}
     assert err[0] == "nclip train"
     assert "micro" in block["preset"]
     assert ("xclip (λ1=0.5, λ2=1.5, L_CLIP reduction=mean, λ_CLIP=0.2, λ_nCLIP=1.0, nCLIP start=0, nCLIP ramp=0)"
@@ -51,6 +51,7 @@ def test_startup_block_and_a_line_per_log_step(tmp_path, capsys):
     assert "transformer, width 32, 1 layers (" in block["text"] and "params)" in block["text"]
     assert "synthetic, 64 samples, 16 px" in block["data"]
     assert "cpu, 1 rank, auto (fp32" in block["device"]
+    assert block["threads"].split(None, 1)[1] == "1 (train.threads)"
     assert block["steps"].split()[1] == "4," and "8 pairs per step" in block["batch"]
     assert block["output"].endswith(str(out))
     assert "every 4 steps: zero-shot and retrieval (clip head) on 16 images of synthetic" in block["eval"]

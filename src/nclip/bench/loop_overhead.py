@@ -72,7 +72,7 @@ def _sync(device: torch.device) -> None:
 
 def build_parts(cfg: RunConfig, device: torch.device):
     """Model, objective and optimizer as the trainer builds them (same threads, seed and order)."""
-    if cfg.train.threads:
+    if isinstance(cfg.train.threads, int):  # auto: the machine's own count, as the bench measures
         torch.set_num_threads(cfg.train.threads)
     torch.manual_seed(cfg.seed)
     model = build(cfg)

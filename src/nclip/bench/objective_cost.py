@@ -47,7 +47,7 @@ def measure(preset: str, overrides: list[str], objective: str, steps: int, warmu
     t_start = time.perf_counter()  # the process's start and imports: the runner's wall time less run_s
     cfg = config_with_objective(preset, overrides, objective)
     device = device_of(cfg)
-    if cfg.train.threads:
+    if isinstance(cfg.train.threads, int):
         torch.set_num_threads(cfg.train.threads)
     t_build = time.perf_counter()
     with shared_models() as models:  # counts the build, for the bench's JSON

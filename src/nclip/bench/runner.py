@@ -92,13 +92,14 @@ def run_bench(preset: str, overrides: list[str], quick: bool = False, compare: l
 
     cfg = resolve(preset, overrides)
     device = loop_overhead.device_of(cfg)
-    if device.type == "cpu" and cfg.train.threads is None:
+    if device.type == "cpu" and not isinstance(cfg.train.threads, int):
         # one intra-op thread unless asked: on a shared CPU two OpenMP threads spend most of a small
         # step waiting for each other (measured: a micro step 25 ms on 1 thread, 90-1000 ms on 2)
         overrides = [*overrides, "train.threads=1"]
         cfg = resolve(preset, overrides)
         log("bench: CPU: train.threads=1 (set train.threads to change)")
-    torch.set_num_threads(cfg.train.threads or torch.get_num_threads())
+    if isinstance(cfg.train.threads, int):
+        torch.set_num_threads(cfg.train.threads)
     written = _written_bytes()
     stages = [*STAGES, *(COMPARE[name] for name in compare or [])]
     with shared_models() as models:  # each model built once (nclip.bench.shared_models)

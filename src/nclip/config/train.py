@@ -3,7 +3,7 @@ strategy, checkpoints, reporting, and evaluation while training (its checks: :mo
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -40,7 +40,9 @@ class TrainConfig(Section):
     log_every: int = Field(10, ge=1)
     checkpoint_every: int = Field(500, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
-    threads: int | None = Field(None, ge=1, description="torch intra-op threads (None: default)")
+    # torch intra-op threads: auto takes the cores of this process's affinity less its data workers and the
+    # cores the load says are busy (nclip.train.threads); null: torch's default
+    threads: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field("auto", description="torch intra-op threads")
     # torch.compile the training step (nclip.train.compile); eager, with a one-line warning, where it fails
     compile: bool = False
     strategy: Literal["ddp", "fsdp"] = "ddp"  # under torchrun: replicate (DDP) or shard (FSDP2)

@@ -69,6 +69,7 @@ def _plan(opts: SweepOptions, runs: list[RunSpec], previous: dict[str, dict]) ->
 
     cores = available_cores()
     base_threads = resolve(opts.preset, list(opts.overrides)).train.threads  # a preset or --set may fix it
+    base_threads = base_threads if isinstance(base_threads, int) else None  # auto: each run its share
     parallel, threads = plan_parallelism(cores, opts.parallel, opts.threads or base_threads)
     todo = [r for r in runs if not _finished(opts.out / "runs" / r.slug, previous.get(r.slug, {}))]
     return _Plan(parallel=max(1, min(parallel, len(todo) or 1)), threads=threads, cores=cores, todo=todo)

@@ -75,6 +75,7 @@ def startup_block(run, preset: str | None) -> str:
     import torch
 
     from nclip.precision import autocast_dtype
+    from nclip.train import threads
 
     dtype = autocast_dtype(t.precision, ctx.device)
     autocast = {torch.bfloat16: "bf16 autocast", torch.float16: "fp16 autocast, loss scaling"}.get(dtype, "fp32")
@@ -88,6 +89,7 @@ def startup_block(run, preset: str | None) -> str:
         ("heads", f"{', '.join(sorted(model.heads))} ({heads / 1e6:.2f}M params)"),
         ("data", _data(cfg, getattr(run.data, "size", None)) + _gave_way(preset, cfg)),
         ("device", f"{ctx.device}, {ctx.world_size} rank{'s' * (ctx.world_size > 1)}, {precision}"),
+        ("threads", threads.describe(t.threads)),
         ("steps", f"{steps}, lr {t.lr:g} ({t.warmup_steps} warm-up, cosine to {t.min_lr:g}), log every "
                   f"{t.log_every}, checkpoint every {t.checkpoint_every}"),
         ("batch", f"{t.batch_size} {'pairs' if text is not None else 'images'} per step"

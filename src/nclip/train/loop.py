@@ -46,6 +46,7 @@ from nclip.config import RunConfig
 from nclip.data.device_feed import DeviceFeed
 from nclip.data.labels import label_space_for
 from nclip.data.loader import train_loader
+from nclip.data.workers import loader_workers
 from nclip.defaults import BUILTIN_SOURCES
 from nclip.errors import NclipError
 from nclip.jsonio import WriteFailed, truncate_jsonl, writing
@@ -91,6 +92,7 @@ from nclip.train.optim import build_optimizer, lr_at, set_lr
 from nclip.train.periodic_eval import PeriodicEval
 from nclip.train.rundir import agree, plan_run, start_run
 from nclip.train.snapshot import BufferSnapshot
+from nclip.train.threads import set_threads
 
 
 @dataclass
@@ -198,8 +200,7 @@ def _restore(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool) -> t
     this rank's RNG from the newest checkpoint. Returns the run and this rank's saved data position.
     (The order of construction fixes the random initialisation: keep it.)"""
     t = cfg.train
-    if t.threads:
-        torch.set_num_threads(t.threads)
+    set_threads(t.threads, loader_workers(cfg, ctx.device))
     torch.manual_seed(cfg.seed)
     model = build_model(cfg)
     lock_towers(model, cfg.model)  # model.vision/text.lock, unlocked_layers: out of the optimizer

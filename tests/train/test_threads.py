@@ -1,0 +1,53 @@
+"""train.threads: auto takes this process's cores less its data workers and the cores other processes keep
+busy, and the start-up block says so in one line naming the setting."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nclip.config import resolve
+from nclip.errors import NclipError
+from nclip.train import threads
+
+
+@pytest.fixture(autouse=True)
+def _keep_torch_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_auto_takes_the_cores_less_workers_busy_cores_and_local_ranks():
+    assert threads.auto_threads(cores=2, local_ranks=1, workers=0, busy=0) == 2
+    assert threads.auto_threads(cores=2, local_ranks=1, workers=0, busy=1) == 1
+    assert threads.auto_threads(cores=2, local_ranks=1, workers=0, busy=5) == 1  # at least one
+    assert threads.auto_threads(cores=16, local_ranks=2, workers=3, busy=0) == 5
+    assert threads.auto_threads(cores=16, local_ranks=2, workers=3, busy=4) == 3
+
+
+def test_the_default_is_auto_and_a_number_or_null_stay_accepted():
+    assert resolve("micro").train.threads == "auto"
+    assert resolve("micro", ["train.threads=3"]).train.threads == 3
+    assert resolve("micro", ["train.threads=null"]).train.threads is None
+    for bad in ("0", "many"):
+        with pytest.raises(NclipError, match="train.threads"):
+            resolve("micro", [f"train.threads={bad}"])
+
+
+def test_a_busy_machine_gets_fewer_threads_and_the_start_up_line_names_the_setting(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS")  # the suite pins it (tests/conftest.py)
+    monkeypatch.setattr(threads, "process_cores", lambda: 2)
+    monkeypatch.setattr(threads, "busy_cores", lambda: 1)
+    threads.set_threads("auto", workers=0)
+    assert torch.get_num_threads() == 1
+    line = threads.describe("auto")
+    assert line.startswith("1 (auto: 2 cores; the one-minute load says 1 are busy") and "train.threads=N" in line
+    monkeypatch.setattr(threads, "busy_cores", lambda: 0)
+    threads.set_threads("auto", workers=0)
+    assert torch.get_num_threads() == 2 and threads.describe("auto") == "2 (auto: 2 cores)"
+    threads.set_threads(1, workers=0)
+    assert torch.get_num_threads() == 1 and threads.describe(1) == "1 (train.threads)"
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # set by the job (torchrun: 1 for several ranks)
+    threads.set_threads("auto", workers=0)
+    assert torch.get_num_threads() == 1 and threads.describe("auto") == "1 (auto: OMP_NUM_THREADS)"
