@@ -106,9 +106,20 @@ def setup(cfg: RunConfig) -> DistContext:
     local = int(os.environ["LOCAL_RANK"])
     device = _use(_device(cfg, local))
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30),
-                            device_id=device if device.type == "cuda" else None)
+    timeout = datetime.timedelta(minutes=30)
+    dist.init_process_group(backend, store=_attempt_store(timeout), rank=int(os.environ["RANK"]), world_size=world,
+                            timeout=timeout, device_id=device if device.type == "cuda" else None)
     return DistContext(dist.get_rank(), dist.get_world_size(), local, device, owns_group=True)
+
+
+def _attempt_store(timeout: datetime.timedelta):
+    """torchrun's store (env://, as init_process_group would open it), its keys under a prefix of this
+    restart's own. torchrun's agent keeps one store across the restarts of a job, so without the prefix
+    a restarted rank can read the address a killed worker published and fail, or hang, connecting to it
+    (gloo's "connectFullMesh failed ... Connection refused")."""
+    store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
+    store.set_timeout(timeout)
+    return dist.PrefixStore(f"nclip/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def teardown(ctx: DistContext) -> None:
