@@ -15,7 +15,7 @@ import torch
 import nclip
 from nclip.cli import main
 from nclip.config import resolve
-from nclip.data.tokenization import CaptionTokenizer
+from nclip.data.tokenization import CaptionTokenizer, bundled_model_dir
 from nclip.data.transforms import CLIP_MEAN, CLIP_STD
 from nclip.models import build_model
 from nclip.models.export_onnx import embedding_space
@@ -33,6 +33,8 @@ CASES = {
     "convnet": ['model.vision={"kind": "convnet", "embedding_size": 8, "depths": [1, 1], "hidden_sizes": [16, 32], '
                 '"heads": 2}', "objective.name=clip"],
     "cmsf-image-only": ["objective.name=cmsf", "model.cmsf_hidden=64", "model.cmsf_dim=32"],
+    # a lone tokenizer.json (no tokenizer_config.json beside it): the export writes the config AutoTokenizer needs
+    "tokenizer-file": [f"model.text.tokenizer={bundled_model_dir() / 'tokenizer.json'}", "objective.name=clip"],
 }
 
 
@@ -80,8 +82,10 @@ def test_onnxruntime_gives_nclip_loads_embeddings(tmp_path, micro_overrides, nam
         text = ort.InferenceSession(str(tmp_path / "onnx" / config["text_encoder"]["file"]))
         assert [i.name for i in text.get_inputs()] == list(config["text_encoder"]["inputs"]) == ["input_ids",
                                                                                                   "attention_mask"]
-    # the tokenizer beside the graphs gives nclip's ids and mask
-    tok = CaptionTokenizer(config["tokenizer"]["text_length"], tmp_path / "onnx" / config["tokenizer"]["path"])
+    # the tokenizer beside the graphs gives nclip's ids and mask, read by nclip, tokenizers or transformers
+    tokenizer_dir = tmp_path / "onnx" / config["tokenizer"]["path"]
+    tok = CaptionTokenizer(config["tokenizer"]["text_length"], tokenizer_dir)
+    deployed = deployed_tokenizers(tokenizer_dir)
     torch.manual_seed(1)
     for batch in (1, 5):  # neither is the traced batch size (2)
         pixels = torch.randn(batch, 3, size, size)
@@ -92,8 +96,32 @@ def test_onnxruntime_gives_nclip_loads_embeddings(tmp_path, micro_overrides, nam
         ids, mask = tok(CAPTIONS[:batch])
         want_ids, want_mask = ours.tokenizer(CAPTIONS[:batch])
         assert torch.equal(ids, want_ids) and torch.equal(mask, want_mask)
+        for encode in deployed:
+            got_ids, got_mask = encode(CAPTIONS[:batch])
+            assert np.array_equal(got_ids, want_ids.numpy()) and np.array_equal(got_mask, want_mask.numpy()), encode
         got = text.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]
         np.testing.assert_allclose(got, ours.encode_text(CAPTIONS[:batch]).numpy(), rtol=0, atol=1e-4)
+
+
+def deployed_tokenizers(directory):
+    """The export's tokenizer as a deployment without nclip reads it: tokenizers' Tokenizer.from_file
+    of its tokenizer.json as it is, and AutoTokenizer padding and truncating to its model_max_length;
+    each as texts -> (ids, mask) int64 arrays."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    plain = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    auto = AutoTokenizer.from_pretrained(str(directory))
+
+    def with_tokenizers(texts):
+        enc = plain.encode_batch(texts)
+        return np.array([e.ids for e in enc], np.int64), np.array([e.attention_mask for e in enc], np.int64)
+
+    def with_transformers(texts):
+        enc = auto(texts, padding="max_length", truncation=True, return_tensors="np")
+        return enc["input_ids"], enc["attention_mask"]
+
+    return with_tokenizers, with_transformers
 
 
 def test_an_image_only_objective_has_no_text_embedding():

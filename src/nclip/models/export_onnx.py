@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nclip.data import clip_bpe
-from nclip.data.tokenization import bundled_model_dir
+from nclip.data.tokenization import bundled_model_dir, fix_length
 from nclip.data.transforms import CLIP_MEAN, CLIP_STD
 from nclip.defaults import PROBE_FEATURES
 from nclip.errors import NclipError
@@ -87,6 +87,7 @@ def export_onnx(checkpoint: Path, out: Path) -> str:
                 _keep_input(onnx, tmp / TEXT, "attention_mask", 1, length)
         source = Path(cfg.model.text.tokenizer).expanduser() if cfg.model.text.tokenizer else bundled_model_dir()
         copy_tokenizer(source, tmp / TOKENIZER)
+        fix_length(tmp / TOKENIZER, length)  # the graph takes no other length
         with torch.no_grad():
             description = config(model, cfg, score, key, normalise, bpe=clip_bpe.bpe_file(source) is not None)
         (tmp / CONFIG).write_text(json.dumps(description, indent=2) + "\n")
