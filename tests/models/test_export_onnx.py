@@ -207,23 +207,78 @@ def test_export_into_the_run_is_refused(tmp_path, micro_overrides, capsys):
     assert one_line(capsys).startswith(f"nclip: error: --open-clip {run / 'model'} would write into a run")
 
 
-def test_the_docs_onnxruntime_snippet_runs_and_gives_nclip_loads_scores(tmp_path, micro_overrides, monkeypatch,
-                                                                         capsys):
+# the docs' example images, as it names them: non-square and whose centre crops' overhangs are 3 (mod 4) at
+# the micro image size S = 16 (34x20 -> 27x16, 21x41 -> 16x31, 23x16 as it is), where torchvision's and
+# transformers' crops are 1 px apart; an RGB JPEG, an RGBA PNG, a P PNG with a transparency colour
+SNIPPET_IMAGES = {"photo.jpg": ("RGB", (34, 20)), "logo.png": ("RGBA", (21, 41)), "icon.png": ("P", (23, 16))}
+PREPROCESSING = {
+    "torchvision": [],  # nclip's own models: round the crop, to RGB after it
+    "transformers": ["data.eval_convention=transformers"],  # to RGB (on white) first, floor the crop
+    "squash-bilinear": ["data.eval_resize=squash", "data.eval_interpolation=bilinear"],
+}
+# what the snippet must run without: a deployment with only PIL, numpy, tokenizers and onnxruntime
+NOT_DEPLOYED = ("nclip", "torch", "transformers")
+HARNESS = f"""
+import sys
+
+
+class NotDeployed:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {NOT_DEPLOYED!r}:
+            raise ImportError(f"{{name}} is not installed where the ONNX export is deployed")
+
+
+sys.meta_path.insert(0, NotDeployed())
+"""
+CHECK = f"""
+np.savez("snippet.npz", img=img, txt=txt, pixels=np.stack([pixels(i) for i in images]))
+json.dump(captions, open("captions.json", "w"))
+assert not [m for m in sys.modules if m.split(".")[0] in {NOT_DEPLOYED!r}], sorted(sys.modules)
+"""
+
+
+def snippet_images(directory):
+    """The files the docs' snippet opens, written into ``directory``."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for name, (mode, (w, h)) in SNIPPET_IMAGES.items():
+        image = Image.fromarray(rng.integers(0, 256, (h, w, 4 if mode == "RGBA" else 3), dtype=np.uint8))
+        if mode == "P":
+            image = image.quantize(16)
+            image.info["transparency"] = 3
+        image.save(directory / name, **({"transparency": 3} if mode == "P" else {}))
+
+
+@pytest.mark.parametrize("preprocessing", PREPROCESSING)
+def test_the_docs_onnxruntime_snippet_needs_no_nclip_and_gives_nclip_loads_embeddings(
+        tmp_path, micro_overrides, capsys, preprocessing):
+    """docs/export.md's ONNX snippet, run as written in a fresh interpreter where nclip, torch and
+    transformers cannot be imported: its pixels are nclip.load's bit for bit, for each crop rounding,
+    conversion to RGB and resize that onnx_config.json can name, and its embeddings equal
+    encode_image / encode_text to 1e-5."""
     import re
+    import subprocess
     from pathlib import Path
 
     from PIL import Image
 
     docs = (Path(__file__).resolve().parents[2] / "docs" / "export.md").read_text()
     snippet = next(b for b in re.findall(r"```python\n(.*?)```", docs, flags=re.S) if "onnxruntime" in b)
-    run = saved(tmp_path, micro_overrides)
+    assert all(name in snippet for name in SNIPPET_IMAGES)
+    run = saved(tmp_path, micro_overrides + PREPROCESSING[preprocessing])
     assert export(run, tmp_path / "runs" / "micro-onnx") == 0
-    capsys.readouterr()
-    monkeypatch.chdir(tmp_path)
-    names: dict = {}
-    exec(snippet, names)  # the documentation's own code
+    snippet_images(tmp_path)
+    done = subprocess.run([sys.executable, "-I", "-c", HARNESS + snippet + CHECK], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("[[")  # the printed cosines
+
     ours = nclip.load(run, device="cpu")
-    want = ours.encode_image([Image.new("RGB", (64, 48), "red")]) @ ours.encode_text(["a red circle",
-                                                                                       "a blue square"]).T
-    np.testing.assert_allclose(names["img"] @ names["txt"].T, want.numpy(), rtol=0, atol=1e-5)
-    assert capsys.readouterr().out.startswith("[[")
+    images = [Image.open(tmp_path / name) for name in SNIPPET_IMAGES]
+    assert [im.mode for im in images] == [mode for mode, _ in SNIPPET_IMAGES.values()]
+    got = np.load(tmp_path / "snippet.npz")
+    assert np.array_equal(got["pixels"], torch.stack([ours.transform(im) for im in images]).numpy())
+    np.testing.assert_allclose(got["img"], ours.encode_image(images).numpy(), rtol=0, atol=1e-5)
+    captions = json.loads((tmp_path / "captions.json").read_text())
+    np.testing.assert_allclose(got["txt"], ours.encode_text(captions).numpy(), rtol=0, atol=1e-5)
