@@ -83,6 +83,12 @@ def test_hf_export_with_auto_classes_matches_nclip_load(tmp_path, micro_override
     enc = tok(captions, padding="max_length", truncation=True, return_tensors="pt")
     ids, mask = ours.tokenizer(captions)
     assert torch.equal(enc["input_ids"], ids) and torch.equal(enc["attention_mask"], mask)
+    # tokenizers alone, from the exported file as it is: padded and truncated to the model's text length
+    from tokenizers import Tokenizer
+
+    plain = Tokenizer.from_file(str(tmp_path / "hf" / "tokenizer.json")).encode_batch(captions)
+    assert torch.equal(torch.tensor([e.ids for e in plain]), ids)
+    assert torch.equal(torch.tensor([e.attention_mask for e in plain]), mask)
 
     rng = np.random.default_rng(0)
     # square, larger, and non-square ones whose long side S * long / short has a fraction >= 0.5

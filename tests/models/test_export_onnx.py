@@ -15,7 +15,7 @@ import torch
 import nclip
 from nclip.cli import main
 from nclip.config import resolve
-from nclip.data.tokenization import CaptionTokenizer
+from nclip.data.tokenization import CaptionTokenizer, bundled_model_dir
 from nclip.data.transforms import CLIP_MEAN, CLIP_STD
 from nclip.models import build_model
 from nclip.models.export_onnx import embedding_space
@@ -33,6 +33,8 @@ CASES = {
     "convnet": ['model.vision={"kind": "convnet", "embedding_size": 8, "depths": [1, 1], "hidden_sizes": [16, 32], '
                 '"heads": 2}', "objective.name=clip"],
     "cmsf-image-only": ["objective.name=cmsf", "model.cmsf_hidden=64", "model.cmsf_dim=32"],
+    # a lone tokenizer.json (no tokenizer_config.json beside it): the export writes the config AutoTokenizer needs
+    "tokenizer-file": [f"model.text.tokenizer={bundled_model_dir() / 'tokenizer.json'}", "objective.name=clip"],
 }
 
 
@@ -68,8 +70,9 @@ def test_onnxruntime_gives_nclip_loads_embeddings(tmp_path, micro_overrides, nam
     config = json.loads((tmp_path / "onnx" / "onnx_config.json").read_text())
     size = config["image"]["size"]
     assert size == ours.image_size
-    np.testing.assert_allclose(config["image"]["mean"], CLIP_MEAN, rtol=1e-7)
-    np.testing.assert_allclose(config["image"]["std"], CLIP_STD, rtol=1e-7)
+    # float32 from the JSON numbers: CLIP's statistics exactly, as the transform uses them
+    assert np.array_equal(np.float32(config["image"]["mean"]), CLIP_MEAN)
+    assert np.array_equal(np.float32(config["image"]["std"]), CLIP_STD)
     assert config["embedding"]["score"] == ours.head
     assert config["image_encoder"]["outputs"]["embedding"]["l2_normalised"] == (ours.head in ("clip", None))
     image = ort.InferenceSession(str(tmp_path / "onnx" / config["image_encoder"]["file"]))
@@ -80,8 +83,10 @@ def test_onnxruntime_gives_nclip_loads_embeddings(tmp_path, micro_overrides, nam
         text = ort.InferenceSession(str(tmp_path / "onnx" / config["text_encoder"]["file"]))
         assert [i.name for i in text.get_inputs()] == list(config["text_encoder"]["inputs"]) == ["input_ids",
                                                                                                   "attention_mask"]
-    # the tokenizer beside the graphs gives nclip's ids and mask
-    tok = CaptionTokenizer(config["tokenizer"]["text_length"], tmp_path / "onnx" / config["tokenizer"]["path"])
+    # the tokenizer beside the graphs gives nclip's ids and mask, read by nclip, tokenizers or transformers
+    tokenizer_dir = tmp_path / "onnx" / config["tokenizer"]["path"]
+    tok = CaptionTokenizer(config["tokenizer"]["text_length"], tokenizer_dir)
+    deployed = deployed_tokenizers(tokenizer_dir)
     torch.manual_seed(1)
     for batch in (1, 5):  # neither is the traced batch size (2)
         pixels = torch.randn(batch, 3, size, size)
@@ -92,8 +97,32 @@ def test_onnxruntime_gives_nclip_loads_embeddings(tmp_path, micro_overrides, nam
         ids, mask = tok(CAPTIONS[:batch])
         want_ids, want_mask = ours.tokenizer(CAPTIONS[:batch])
         assert torch.equal(ids, want_ids) and torch.equal(mask, want_mask)
+        for encode in deployed:
+            got_ids, got_mask = encode(CAPTIONS[:batch])
+            assert np.array_equal(got_ids, want_ids.numpy()) and np.array_equal(got_mask, want_mask.numpy()), encode
         got = text.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]
         np.testing.assert_allclose(got, ours.encode_text(CAPTIONS[:batch]).numpy(), rtol=0, atol=1e-4)
+
+
+def deployed_tokenizers(directory):
+    """The export's tokenizer as a deployment without nclip reads it: tokenizers' Tokenizer.from_file
+    of its tokenizer.json as it is, and AutoTokenizer padding and truncating to its model_max_length;
+    each as texts -> (ids, mask) int64 arrays."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    plain = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    auto = AutoTokenizer.from_pretrained(str(directory))
+
+    def with_tokenizers(texts):
+        enc = plain.encode_batch(texts)
+        return np.array([e.ids for e in enc], np.int64), np.array([e.attention_mask for e in enc], np.int64)
+
+    def with_transformers(texts):
+        enc = auto(texts, padding="max_length", truncation=True, return_tensors="np")
+        return enc["input_ids"], enc["attention_mask"]
+
+    return with_tokenizers, with_transformers
 
 
 def test_an_image_only_objective_has_no_text_embedding():
@@ -178,23 +207,78 @@ def test_export_into_the_run_is_refused(tmp_path, micro_overrides, capsys):
     assert one_line(capsys).startswith(f"nclip: error: --open-clip {run / 'model'} would write into a run")
 
 
-def test_the_docs_onnxruntime_snippet_runs_and_gives_nclip_loads_scores(tmp_path, micro_overrides, monkeypatch,
-                                                                         capsys):
+# the docs' example images, as it names them: non-square and whose centre crops' overhangs are 3 (mod 4) at
+# the micro image size S = 16 (34x20 -> 27x16, 21x41 -> 16x31, 23x16 as it is), where torchvision's and
+# transformers' crops are 1 px apart; an RGB JPEG, an RGBA PNG, a P PNG with a transparency colour
+SNIPPET_IMAGES = {"photo.jpg": ("RGB", (34, 20)), "logo.png": ("RGBA", (21, 41)), "icon.png": ("P", (23, 16))}
+PREPROCESSING = {
+    "torchvision": [],  # nclip's own models: round the crop, to RGB after it
+    "transformers": ["data.eval_convention=transformers"],  # to RGB (on white) first, floor the crop
+    "squash-bilinear": ["data.eval_resize=squash", "data.eval_interpolation=bilinear"],
+}
+# what the snippet must run without: a deployment with only PIL, numpy, tokenizers and onnxruntime
+NOT_DEPLOYED = ("nclip", "torch", "transformers")
+HARNESS = f"""
+import sys
+
+
+class NotDeployed:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {NOT_DEPLOYED!r}:
+            raise ImportError(f"{{name}} is not installed where the ONNX export is deployed")
+
+
+sys.meta_path.insert(0, NotDeployed())
+"""
+CHECK = f"""
+np.savez("snippet.npz", img=img, txt=txt, pixels=np.stack([pixels(i) for i in images]))
+json.dump(captions, open("captions.json", "w"))
+assert not [m for m in sys.modules if m.split(".")[0] in {NOT_DEPLOYED!r}], sorted(sys.modules)
+"""
+
+
+def snippet_images(directory):
+    """The files the docs' snippet opens, written into ``directory``."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for name, (mode, (w, h)) in SNIPPET_IMAGES.items():
+        image = Image.fromarray(rng.integers(0, 256, (h, w, 4 if mode == "RGBA" else 3), dtype=np.uint8))
+        if mode == "P":
+            image = image.quantize(16)
+            image.info["transparency"] = 3
+        image.save(directory / name, **({"transparency": 3} if mode == "P" else {}))
+
+
+@pytest.mark.parametrize("preprocessing", PREPROCESSING)
+def test_the_docs_onnxruntime_snippet_needs_no_nclip_and_gives_nclip_loads_embeddings(
+        tmp_path, micro_overrides, capsys, preprocessing):
+    """docs/export.md's ONNX snippet, run as written in a fresh interpreter where nclip, torch and
+    transformers cannot be imported: its pixels are nclip.load's bit for bit, for each crop rounding,
+    conversion to RGB and resize that onnx_config.json can name, and its embeddings equal
+    encode_image / encode_text to 1e-5."""
     import re
+    import subprocess
     from pathlib import Path
 
     from PIL import Image
 
     docs = (Path(__file__).resolve().parents[2] / "docs" / "export.md").read_text()
     snippet = next(b for b in re.findall(r"```python\n(.*?)```", docs, flags=re.S) if "onnxruntime" in b)
-    run = saved(tmp_path, micro_overrides)
+    assert all(name in snippet for name in SNIPPET_IMAGES)
+    run = saved(tmp_path, micro_overrides + PREPROCESSING[preprocessing])
     assert export(run, tmp_path / "runs" / "micro-onnx") == 0
-    capsys.readouterr()
-    monkeypatch.chdir(tmp_path)
-    names: dict = {}
-    exec(snippet, names)  # the documentation's own code
+    snippet_images(tmp_path)
+    done = subprocess.run([sys.executable, "-I", "-c", HARNESS + snippet + CHECK], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("[[")  # the printed cosines
+
     ours = nclip.load(run, device="cpu")
-    want = ours.encode_image([Image.new("RGB", (64, 48), "red")]) @ ours.encode_text(["a red circle",
-                                                                                       "a blue square"]).T
-    np.testing.assert_allclose(names["img"] @ names["txt"].T, want.numpy(), rtol=0, atol=1e-5)
-    assert capsys.readouterr().out.startswith("[[")
+    images = [Image.open(tmp_path / name) for name in SNIPPET_IMAGES]
+    assert [im.mode for im in images] == [mode for mode, _ in SNIPPET_IMAGES.values()]
+    got = np.load(tmp_path / "snippet.npz")
+    assert np.array_equal(got["pixels"], torch.stack([ours.transform(im) for im in images]).numpy())
+    np.testing.assert_allclose(got["img"], ours.encode_image(images).numpy(), rtol=0, atol=1e-5)
+    captions = json.loads((tmp_path / "captions.json").read_text())
+    np.testing.assert_allclose(got["txt"], ours.encode_text(captions).numpy(), rtol=0, atol=1e-5)

@@ -13,6 +13,7 @@ final-norm feature the CLIP-style text tower pools. A directory with a SentenceP
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
 
@@ -25,8 +26,9 @@ from nclip.errors import NclipError
 from nclip.jsonio import read_json
 
 TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
 # where transformers' save_pretrained names the special tokens (the first file that names one wins)
-SPECIALS_FILES = ("special_tokens_map.json", "tokenizer_config.json")
+SPECIALS_FILES = ("special_tokens_map.json", TOKENIZER_CONFIG)
 WORDPIECE_SPECIALS = {"pad_token": "[PAD]", "bos_token": "[CLS]", "eos_token": "[SEP]"}
 SENTENCEPIECE_FILE = "spiece.model"  # SigLIP's tokenizer (transformers' SiglipTokenizer)
 
@@ -135,6 +137,30 @@ class CaptionTokenizer:
         ids = torch.from_numpy(np.array([e.ids for e in enc], dtype=np.int64).reshape(len(enc), -1))  # [N, L]
         mask = torch.from_numpy(np.array([e.attention_mask for e in enc], dtype=np.int64).reshape(len(enc), -1))
         return ids, mask
+
+
+def fix_length(directory: Path, length: int) -> None:
+    """Make the transformers tokenizer files in ``directory`` (an export's own copy) give
+    :class:`CaptionTokenizer`'s ids of ``length`` tokens, the only length the exported model takes:
+    ``tokenizer.json`` pads and truncates to it (``tokenizers.Tokenizer.from_file`` then encodes
+    as nclip does), and ``tokenizer_config.json``'s ``model_max_length`` is it (``AutoTokenizer``'s
+    ``padding="max_length", truncation=True``). The bundled tokenizer's files say 128 and 512. A
+    tokenizer.json without a config gets one naming its special tokens, which AutoTokenizer needs.
+    CLIP's BPE vocabulary is no tokenizers file (its words are split in Python) and is left as it is."""
+    directory = Path(directory)
+    specials = special_tokens(directory)
+    if sentencepiece_dir(directory) is None and (directory / TOKENIZER_FILE).is_file():
+        path = directory / TOKENIZER_FILE
+        # uncached: the file at this path is about to change
+        _load.__wrapped__(str(path), length, specials["pad_token"]).save(str(path))
+        if not (directory / TOKENIZER_CONFIG).is_file():
+            (directory / TOKENIZER_CONFIG).write_text(json.dumps(
+                {"tokenizer_class": "PreTrainedTokenizerFast", **specials}, indent=2) + "\n")
+    if (directory / TOKENIZER_CONFIG).is_file():
+        config = read_json(directory / TOKENIZER_CONFIG)
+        if isinstance(config, dict):
+            config["model_max_length"] = length
+            (directory / TOKENIZER_CONFIG).write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
 @lru_cache(maxsize=8)

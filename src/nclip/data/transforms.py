@@ -224,6 +224,46 @@ def resize_center_crop(image, size: int, interpolation: str = "bicubic", convent
     return eval_resize(image, size, "shortest", interpolation, convention)
 
 
+def describe_eval(size: int, preprocess: EvalPreprocess) -> dict:
+    """:func:`eval_tensor`'s pixels as a recipe for code without nclip (an ONNX export's
+    onnx_config.json): machine-readable keys, and ``steps``, the same in order as formulas. Each
+    key is one decision :func:`eval_resize` takes; following them with PIL and NumPy gives its
+    pixels bit for bit."""
+    resize, interpolation, convention = preprocess
+    resample = INTERPOLATION[interpolation]
+    torchvision = convention == "torchvision"
+    pil = f"PIL Image.resize(target, {Image.Resampling(resample).name}={int(resample)})"
+    to_rgb_step = ('to RGB after the crop: image.convert("RGB") (an alpha band or a transparency colour is dropped)'
+                   if torchvision else
+                   'to RGB before the resize: an image with an alpha band or a "transparency" in image.info '
+                   'becomes Image.alpha_composite(Image.new("RGBA", image.size, (255, 255, 255, 255)), '
+                   'image.convert("RGBA")).convert("RGB") (composited onto white), any other image.convert("RGB")')
+    resize_step = (f"resize both sides to {size}: {pil}" if resize == "squash" else
+                   f"resize the shorter side to {size} and the longer to int({size} * long / short), truncated: "
+                   f"{pil}, target (width, height)")
+    resize_step += (", in the image's own mode (PIL resizes a P image by nearest neighbour, an RGBA one "
+                    "premultiplied by its alpha)" if torchvision else "") + "; none where the image has that size"
+    offset = "int(round((L - S) / 2)), Python's round (ties to even)" if torchvision else "(L - S) // 2"
+    steps = [*([] if torchvision else [to_rgb_step]), resize_step,
+             f"centre crop S x S, S = {size}: left = offset(width), top = offset(height), offset(L) = {offset}",
+             *([to_rgb_step] if torchvision else []),
+             "pixels = (np.asarray(image).astype(np.float32) / 255 - mean) / std in float32 (mean and std "
+             f"float32), [H, W, 3] transposed to [3, {size}, {size}]"]
+    return {
+        "size": size, "convention": convention, "resize": resize, "interpolation": interpolation,
+        "resample": int(resample), "resample_name": Image.Resampling(resample).name,
+        "long_side": "truncate",  # int(S * long / short)
+        "skip_resize_at_size": True,
+        "crop": "center", "crop_rounding": "half_to_even" if torchvision else "floor",
+        "convert_rgb": "after_crop" if torchvision else "before_resize",
+        "alpha": "dropped" if torchvision else "composited_on_white",
+        "divide_by": 255,  # a division, not a product with 1 / 255, which rounds otherwise in float32
+        "mean": [float(x) for x in CLIP_MEAN], "std": [float(x) for x in CLIP_STD],
+        "dtype": "float32", "layout": "RGB, channels first",
+        "steps": steps,
+    }
+
+
 def rgb_array(image) -> np.ndarray:
     """A sample's image as uint8 [H, W, 3] RGB (a PIL image is converted, an array returned as it is)."""
     return np.asarray(image.convert("RGB")) if isinstance(image, Image.Image) else image

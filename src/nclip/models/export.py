@@ -101,15 +101,16 @@ def atomic_export(out: Path):
 
 def save_tokenizer(cfg, out: Path) -> None:
     """The run's caption tokenizer (:class:`nclip.data.tokenization.CaptionTokenizer`: the bundled
-    WordPiece tokenizer) as transformers tokenizer files, ``model_max_length`` = the run's text
-    length: ``tok(texts, padding="max_length", truncation=True)`` gives nclip's ids and mask."""
+    WordPiece tokenizer) as transformers tokenizer files of the run's text length
+    (:func:`nclip.data.tokenization.fix_length`): ``tok(texts, padding="max_length", truncation=True)``
+    and ``tokenizers.Tokenizer.from_file(OUT/tokenizer.json)`` give nclip's ids and mask."""
     from transformers import AutoTokenizer
 
-    from nclip.data.tokenization import bundled_model_dir
+    from nclip.data.tokenization import bundled_model_dir, fix_length
 
-    tok = AutoTokenizer.from_pretrained(str(bundled_model_dir()), local_files_only=True,
-                                        model_max_length=cfg.data.text_length)
+    tok = AutoTokenizer.from_pretrained(str(bundled_model_dir()), local_files_only=True)
     tok.save_pretrained(str(out))
+    fix_length(out, cfg.data.text_length)
 
 
 def image_processor(cfg):

@@ -5,10 +5,13 @@ Each graph returns the embedding of the model's zero-shot space, as :func:`nclip
 head's output ℓ2-normalised (the score is the dot product); the nCLIP head's logits as they are
 (nCLIP, yCLIP: their scores read the softmax, which normalising would change); an image-only
 objective's probe features ℓ2-normalised, and no text encoder. The image encoder takes pixels
-[N, 3, S, S] float32 as nclip's evaluation transform makes them (shorter side to S, centre crop,
-/255, CLIP's mean and std; a tower trained with other statistics re-normalises inside the graph);
-the text encoder takes token ids and attention mask [N, L] int64 from the model's tokenizer, copied
-into ``tokenizer/``. N is a dynamic axis. ``onnx_config.json`` names all of it.
+[N, 3, S, S] float32 as nclip's evaluation transform makes them, which ``onnx_config.json``'s
+``image`` states step by step for code without nclip (:func:`nclip.data.transforms.describe_eval`:
+the resize, its PIL resample, the crop's rounding and the conversion to RGB of the model's
+``data.eval_convention``, /255, CLIP's mean and std; a tower trained with other statistics
+re-normalises inside the graph). The text encoder takes token ids and attention mask [N, L] int64
+from the model's tokenizer, copied into ``tokenizer/`` with its files set to pad and truncate to L
+(:func:`nclip.data.tokenization.fix_length`). N is a dynamic axis. ``onnx_config.json`` names all of it.
 
 The exporter is torch's TorchScript-based one (``dynamo=False``): it traces these towers in a
 fraction of a second, offline, and needs only ``onnx``; the dynamo exporter (torch 2.13's default)
@@ -29,8 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from nclip.data import clip_bpe
-from nclip.data.tokenization import bundled_model_dir
-from nclip.data.transforms import CLIP_MEAN, CLIP_STD
+from nclip.data.tokenization import TOKENIZER_FILE, bundled_model_dir, fix_length, sentencepiece_dir
+from nclip.data.transforms import describe_eval, preprocess_of
 from nclip.defaults import PROBE_FEATURES
 from nclip.errors import NclipError
 from nclip.models.export import atomic_export, model_dir
@@ -87,8 +90,9 @@ def export_onnx(checkpoint: Path, out: Path) -> str:
                 _keep_input(onnx, tmp / TEXT, "attention_mask", 1, length)
         source = Path(cfg.model.text.tokenizer).expanduser() if cfg.model.text.tokenizer else bundled_model_dir()
         copy_tokenizer(source, tmp / TOKENIZER)
+        fix_length(tmp / TOKENIZER, length)  # the graph takes no other length
         with torch.no_grad():
-            description = config(model, cfg, score, key, normalise, bpe=clip_bpe.bpe_file(source) is not None)
+            description = config(model, cfg, score, key, normalise, tokenizer_kind(tmp / TOKENIZER))
         (tmp / CONFIG).write_text(json.dumps(description, indent=2) + "\n")
     files = f"{IMAGE}, {TEXT}" if score is not None else f"{IMAGE} (image-only objective: no text encoder)"
     return f"wrote {files}, {CONFIG} and the tokenizer to {out}"
@@ -113,7 +117,15 @@ def _keep_input(onnx, path: Path, name: str, index: int, length: int) -> None:
         onnx.save(graph_model, str(path))
 
 
-def config(model, cfg, score: str | None, key: str, normalise: bool, bpe: bool) -> dict:
+def tokenizer_kind(directory: Path) -> str:
+    """What the tokenizer copy ``directory`` holds: CLIP's BPE vocabulary, SigLIP's SentencePiece model,
+    or a tokenizers ``tokenizer.json`` (the bundled WordPiece one, unless model.text.tokenizer named another)."""
+    if clip_bpe.bpe_file(directory) is not None:
+        return "clip_bpe"
+    return "sentencepiece" if sentencepiece_dir(directory) is not None else "wordpiece"
+
+
+def config(model, cfg, score: str | None, key: str, normalise: bool, tokenizer: str) -> dict:
     """What onnx_config.json says: the graphs' inputs and outputs, the image preprocessing, the
     tokenizer and the score that compares the embeddings."""
     size, length = cfg.data.image_size, cfg.data.text_length
@@ -129,10 +141,11 @@ def config(model, cfg, score: str | None, key: str, normalise: bool, bpe: bool) 
         "text_encoder": text,
         "embedding": {"output": key, "score": score, "logit_scale": float(model.scale()),
                       **({"nclip_score": cfg.eval.nclip_score} if score == "nclip" else {})},
-        "image": {"size": size, "resize": cfg.data.eval_resize, "interpolation": cfg.data.eval_interpolation,
-                  "crop": "center", "rescale": 1 / 255,
-                  "mean": [round(float(x), 8) for x in CLIP_MEAN], "std": [round(float(x), 8) for x in CLIP_STD]},
-        "tokenizer": {"kind": "clip_bpe" if bpe else "wordpiece", "path": TOKENIZER,
+        "image": describe_eval(size, preprocess_of(cfg.data)),
+        # a tokenizer.json pads and truncates to text_length as it is; the other kinds have none to read alone
+        # (CLIP's BPE splits its words in Python, nclip.data.clip_bpe; SentencePiece is transformers' tokenizer)
+        "tokenizer": {"kind": tokenizer, "path": TOKENIZER,
+                      "file": f"{TOKENIZER}/{TOKENIZER_FILE}" if tokenizer == "wordpiece" else None,
                       "text_length": length, "pad_id": tok.pad_id, "bos_id": tok.cls_id, "eos_id": tok.eos_id},
         "opset": OPSET,
     }
