@@ -42,6 +42,13 @@ def test_export_prints_its_line_and_no_progress_bar(tmp_path, micro_overrides, c
     assert hf_logging.is_progress_bar_enabled()  # silenced for the export only, not for the caller
 
 
+# the snippets run as a user of the export runs them, without nclip, in an environment without torchvision:
+# the suite's own (a dev dependency of the peer tests) is built for CUDA torch and, beside the CPU wheel, imports
+# only once nclip has made it importable (nclip.torchvision_compat). importlib.util.find_spec of a module that
+# sys.modules maps to None is None, so transformers takes it as not installed
+WITHOUT_TORCHVISION = "import sys\nsys.modules['torchvision'] = None\n"
+
+
 def _snippet() -> str:
     """The python block under docs/api.md's `nclip export` heading."""
     text = API_MD.read_text(encoding="utf-8")
@@ -52,7 +59,7 @@ def _snippet() -> str:
 @pytest.mark.slow
 def test_the_docs_transformers_snippet_runs_without_noise(tmp_path, micro_overrides, capfd):
     hf = _exported(tmp_path, micro_overrides, capfd)
-    code = _snippet().replace('"runs/micro-hf"', repr(str(hf))) + "\nprint('embedded')\n"
+    code = WITHOUT_TORCHVISION + _snippet().replace('"runs/micro-hf"', repr(str(hf))) + "\nprint('embedded')\n"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
                           cwd=tmp_path)
@@ -72,7 +79,8 @@ def test_the_readmes_snippet_runs_as_written_and_prints_nclips_embeddings(tmp_pa
 
     hf = _exported(tmp_path, micro_overrides, capfd)
     readme = (API_MD.parents[1] / "README.md").read_text(encoding="utf-8")
-    code = re.search(r"```python\n(.*?)```", readme[readme.index("nclip export --hf OUT"):], re.S).group(1)
+    code = WITHOUT_TORCHVISION + re.search(r"```python\n(.*?)```", readme[readme.index("nclip export --hf OUT"):],
+                                           re.S).group(1)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     (tmp_path / "runs").mkdir()
     os.symlink(hf, tmp_path / "runs" / "micro-hf")  # the README's own path, as a user who ran its commands has it
