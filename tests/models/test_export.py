@@ -1,5 +1,6 @@
 """`nclip export --hf` writes a transformers CLIPModel that reproduces nclip's embeddings."""
 
+import numpy as np
 import torch
 from transformers import CLIPModel
 
@@ -115,3 +116,23 @@ def test_hf_export_with_auto_classes_matches_nclip_load(tmp_path, micro_override
     pixels = proc(images=odd, return_tensors="pt")["pixel_values"]
     torch.testing.assert_close(pixels, torch.stack([back.transform(im) for im in odd]), rtol=0, atol=1e-6)
     assert (pixels - torch.stack([ours.transform(im) for im in odd])).abs().amax((1, 2, 3)).min() > 0.1
+
+
+def test_hf_export_processor_keeps_the_runs_resize_and_resample(tmp_path, micro_overrides):
+    """A squash/bilinear run's image processor resizes both sides with PIL's bilinear (it was the shorter side
+    bicubic and a crop for every run): its pixels are the exported model's own, loaded back."""
+    from PIL import Image
+    from transformers import AutoImageProcessor
+
+    import nclip
+
+    cfg = resolve("micro", micro_overrides + ["data.eval_resize=squash", "data.eval_interpolation=bilinear"])
+    save_model(build_model(cfg, pretrained_text=False), cfg, tmp_path / "run" / "model")
+    assert main(["export", "--checkpoint", str(tmp_path / "run"), "--hf", str(tmp_path / "hf")]) == 0
+    proc = AutoImageProcessor.from_pretrained(str(tmp_path / "hf"), backend="pil")
+    back = nclip.load(tmp_path / "hf", device="cpu")
+    assert (back.cfg.data.eval_resize, back.cfg.data.eval_interpolation) == ("squash", "bilinear")
+    images = [Image.fromarray(np.random.default_rng(i).integers(0, 256, (23 + 9 * i, 41, 3), dtype=np.uint8))
+              for i in range(3)]
+    pixels = proc(images=images, return_tensors="pt")["pixel_values"]
+    torch.testing.assert_close(pixels, torch.stack([back.transform(im) for im in images]), rtol=0, atol=1e-6)

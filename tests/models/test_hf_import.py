@@ -119,3 +119,28 @@ def test_training_starts_from_the_clipmodel_and_stands_alone(tmp_path, micro_ove
         torch.testing.assert_close(model.encode_text(ids, mask)["clip"],
                                    features(hf.get_text_features(input_ids=ids, attention_mask=mask)),
                                    rtol=1e-4, atol=1e-4)
+
+    # its --hf export carries the CLIPModel's own tokenizer, not the bundled one: transformers gives nclip's ids
+    from transformers import AutoTokenizer
+
+    assert main(["export", "--checkpoint", str(tmp_path / "run"), "--hf", str(tmp_path / "hf")]) == 0
+    enc = AutoTokenizer.from_pretrained(str(tmp_path / "hf"))(CAPTIONS, padding="max_length", truncation=True,
+                                                              return_tensors="pt")
+    assert torch.equal(enc["input_ids"], ids) and torch.equal(enc["attention_mask"], mask)
+
+
+def test_an_hf_export_refuses_a_tokenizer_its_files_cannot_carry(tmp_path, micro_overrides, capsys):
+    """CLIP's BPE vocabulary (an OpenCLIP model's): transformers' files would not give its ids, so the export
+    refuses in one line and writes nothing (it wrote the bundled WordPiece tokenizer, a BERT one, before)."""
+    from nclip.data import clip_bpe
+
+    if clip_bpe.packaged_bpe() is None:
+        pytest.skip("CLIP's BPE vocabulary ships with open_clip_torch")
+    cfg = resolve("micro", micro_overrides + [f"model.text.tokenizer={clip_bpe.packaged_bpe()}",
+                                              "model.text.vocab_size=49408"])
+    save_model(build_model(cfg, pretrained_text=False), cfg, tmp_path / "run" / "model")
+    capsys.readouterr()
+    assert main(["export", "--checkpoint", str(tmp_path / "run"), "--hf", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "CLIP's BPE vocabulary" in err and "--open-clip or --onnx" in err
+    assert not (tmp_path / "hf").exists()

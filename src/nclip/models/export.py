@@ -101,31 +101,62 @@ def atomic_export(out: Path):
 
 def save_tokenizer(cfg, out: Path) -> None:
     """The run's caption tokenizer (:class:`nclip.data.tokenization.CaptionTokenizer`: the bundled
-    WordPiece tokenizer) as transformers tokenizer files of the run's text length
-    (:func:`nclip.data.tokenization.fix_length`): ``tok(texts, padding="max_length", truncation=True)``
-    and ``tokenizers.Tokenizer.from_file(OUT/tokenizer.json)`` give nclip's ids and mask."""
+    WordPiece tokenizer, or the transformers tokenizer files model.text.tokenizer names) as transformers
+    tokenizer files of the run's text length (:func:`nclip.data.tokenization.fix_length`):
+    ``tok(texts, padding="max_length", truncation=True)`` and
+    ``tokenizers.Tokenizer.from_file(OUT/tokenizer.json)`` give nclip's ids and mask."""
+    import shutil
+
     from transformers import AutoTokenizer
 
     from nclip.data.tokenization import bundled_model_dir, fix_length
+    from nclip.models.io import TOKENIZER_FILES
 
-    tok = AutoTokenizer.from_pretrained(str(bundled_model_dir()), local_files_only=True)
-    tok.save_pretrained(str(out))
+    source = _own_tokenizer(cfg)
+    if source is None:
+        AutoTokenizer.from_pretrained(str(bundled_model_dir()), local_files_only=True).save_pretrained(str(out))
+    elif source.is_file():  # a lone tokenizer.json
+        shutil.copyfile(source, out / TOKENIZER_FILES[0])
+    else:
+        for name in TOKENIZER_FILES:
+            if (source / name).is_file():
+                shutil.copyfile(source / name, out / name)
     fix_length(out, cfg.data.text_length)
 
 
+def _own_tokenizer(cfg) -> Path | None:
+    """model.text.tokenizer as a path (None: the bundled one); one line for a tokenizer that transformers'
+    tokenizer files cannot carry id for id."""
+    from nclip.data import clip_bpe
+    from nclip.data.tokenization import sentencepiece_dir
+
+    if cfg.model.text.tokenizer is None:
+        return None
+    source = Path(cfg.model.text.tokenizer).expanduser()
+    if clip_bpe.bpe_file(source) is not None or sentencepiece_dir(source) is not None:
+        kind = "CLIP's BPE vocabulary" if clip_bpe.bpe_file(source) is not None else "a SentencePiece model"
+        raise NclipError(f"export --hf: the model's tokenizer is {kind} ({source}), which nclip does not write as "
+                         "transformers tokenizer files: export with --open-clip or --onnx instead")
+    return source
+
+
 def image_processor(cfg):
-    """A CLIPImageProcessor repeating :func:`nclip.data.transforms.eval_tensor`: shorter side to the
-    run's image size S (PIL bicubic), S×S centre crop, /255, CLIP's mean and std. transformers 5
-    defaults to a torchvision backend whose bicubic is not PIL's: the PIL one is named explicitly."""
+    """A CLIPImageProcessor repeating :func:`nclip.data.transforms.eval_tensor` as far as it can: the
+    shorter side to the run's image size S and an S×S centre crop (or both sides to S, data.eval_resize:
+    squash) with the run's PIL resample, /255, CLIP's mean and std. It converts to RGB first and floors the
+    crop (transformers' convention: docs/transfer.md). transformers 5 defaults to a torchvision backend
+    whose bicubic is not PIL's: the PIL one is named explicitly."""
     import transformers
 
-    from nclip.data.transforms import CLIP_MEAN, CLIP_STD
+    from nclip.data.transforms import CLIP_MEAN, CLIP_STD, PIL_RESAMPLE
 
     cls = getattr(transformers, "CLIPImageProcessorPil", None) or transformers.CLIPImageProcessor
-    s = cfg.data.image_size
-    return cls(do_resize=True, size={"shortest_edge": s}, resample=3,  # 3 = PIL.Image.BICUBIC
-               do_center_crop=True, crop_size={"height": s, "width": s}, do_rescale=True, rescale_factor=1 / 255,
-               do_normalize=True, image_mean=CLIP_MEAN.tolist(), image_std=CLIP_STD.tolist(), do_convert_rgb=True)
+    s, squash = cfg.data.image_size, cfg.data.eval_resize == "squash"
+    resample = next(code for code, name in PIL_RESAMPLE.items() if name == cfg.data.eval_interpolation)
+    return cls(do_resize=True, size={"height": s, "width": s} if squash else {"shortest_edge": s}, resample=resample,
+               do_center_crop=not squash, crop_size={"height": s, "width": s}, do_rescale=True,
+               rescale_factor=1 / 255, do_normalize=True, image_mean=CLIP_MEAN.tolist(), image_std=CLIP_STD.tolist(),
+               do_convert_rgb=True)
 
 
 def export_hf(checkpoint: Path, out: Path) -> str:
@@ -133,6 +164,7 @@ def export_hf(checkpoint: Path, out: Path) -> str:
     its tokenizer and image processor (``nclip export`` first refuses targets that would overwrite
     a run: :func:`nclip.train.rundir.check_export_target`)."""
     model, cfg = load_model(model_dir(checkpoint))
+    _own_tokenizer(cfg)  # a tokenizer the files cannot carry: refused before anything is written
     with torch.no_grad():
         hf = to_hf(model)
     with atomic_export(out) as tmp, _no_progress_bars():  # a full disk: one line naming OUT

@@ -156,12 +156,16 @@ def _pixel_stats(path: Path) -> dict:
 
 
 def _hf_preprocess(path: Path) -> dict:
-    """CLIPImageProcessor's pixels: its conversion and crop (data.eval_convention) and its resample."""
-    resample = read_json(path / PREPROCESSOR).get("resample", 3) if (path / PREPROCESSOR).is_file() else 3
+    """CLIPImageProcessor's pixels: its conversion and crop (data.eval_convention), its resample, and
+    whether it resizes both sides (a size of height and width, not shortest_edge: "squash")."""
+    data = read_json(path / PREPROCESSOR) if (path / PREPROCESSOR).is_file() else {}
+    resample, size = data.get("resample", 3), data.get("size")
     if resample not in PIL_RESAMPLE:
         raise NclipError(f"model.init: {path / PREPROCESSOR}: resample {resample!r} is not bicubic (3) or "
                          "bilinear (2), the ones nclip's evaluation offers")
-    return {"eval_convention": "transformers", "eval_interpolation": PIL_RESAMPLE[resample]}
+    squash = isinstance(size, dict) and "shortest_edge" not in size and {"height", "width"} <= set(size)
+    return {"eval_convention": "transformers", "eval_interpolation": PIL_RESAMPLE[resample],
+            "eval_resize": "squash" if squash else "shortest"}
 
 
 def _hf_tokenizer(path: Path, length: int, tc, pooling: str) -> str | None:
