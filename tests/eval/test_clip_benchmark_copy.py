@@ -51,6 +51,8 @@ def test_class_folders_copy_their_files_and_both_readers_agree(tmp_path, capsys)
     said = capsys.readouterr().out
     assert f"wrote CLIP_benchmark's layout (classification, 6 classes of 'class') to {out}" in said
     assert f"--dataset wds/wds_colours --dataset_root {out}" in said and "--no_amp" in said
+    shards = int((out / "test" / "nshards.txt").read_text())
+    assert shards == 2 and "--num_workers 2 " in said  # no more workers than shards: webdataset's rule
 
     source, copy = read_nclip(f"folder:{tmp_path / 'colours'}"), read_nclip(f"wds:{out}")
     assert copy.label_kinds["class"] == source.label_kinds["class"]  # names and FOLDER_TEMPLATES

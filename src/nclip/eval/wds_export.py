@@ -243,11 +243,13 @@ def describe(w: Written) -> str:
              for split, n in w.samples.items()]
     task = "zeroshot_classification" if w.task == "classification" else "zeroshot_retrieval"
     name = w.root.resolve().name
+    # webdataset gives each DataLoader worker whole shards, and a worker without one stops the run
+    workers = min(4, w.shards.get(DEFAULT_SPLIT, 1))
     return "\n".join([
         f"wrote CLIP_benchmark's layout ({w.task}, {what}) to {w.root}: {', '.join(parts)}",
         f"  nclip eval --checkpoint RUN --out EVAL --dataset wds:{w.root} "
         f"--tasks {'zeroshot' if w.task == 'classification' else 'retrieval'}",
         f"  clip_benchmark eval --dataset wds/{name} --dataset_root {w.root} --model local-dir:EXPORT "
-        f"--pretrained none --no_amp --task {task} --output {name}.json"
+        f"--pretrained none --no_amp --task {task} --num_workers {workers} --output {name}.json"
         + (" --recall_k 1 5 10" if w.task == "retrieval" else ""),
     ])
