@@ -84,13 +84,33 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("data", help="export built-in data to shards, inspect a data source")
     data = p.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
-    q = data.add_parser("write-shards", help="write a built-in dataset as img2dataset-style tar shards")
+    q = data.add_parser("write-shards", help="write a built-in dataset as img2dataset-style tar shards, or any "
+                        "evaluation dataset as CLIP_benchmark's WebDataset copy (--layout clip_benchmark)")
     _add_config_args(q)
-    q.add_argument("--split", default="train", choices=["train", "val", "test"])
-    q.add_argument("--count", required=True, type=int, help="samples to write")
-    q.add_argument("--out", required=True, type=Path, help="directory for 00000.tar, 00001.tar, ...")
+    q.add_argument("--layout", default="img2dataset", choices=["img2dataset", "clip_benchmark"],
+                   help="img2dataset: training shards of a built-in dataset; clip_benchmark: classnames.txt, "
+                   "zeroshot_classification_templates.txt, test/ (and train/) shards, as CLIP_benchmark reads "
+                   "them (docs/eval-data.md)")
+    q.add_argument("--split", choices=["train", "val", "test"], help="the split to write (img2dataset default: "
+                   "train; clip_benchmark default: test, and train where the dataset has one)")
+    q.add_argument("--count", type=int, help="samples to write (img2dataset: required; clip_benchmark: the first "
+                   "COUNT of each split, and the built-in data's size; default: nclip eval's)")
+    q.add_argument("--out", required=True, type=Path, help="directory for 00000.tar, 00001.tar, ... (clip_benchmark: "
+                   "a new or empty folder)")
     q.add_argument("--shard-size", type=int, default=1000, help="samples per shard")
-    q.add_argument("--format", default="jpg", choices=["jpg", "png", "webp"], help="image encoding")
+    q.add_argument("--format", choices=["jpg", "png", "webp"], help="image encoding (default: jpg; clip_benchmark: "
+                   "webp, lossless; its JPEG, PNG and WebP files are copied as they are)")
+    q.add_argument("--dataset", metavar="SPEC", help="clip_benchmark: the dataset, as nclip eval --dataset "
+                   "(synthetic, digits, folder:DIR, captions:FILE.csv, ...; default: the preset's data.source)")
+    q.add_argument("--label", metavar="KIND", help="clip_benchmark: the label kind whose classes are written "
+                   "(default: the dataset's first, e.g. shape for synthetic, class for folders)")
+    q.add_argument("--retrieval", action="store_true", help="clip_benchmark: write the captions for retrieval "
+                   "(the default for a captions file)")
+    q.add_argument("--classnames", metavar="FILE", help="clip_benchmark: class names, as nclip eval --classnames")
+    q.add_argument("--templates", metavar="FILE|imagenet80", help="clip_benchmark: prompt templates, as nclip "
+                   "eval --templates")
+    q.add_argument("--image-key", help="clip_benchmark: image-path column of a captions CSV")
+    q.add_argument("--caption-key", help="clip_benchmark: caption column of a captions CSV")
     q = data.add_parser("inspect", help="summarise a shard pattern, shard directory or CSV/TSV file")
     q.add_argument("source", help="e.g. '/data/{00000..00009}.tar', a directory of .tar, or pairs.csv")
     q.add_argument("--limit", type=int, default=10000, help="read at most this many samples")
@@ -283,12 +303,7 @@ def _cmd_data(args) -> int:
     from nclip.data import tools
 
     if args.data_command == "write-shards":
-        from nclip.config import resolve
-
-        cfg = resolve(args.preset, args.overrides)
-        n, paths, pattern = tools.write_shards(cfg, args.split, args.count, args.out, args.shard_size, args.format)
-        print(f"wrote {n} samples to {len(paths)} shard{'s' * (len(paths) != 1)}: {pattern}")
-        return 0
+        return _write_shards(args)
     if args.data_command == "dedup":
         from nclip.data.dedup_report import run_dedup
 
@@ -314,6 +329,33 @@ def _cmd_data(args) -> int:
         print(json.dumps(summary, indent=2))
     else:
         print(tools.format_summary(summary))
+    return 0
+
+
+def _write_shards(args) -> int:
+    from nclip.config import resolve
+
+    cfg = resolve(args.preset, args.overrides)
+    if args.layout == "clip_benchmark":
+        from nclip.eval.wds_export import copy_dataset, describe
+
+        written = copy_dataset(args.dataset or cfg.data.source, args.out, cfg, count=args.count,
+                               classnames=args.classnames, templates=args.templates, image_key=args.image_key,
+                               caption_key=args.caption_key, label=args.label, retrieval=args.retrieval,
+                               split=args.split, shard_size=args.shard_size, image_format=args.format or "webp")
+        print(describe(written))
+        return 0
+    only = [f"--{name.replace('_', '-')}" for name in ("dataset", "label", "retrieval", "classnames", "templates",
+                                                       "image_key", "caption_key") if getattr(args, name)]
+    if only:
+        raise NclipError(f"{only[0]} needs --layout clip_benchmark (img2dataset shards are of a built-in dataset)")
+    if args.count is None:
+        raise NclipError("--count is required: the samples to write")
+    from nclip.data import tools
+
+    n, paths, pattern = tools.write_shards(cfg, args.split or "train", args.count, args.out, args.shard_size,
+                                           args.format or "jpg")
+    print(f"wrote {n} samples to {len(paths)} shard{'s' * (len(paths) != 1)}: {pattern}")
     return 0
 
 
