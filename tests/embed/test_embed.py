@@ -20,7 +20,7 @@ from nclip.embed.index import Index
 from nclip.models import build_model
 from nclip.models.io import save_model
 
-from conftest import MICRO_OVERRIDES
+from conftest import MICRO_OVERRIDES, decompression_bomb_png
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -348,3 +348,43 @@ def test_a_truncated_shard_is_one_line_when_read(setup, tmp_path, monkeypatch, c
     shard = killed / "images-00001.npy"
     shard.write_bytes(shard.read_bytes()[:200])
     _one_line_error(capsys, _embed_args(run, csv, killed), "images-00001.npy: not a readable .npy array", "--force")
+
+
+def test_a_decompression_bomb_is_a_bad_image_like_any_other(setup, tmp_path, capsys):
+    """Embedding refuses an image it cannot read in one line naming it (a bomb as a corrupt file),
+    and so does a search by it; training skips and counts it (tests/data/test_bad_samples.py)."""
+    run, csv, _ = setup
+    for i in range(6):
+        (tmp_path / "imgs" / ("cat", "owl")[i % 2]).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "imgs" / ("cat", "owl")[i % 2] / f"{i}.png").write_bytes(
+            (csv.parent / "images" / f"{i}.png").read_bytes())
+    bomb = tmp_path / "imgs" / "cat" / "bomb.png"
+    decompression_bomb_png(bomb)
+    _one_line_error(capsys, _embed_args(run, f"folder:{tmp_path / 'imgs'}", tmp_path / "emb"),
+                    f"cannot read image {bomb}: Image size (400000000 pixels) exceeds limit")
+    _one_line_error(capsys, ["search", str(setup[2]), "--image", str(bomb)], f"{bomb} is not an image",
+                    "DecompressionBombError")
+
+
+def test_a_shard_record_with_a_huge_caption_is_left_out_and_counted(setup, tmp_path, capsys):
+    """A tar header claiming an 8 GiB caption: the record is left out unread (listed in the
+    manifest, as a record without an image is), the shards around it embed."""
+    import tarfile
+
+    from nclip.data.shards import ShardWriter
+
+    run = setup[0]
+    rng = np.random.default_rng(3)
+    with ShardWriter(tmp_path / "shards", shard_size=3, image_format="png") as writer:
+        for i in range(6):
+            writer.write(rng.integers(0, 256, (18, 18, 3), dtype=np.uint8), f"caption {i}")
+    with open(tmp_path / "shards" / "00000a.tar", "wb") as fh:
+        info = tarfile.TarInfo("huge.txt")
+        info.size = 8 << 30
+        fh.write(info.tobuf(format=tarfile.GNU_FORMAT) + b"a caption".ljust(512, b"\0") + b"\0" * 1024)
+    capsys.readouterr()
+    assert main(_embed_args(run, tmp_path / "shards", tmp_path / "emb")) == 0
+    assert "left out 1 shard records" in capsys.readouterr().err
+    doc = json.loads((tmp_path / "emb" / "manifest.json").read_text())
+    assert doc["rows"] == 6 and doc["skipped_count"] == 1
+    assert "huge.txt claims 8,589,934,592 bytes, over the 1,048,576 a .txt member may hold" in doc["skipped"][0]

@@ -36,7 +36,7 @@ def image_or_reason(path: Path) -> np.ndarray | str:
             return np.asarray(im.convert("RGB"))
     except FileNotFoundError:
         return "image not found"
-    except (UnidentifiedImageError, OSError, ValueError) as e:
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as e:
         return f"cannot read image: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
 
 

@@ -147,5 +147,5 @@ def open_image(path: str | Path):
     try:
         with Image.open(path) as im:
             return im.convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError) as e:
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as e:
         raise NclipError(f"{path} is not an image ({type(e).__name__})") from None
