@@ -58,6 +58,20 @@ def _leaves(tree: dict, prefix: str = ""):
             yield f"{prefix}{key}", value
 
 
+def decompression_bomb_png(path: Path, side: int = 20_000) -> None:
+    """A 60-byte PNG whose header claims side x side pixels: PIL refuses it at open as a
+    decompression bomb (DecompressionBombError, not an OSError)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b""))
+                     + chunk(b"IEND", b""))
+
+
 # micro sizes and a six-step schedule (also for module-scoped fixtures, which cannot use the
 # function-scoped fixture below)
 MICRO_OVERRIDES = (

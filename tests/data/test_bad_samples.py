@@ -5,6 +5,7 @@ batches; a class folder's unreadable image is skipped like a bad CSV row (issue 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from nclip.config import resolve
@@ -12,7 +13,7 @@ from nclip.data.bad_samples import SkipLog
 from nclip.data.loader import train_loader
 from nclip.data.tokenization import CaptionTokenizer
 
-from conftest import micro_sizes
+from conftest import decompression_bomb_png, micro_sizes
 
 
 def _cfg(*extra):
@@ -48,20 +49,24 @@ def test_a_csv_with_missing_images_warns_at_the_first_skip_and_sums_up_at_the_en
     assert f"{data.skipped} bad samples of {csv} skipped in this run" in summary and "image not found" in summary
 
 
-def test_a_folder_with_one_corrupt_image_skips_it_with_a_warning(tmp_path, capsys):
+@pytest.mark.parametrize("damage,reason", [
+    (lambda path: path.write_bytes(b"not a png at all"), "cannot read image"),
+    (decompression_bomb_png, "cannot read image: Image size (400000000 pixels) exceeds limit"),  # a traceback once
+], ids=["corrupt", "decompression bomb"])
+def test_a_folder_with_one_corrupt_image_skips_it_with_a_warning(tmp_path, capsys, damage, reason):
     rng = np.random.default_rng(0)
     for c in ("cat", "dog"):
         (tmp_path / c).mkdir()
         for i in range(6):
             Image.fromarray(rng.integers(0, 256, (20, 20, 3), dtype=np.uint8)).save(tmp_path / c / f"{i}.png")
     corrupt = tmp_path / "dog" / "3.png"
-    corrupt.write_bytes(b"not a png at all")
+    damage(corrupt)
     cfg = _cfg("data.source=folder", f"data.folder={tmp_path}", "train.steps=4", "data.max_bad_fraction=0.5")
     data = train_loader(cfg, CaptionTokenizer(cfg.data.text_length))
     batches = list(data)  # 4 steps of 8 from 12 images: the corrupt one is drawn
     assert len(batches) == 4 and all(len(b) == 8 for b in batches) and data.skipped >= 1
     lines = _warnings(capsys.readouterr().err)
-    assert str(corrupt) in lines[0] and "cannot read image" in lines[0]
+    assert str(corrupt) in lines[0] and reason in lines[0]
     assert "skipped in this run" in lines[-1] and str(corrupt) in lines[-1]
 
 

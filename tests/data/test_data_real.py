@@ -181,6 +181,39 @@ def test_bad_samples_are_skipped_and_counted(tmp_path, tokenizer):
     assert data.skipped == expected_bad and expected_bad >= bad_per_pass
 
 
+def test_a_member_over_its_size_limit_is_a_bad_record_left_unread(tmp_path, monkeypatch, tokenizer):
+    """A member is read whole into memory, so one over its limit (here a caption over a limit made
+    small: an 8 GiB one in use) is a bad record, skipped and counted, and the record after it in
+    the same tar still reads; a header claiming 8 GiB that the file does not hold ends the shard."""
+    import nclip.data.shards as shards
+
+    rng = np.random.default_rng(0)
+    tar_path = tmp_path / "long.tar"
+    with tarfile.open(tar_path, "w") as tar:
+        for i in range(8):
+            _add(tar, f"k{i}.png", encode_image(_image(rng), "png"))
+            _add(tar, f"k{i}.txt", b"x" * (5000 if i == 3 else 20))
+    monkeypatch.setattr(shards, "MAX_TEXT_BYTES", 4096)
+    records = list(iter_records(str(tar_path)))
+    assert [r.key for r in records] == [f"k{i}" for i in range(8)]
+    assert [isinstance(r, Bad) for r in records] == [i == 3 for i in range(8)]
+    assert records[3].reason == "member k3.txt claims 5,000 bytes, over the 4,096 a .txt member may hold"
+    cfg = _cfg("data.source=webdataset", f"data.shards={[str(tar_path)]}", "data.resampled=false",
+               "data.shuffle_buffer=0", "train.steps=2", "train.batch_size=4", "data.max_bad_fraction=0.5")
+    data = train_loader(cfg, tokenizer)
+    assert len(list(data)) == 2 and data.skipped == 1
+
+    monkeypatch.undo()
+    claims = tmp_path / "claims.tar"
+    with open(claims, "wb") as fh:  # the header says 8 GiB, the file holds a few bytes
+        info = tarfile.TarInfo("big.txt")
+        info.size = 8 << 30
+        fh.write(info.tobuf(format=tarfile.GNU_FORMAT) + b"a caption".ljust(512, b"\0") + b"\0" * 1024)
+    (bad,) = iter_records(str(claims))
+    assert isinstance(bad, Bad) and bad.reason.startswith("member big.txt claims 8,589,934,592 bytes, over the "
+                                                          "1,048,576 a .txt member may hold; broken tar")
+
+
 def test_too_many_bad_samples_stop_with_the_shard_name(tmp_path, tokenizer):
     rng = np.random.default_rng(0)
     good = _write(tmp_path / "ok", 30)

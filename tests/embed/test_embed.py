@@ -20,7 +20,7 @@ from nclip.embed.index import Index
 from nclip.models import build_model
 from nclip.models.io import save_model
 
-from conftest import MICRO_OVERRIDES
+from conftest import MICRO_OVERRIDES, decompression_bomb_png
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -275,3 +275,117 @@ def test_a_transformers_clip_directory_and_an_image_only_objective(setup, tmp_pa
     _one_line_error(capsys, ["search", str(tmp_path / "cmsf-emb"), "--text", "x"], "image-only")
     assert main(["search", str(tmp_path / "cmsf-emb"), "--image", index.rows[2]["path"], "-k", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["row"] == 2
+
+
+def _faiss_of(vectors: np.ndarray, path: Path) -> None:
+    import faiss
+
+    index = faiss.IndexFlatIP(vectors.shape[1])
+    index.add(np.ascontiguousarray(vectors, dtype=np.float32))
+    faiss.write_index(index, str(path))
+
+
+# (id, damage(directory), words of the one line); each was a faiss or json traceback (or an
+# IndexError at search) before the files were checked
+DAMAGES = [
+    ("index.faiss missing", lambda d: (d / "index.faiss").unlink(), ["index.faiss: not found"]),
+    ("index.faiss garbage", lambda d: (d / "index.faiss").write_bytes(
+        np.random.default_rng(0).bytes((d / "index.faiss").stat().st_size)), ["index.faiss: not a Faiss index"]),
+    ("index.faiss truncated", lambda d: (d / "index.faiss").write_bytes((d / "index.faiss").read_bytes()[:300]),
+     ["index.faiss: 300 bytes", "truncated"]),
+    ("index.faiss of another dimension, same size", lambda d: _faiss_of(
+        np.ones((ROWS // 2, 2 * Index.open(d).faiss.d)), d / "index.faiss"), ["vectors of", "dims, the manifest"]),
+    ("index.faiss of another dimension", lambda d: _faiss_of(np.ones((ROWS, 3)), d / "index.faiss"),
+     ["index.faiss:", "another directory's"]),
+    ("metadata.jsonl truncated at a line", lambda d: (d / "metadata.jsonl").write_text(
+        "".join((d / "metadata.jsonl").read_text().splitlines(True)[:30])), ["holds 30 rows, the manifest 40"]),
+    ("metadata.jsonl truncated in a line", lambda d: (d / "metadata.jsonl").write_text(
+        (d / "metadata.jsonl").read_text()[:1000]), ["metadata.jsonl: line", "is not a JSON object"]),
+    ("metadata.jsonl malformed", lambda d: (d / "metadata.jsonl").write_text(
+        (d / "metadata.jsonl").read_text().replace('"row": 7,', '"row": 7')), ["line 8 is not a JSON object"]),
+    ("manifest without dim", lambda d: (d / "manifest.json").write_text(json.dumps(
+        {k: v for k, v in json.loads((d / "manifest.json").read_text()).items() if k != "dim"})),
+     ["manifest.json: its dim field"]),
+]
+
+
+@pytest.mark.parametrize("damage,words", [c[1:] for c in DAMAGES], ids=[c[0] for c in DAMAGES])
+def test_a_damaged_directory_names_the_file_and_the_rebuild(setup, tmp_path, capsys, damage, words):
+    """Search on a damaged directory is one line naming the file, and the command it gives
+    (``nclip embed ... --force``) writes the directory again, after which search works."""
+    import shlex
+    import shutil
+
+    run, csv, full = setup
+    out = tmp_path / "emb"
+    shutil.copytree(full, out)
+    damage(out)
+    rebuild = shlex.join(["nclip", "embed", f"captions:{csv}", "--checkpoint", str(run.resolve()),
+                          "--shard-size", str(SHARD), "--batch-size", str(BATCH), "--out", str(out), "--force"])
+    _one_line_error(capsys, ["search", str(out), "--text", "a red thing"], *words,
+                    f"; rebuild the directory with: {rebuild}")
+    assert main([*shlex.split(rebuild)[1:], "--device", "cpu", "--no-progress"]) == 0
+    assert _metadata(out) == _metadata(full)
+    assert main(["search", str(out), "--text", "a red thing", "-k", "2"]) == 0
+
+
+def test_a_truncated_shard_is_one_line_when_read(setup, tmp_path, monkeypatch, capsys):
+    """Search reads the index, not the shards: a truncated shard is met by ``Index.embeddings``
+    and by an ``nclip embed`` that continues a killed run (which indexes the shards at its end)."""
+    import shutil
+
+    from nclip.errors import NclipError
+
+    run, csv, full = setup
+    shutil.copytree(full, tmp_path / "emb")
+    shard = tmp_path / "emb" / "images-00001.npy"
+    shard.write_bytes(shard.read_bytes()[:200])
+    with pytest.raises(NclipError, match="images-00001.npy: not a readable .npy array.*--force$"):
+        Index.open(tmp_path / "emb").embeddings()
+    killed = tmp_path / "killed"
+    with monkeypatch.context() as patch:
+        _dies_on_batch(patch, 5)  # after shards 0 and 1 (two batches each)
+        assert main(_embed_args(run, csv, killed)) == 130
+    shard = killed / "images-00001.npy"
+    shard.write_bytes(shard.read_bytes()[:200])
+    _one_line_error(capsys, _embed_args(run, csv, killed), "images-00001.npy: not a readable .npy array", "--force")
+
+
+def test_a_decompression_bomb_is_a_bad_image_like_any_other(setup, tmp_path, capsys):
+    """Embedding refuses an image it cannot read in one line naming it (a bomb as a corrupt file),
+    and so does a search by it; training skips and counts it (tests/data/test_bad_samples.py)."""
+    run, csv, _ = setup
+    for i in range(6):
+        (tmp_path / "imgs" / ("cat", "owl")[i % 2]).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "imgs" / ("cat", "owl")[i % 2] / f"{i}.png").write_bytes(
+            (csv.parent / "images" / f"{i}.png").read_bytes())
+    bomb = tmp_path / "imgs" / "cat" / "bomb.png"
+    decompression_bomb_png(bomb)
+    _one_line_error(capsys, _embed_args(run, f"folder:{tmp_path / 'imgs'}", tmp_path / "emb"),
+                    f"cannot read image {bomb}: Image size (400000000 pixels) exceeds limit")
+    _one_line_error(capsys, ["search", str(setup[2]), "--image", str(bomb)], f"{bomb} is not an image",
+                    "DecompressionBombError")
+
+
+def test_a_shard_record_with_a_huge_caption_is_left_out_and_counted(setup, tmp_path, capsys):
+    """A tar header claiming an 8 GiB caption: the record is left out unread (listed in the
+    manifest, as a record without an image is), the shards around it embed."""
+    import tarfile
+
+    from nclip.data.shards import ShardWriter
+
+    run = setup[0]
+    rng = np.random.default_rng(3)
+    with ShardWriter(tmp_path / "shards", shard_size=3, image_format="png") as writer:
+        for i in range(6):
+            writer.write(rng.integers(0, 256, (18, 18, 3), dtype=np.uint8), f"caption {i}")
+    with open(tmp_path / "shards" / "00000a.tar", "wb") as fh:
+        info = tarfile.TarInfo("huge.txt")
+        info.size = 8 << 30
+        fh.write(info.tobuf(format=tarfile.GNU_FORMAT) + b"a caption".ljust(512, b"\0") + b"\0" * 1024)
+    capsys.readouterr()
+    assert main(_embed_args(run, tmp_path / "shards", tmp_path / "emb")) == 0
+    assert "left out 1 shard records" in capsys.readouterr().err
+    doc = json.loads((tmp_path / "emb" / "manifest.json").read_text())
+    assert doc["rows"] == 6 and doc["skipped_count"] == 1
+    assert "huge.txt claims 8,589,934,592 bytes, over the 1,048,576 a .txt member may hold" in doc["skipped"][0]

@@ -87,6 +87,18 @@ def test_wds_damaged_copy_is_one_line(tmp_path, what, needle):
     assert "\n" not in str(e.value)
 
 
+def test_wds_caption_over_the_member_limit_is_one_line_unread(tmp_path, monkeypatch):
+    """Every member is read whole into memory: one larger than a caption may be (an 8 GiB one, here
+    a limit made small) is refused before it is read."""
+    from nclip.data import shards
+
+    root = write_wds(tmp_path / "wds_flickr", per_class=2, shards=2, retrieval=True, fmt="jpg")
+    monkeypatch.setattr(shards, "MAX_TEXT_BYTES", 40)  # the captions are 42 bytes
+    with pytest.raises(NclipError, match=r"0.tar: sample 's0000000': member s0000000.txt claims 42 bytes, over the "
+                                         r"40 a .txt member may hold$"):
+        _build(f"wds:{root}")
+
+
 def test_imagefolder_split_with_class_index_file(tmp_path):
     root = write_imagefolder(tmp_path / "imagenet", per_class=2, splits=("val", "train"))
     data = _build(f"imagefolder:{root / 'val'}", classnames=str(root / "class_index.json"))

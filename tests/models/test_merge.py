@@ -10,8 +10,9 @@ from safetensors.torch import load_file
 import nclip
 from nclip.cli import main
 from nclip.config import resolve
+from nclip.errors import NclipError
 from nclip.models import build_model
-from nclip.models.io import WEIGHTS, load_model, save_model
+from nclip.models.io import WEIGHTS, load_model, save_model, weights_metadata
 from nclip.runlock import LOCK_NAME, DirLock
 
 
@@ -117,3 +118,22 @@ def test_a_locked_target_is_refused(pair, tmp_path, capsys):
     with DirLock(tmp_path / "C", "another writer"):
         assert main(["merge", str(run_a), str(dir_b), "--alpha", "0.5", "--out", str(tmp_path / "C")]) == 2
     _one_line_error(capsys, "in use by another nclip process")
+
+
+@pytest.mark.parametrize("alpha", ["0", "0.5"])
+def test_a_source_with_nan_weights_is_refused_and_nothing_written(pair, tmp_path, capsys, alpha):
+    """It wrote NaN weights without a word (at α = 0 too: 0·NaN is NaN)."""
+    from safetensors.torch import save_file
+
+    run_a, dir_b = pair
+    weights = load_file(str(dir_b / WEIGHTS))
+    key = next(k for k, v in weights.items() if k.startswith("vision.") and v.is_floating_point())
+    weights[key].view(-1)[:3] = torch.tensor([float("nan"), float("inf"), 1.0])
+    save_file(weights, str(dir_b / WEIGHTS), metadata=weights_metadata())
+    capsys.readouterr()
+    assert main(["merge", str(run_a), str(dir_b), "--alpha", alpha, "--out", str(tmp_path / "C")]) == 2
+    _one_line_error(capsys, f"B {dir_b}: tensor {key} holds 2 NaN or infinite values of", "NaN there at every alpha")
+    assert not (tmp_path / "C").exists()
+    with pytest.raises(NclipError, match=f"^A {dir_b}: tensor {key} holds 2 NaN"):  # the Python API, as A
+        nclip.merge(dir_b, run_a, 0.5, tmp_path / "D")
+    assert not (tmp_path / "D").exists()

@@ -214,3 +214,44 @@ def test_wandb_without_a_login_is_one_line(tmp_path, monkeypatch, capsys):
     assert _train(tmp_path / "run", "train.report_to=[wandb]") == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("nclip: error")]
     assert len(err) == 1 and "cannot start a W&B run" in err[0] and "WANDB_MODE=offline" in err[0], err
+
+
+@pytest.mark.parametrize("module, setting", [("wandb", "train.report_to=[wandb]"),
+                                             ("tensorboard", "train.report_to=[tensorboard]")])
+def test_a_package_that_fails_to_import_is_one_line(monkeypatch, tmp_path, capsys, module, setting):
+    """Installed (the config's check finds it) but broken: its import raises, here protobuf's
+    well-known TypeError. It was a traceback."""
+    import sys
+
+    fake = tmp_path / "site" / module
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('raise TypeError("Descriptors cannot be created directly.\\nMore lines.")\n')
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    for name in [m for m in sys.modules if m == module or m.startswith(f"{module}.") or m == "torch.utils.tensorboard"]:
+        monkeypatch.delitem(sys.modules, name)
+    assert _train(tmp_path / "run", setting) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("nclip: error")]
+    assert len(err) == 1 and f"train.report_to {module}: `import " in err[0], err
+    assert "fails (TypeError: Descriptors cannot be created directly.); reinstall it" in err[0], err
+    assert f"take {module} out of train.report_to" in err[0]
+
+
+@pytest.mark.parametrize("saved, why", [(b"\xff\xfe\x00garbage", "not UTF-8 text: byte 0"),
+                                        (b"abc/def\n", "'abc/def': W&B takes 1 to 64 letters"),
+                                        (b"\n", "empty")])
+def test_a_garbage_wandb_run_id_on_resume_is_one_line(tmp_path, capsys, saved, why):
+    """RUN/wandb/nclip-run-id is read when a run resumes with W&B (here turned on at the resume,
+    which train.report_to allows): bytes that are no run id were a UnicodeDecodeError or W&B's error."""
+    pytest.importorskip("wandb")
+    from nclip.train.report_to import WANDB, WANDB_ID
+
+    run = tmp_path / "run"
+    assert _train(run, "train.steps=2", "train.checkpoint_every=2") == 0
+    (run / WANDB).mkdir()
+    (run / WANDB / WANDB_ID).write_bytes(saved)
+    capsys.readouterr()
+    assert main(["train", "--out", str(run), "--extend-to", "4", "--no-progress", "--no-eval",
+                 "--set", "train.report_to=[wandb]"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("nclip: error")]
+    assert len(err) == 1 and f"{run / WANDB / WANDB_ID}: not a W&B run id ({why}" in err[0], err
+    assert "delete the file to log the rest of the run to a new W&B run" in err[0]

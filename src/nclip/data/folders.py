@@ -36,7 +36,7 @@ def image_or_reason(path: Path, keep_mode: bool = False):
             return decoded_pixels(im, keep_mode)
     except FileNotFoundError:
         return "image not found"
-    except (UnidentifiedImageError, OSError, ValueError) as e:
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as e:
         return f"cannot read image: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
 
 

@@ -8,7 +8,8 @@ Shard specifications are brace patterns (``/data/cc3m/{00000..00331}.tar``), lis
 ``pipe:COMMAND`` URLs whose command writes a tar to stdout (e.g. ``pipe:aws s3 cp s3://b/x.tar -``).
 
 Reading never raises on bad data: a sample whose image does not decode, whose caption is empty, or
-which is missing a part comes out as a :class:`Bad` record with a reason, and a tar that breaks
+which is missing a part, or which has a member larger than :func:`oversized` allows (left unread)
+comes out as a :class:`Bad` record with a reason, and a tar that breaks
 mid-way (truncated, corrupt header) ends its shard with one :class:`Bad` record. Callers count them.
 """
 
@@ -30,6 +31,20 @@ from nclip.data.folders import decoded_pixels
 from nclip.errors import NclipError
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+# The most one member may hold before its record is left out unread, since a member is read whole
+# into memory: a caption, its metadata or a class id is text (LAION's longest captions are a few
+# KB), an image file rarely passes tens of MB. A tar header can claim any size (8 GiB and more).
+TEXT_EXTS = ("txt", "json", "cls")
+MAX_TEXT_BYTES = 1 << 20
+MAX_MEMBER_BYTES = 1 << 28
+
+
+def oversized(name: str, ext: str, size: int) -> str | None:
+    """Why member ``name`` of ``size`` bytes is too large to read, or None."""
+    limit = MAX_TEXT_BYTES if ext in TEXT_EXTS else MAX_MEMBER_BYTES
+    if size <= limit:
+        return None
+    return f"member {name} claims {size:,} bytes, over the {limit:,} a .{ext} member may hold"
 
 
 # --------------------------------------------------------------------------------------------
@@ -110,7 +125,7 @@ def iter_records(url: str) -> Iterator[Record | Bad]:
     except OSError as e:
         yield Bad("", url, f"cannot open shard: {e.strerror or e}")
         return
-    key, parts = None, {}
+    key, parts, too_big = None, {}, None
     try:
         try:
             with tarfile.open(fileobj=stream, mode="r|*") as tar:
@@ -120,18 +135,23 @@ def iter_records(url: str) -> Iterator[Record | Bad]:
                     k, ext = _split_key(member.name)
                     if k != key:
                         if key is not None:
-                            yield Record(key, url, parts)
-                        key, parts = k, {}
+                            yield Record(key, url, parts) if too_big is None else Bad(key, url, too_big)
+                        key, parts, too_big = k, {}, None
+                    too_big = too_big or oversized(member.name, ext, member.size)
+                    if too_big is not None:
+                        continue  # the stream skips the member's bytes in small reads
                     f = tar.extractfile(member)
                     data = f.read() if f is not None else b""
                     if len(data) != member.size:  # stream mode returns short reads at a cut
                         raise tarfile.ReadError(f"member {member.name} truncated ({len(data)} of {member.size} bytes)")
                     parts[ext] = data
         except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
-            yield Bad(key or "", url, f"broken tar after member {key!r}: {type(e).__name__}: {e}")
+            broken = f"broken tar after member {key!r}: {type(e).__name__}: {e}"
+            # a header that claims more than the file holds: the skip runs into the end of the file
+            yield Bad(key or "", url, broken if too_big is None else f"{too_big}; {broken}")
             return
         if key is not None:
-            yield Record(key, url, parts)
+            yield Record(key, url, parts) if too_big is None else Bad(key, url, too_big)
     finally:
         stream.close()
         if proc is not None:

@@ -12,14 +12,13 @@ nCLIP head (stored as logits) it is the cosine of the logits, which ranks like b
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from nclip.embed import manifest as mf
-from nclip.embed.vectors import load_shards, normalised
+from nclip.embed.vectors import load_shards, normalised, read_faiss
 from nclip.errors import NclipError
 
 
@@ -43,11 +42,9 @@ class Index:
 
     def __init__(self, directory: Path, doc: dict, checkpoint: str | Path | None = None, arch: str | None = None,
                  device: str | None = None):
-        import faiss
-
         self.directory, self.manifest = directory, doc
-        self.rows = [json.loads(line) for line in (directory / mf.METADATA).read_text().splitlines() if line]
-        self.faiss = faiss.read_index(str(directory / mf.INDEX))
+        self.rows = mf.read_metadata(directory, doc)
+        self.faiss = read_faiss(directory, doc)
         self._checkpoint, self._arch, self._device = checkpoint, arch, device
         self._encoder = None
 
@@ -61,6 +58,7 @@ class Index:
         if not doc.get("complete"):
             raise NclipError(f"{directory}: the embedding is unfinished ({doc.get('rows', 0)} rows so far); run the "
                              "same nclip embed command again to finish it")
+        mf.check_finished(directory, doc)
         return cls(directory, doc, checkpoint, arch, device)
 
     @classmethod
@@ -151,5 +149,5 @@ def open_image(path: str | Path):
         with Image.open(path) as im:
             im.load()
             return im.copy()
-    except (UnidentifiedImageError, OSError, ValueError) as e:
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as e:
         raise NclipError(f"{path} is not an image ({type(e).__name__})") from None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 from pathlib import Path
 from typing import Callable
@@ -59,10 +60,87 @@ def read_manifest(directory: str | Path) -> dict:
     return doc
 
 
+def damaged(directory: str | Path, doc: dict, name: str, what: str) -> NclipError:
+    """The one-line error for a file of an embedding directory that is not as ``nclip embed`` wrote
+    it: the file, what is wrong with it, and the command that writes the directory again."""
+    rebuild = rebuild_command(directory, doc)
+    return NclipError(f"{Path(directory) / name}: {what}; rebuild the directory with: {rebuild}")
+
+
+def rebuild_command(directory: str | Path, doc: dict) -> str:
+    """The ``nclip embed ... --force`` command that writes ``directory`` again from what its
+    manifest says (SPEC or CHECKPOINT where the manifest itself is damaged)."""
+    settings, model = _dict(doc.get("settings")), _dict(doc.get("model"))
+    spec, path = _dict(settings.get("data")).get("spec"), model.get("path")
+    words = ["nclip", "embed", spec if isinstance(spec, str) else "SPEC",
+             "--checkpoint", path if isinstance(path, str) else "CHECKPOINT"]
+    if isinstance(model.get("arch"), str):
+        words += ["--arch", model["arch"]]
+    for flag, key, default in (("--shard-size", "shard_size", DEFAULT_SHARD_SIZE),
+                               ("--batch-size", "batch_size", DEFAULT_BATCH_SIZE)):
+        if isinstance(settings.get(key), int) and settings[key] != default:
+            words += [flag, str(settings[key])]
+    return shlex.join([*words, "--out", str(directory), "--force"])
+
+
+def _dict(x) -> dict:
+    return x if isinstance(x, dict) else {}
+
+
+def check_finished(directory: Path, doc: dict) -> None:
+    """One line, naming the manifest, when a finished manifest lacks a field that search reads."""
+    model, shards = _dict(doc.get("model")), doc.get("shards")
+    fields_ok = {
+        "rows": _count(doc.get("rows")),
+        "dim": _count(doc.get("dim")) and doc["dim"] > 0,
+        "model.path": isinstance(model.get("path"), str),
+        "model.sha256": isinstance(model.get("sha256"), str),
+        "shards": isinstance(shards, list) and all(
+            isinstance(s, dict) and isinstance(s.get("images"), str) and _count(s.get("rows")) for s in shards),
+    }
+    bad = [key for key, ok in fields_ok.items() if not ok]
+    if bad:
+        raise damaged(directory, doc, MANIFEST, f"its {bad[0]} field is missing or malformed")
+    if sum(s["rows"] for s in shards) != doc["rows"]:
+        raise damaged(directory, doc, MANIFEST, f"its shards hold {sum(s['rows'] for s in shards)} rows, "
+                      f"its rows field says {doc['rows']}")
+
+
+def _count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def read_metadata(directory: Path, doc: dict) -> list[dict]:
+    """The rows of ``metadata.jsonl``, one JSON object per line, as many as the manifest counts;
+    one line naming the file and the way to rebuild it otherwise (truncated, malformed)."""
+    path = directory / METADATA
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise damaged(directory, doc, METADATA, "not found") from None
+    except UnicodeDecodeError as e:
+        raise damaged(directory, doc, METADATA, f"not UTF-8 text (byte {e.start})") from None
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if not isinstance(row, dict):
+            raise damaged(directory, doc, METADATA, f"line {n} is not a JSON object")
+        rows.append(row)
+    if len(rows) != doc["rows"]:
+        raise damaged(directory, doc, METADATA, f"holds {len(rows)} rows, the manifest {doc['rows']} (truncated?)")
+    return rows
+
+
 def resume_point(out: Path, model: dict, settings: dict, force: bool) -> dict | None:
     """The manifest to continue from: None to start afresh (an empty or missing DIR, or ``force``,
-    which first removes the embedding files of another run there). A DIR that holds other files, or
-    embeddings of another model or other settings, is refused in one line unless ``force``."""
+    which first removes the embedding files there, this embedding's own too: the way to rebuild a
+    damaged directory). A DIR that holds other files, or embeddings of another model or other
+    settings, is refused in one line unless ``force``."""
     if not out.is_dir():
         return None
     try:
@@ -71,7 +149,7 @@ def resume_point(out: Path, model: dict, settings: dict, force: bool) -> dict | 
         old = None
     same = old is not None and old.get("model", {}).get("sha256") == model["sha256"] \
         and old.get("settings") == json.loads(json.dumps(settings))
-    if same:
+    if same and not force:
         return old
     others = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME)
     if not others:

@@ -72,7 +72,7 @@ def read_mask(path: Path) -> np.ndarray:
     try:
         with Image.open(path) as im:
             return np.asarray(im)
-    except (UnidentifiedImageError, OSError, ValueError) as e:
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as e:
         raise NclipError(f"cannot read mask {path}: {str(e).splitlines()[0]}") from None
 
 
@@ -83,7 +83,7 @@ def _header(path: Path) -> tuple[tuple[int, int], str]:
     try:
         with Image.open(path) as im:
             return im.size, im.mode
-    except (UnidentifiedImageError, OSError, ValueError) as e:
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as e:
         raise NclipError(f"cannot read {path}: {str(e).splitlines()[0]}") from None
 
 

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nclip.data.folders import decoded_pixels, fingerprint
+from nclip.data.shards import oversized
 from nclip.data.types import LabelKind, Sample
 from nclip.errors import NclipError
 
@@ -126,6 +127,9 @@ def _index_shard(shard: Path) -> list[tuple[str, dict[str, tuple[int, int]], dic
                 ext = ext.lower()
                 if member.offset_data + member.size > total:
                     raise tarfile.ReadError(f"member {member.name} truncated")
+                too_big = oversized(member.name, ext, member.size)  # every member is read whole
+                if too_big is not None:
+                    raise NclipError(f"{shard}: sample {key!r}: {too_big}")
                 if not out or out[-1][0] != key:
                     out.append((key, {}, {}))
                 out[-1][1][ext] = (member.offset_data, member.size)

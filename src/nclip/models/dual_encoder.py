@@ -13,6 +13,7 @@ from nclip.config import RunConfig
 from nclip.data.tokenization import CaptionTokenizer
 from nclip.data.transforms import preprocess_of
 from nclip.heads import HeadContext, build_heads
+from nclip.models.size_check import check_model_size
 from nclip.models.towers import build_text_tower, build_vision_tower
 from nclip.objectives import plan_for
 from nclip.objectives.base import EncoderOutput
@@ -43,6 +44,7 @@ class DualEncoder(nn.Module):
 
     def __init__(self, cfg: RunConfig, heads: frozenset[str], pretrained_text: bool = True):
         super().__init__()
+        check_model_size(cfg, heads)  # before anything is allocated: absurd sizes are one line
         m = cfg.model
         self.cfg_text_kind = m.text.kind
         self.tokenizer = CaptionTokenizer(cfg.data.text_length, m.text.tokenizer)

@@ -12,6 +12,10 @@ Two models merge only when their architectures agree: the model sections of thei
 (except the settings that change no weight: ``init``, ``init_arch``, ``grad_checkpointing``, the
 text tower's ``tokenizer`` path and ``unlocked_layers``), the state-dict keys, shapes and dtypes;
 the first difference is a one-line error naming it.
+
+A source with a NaN or infinite weight is refused, in one line naming it and the tensor: the merge
+would be NaN there at every α (0·NaN is NaN), and so would every embedding through it. A model with
+such weights is broken (a diverged run), not one to mix.
 """
 
 from __future__ import annotations
@@ -118,6 +122,20 @@ def check_same_architecture(dir_a: Path, dir_b: Path, state_a: dict, state_b: di
                              f"in A, {b.dtype} {list(b.shape)} in B")
 
 
+def check_finite(state: dict, which: str, directory: Path) -> None:
+    """One line naming the first floating-point tensor of ``state`` with a NaN or infinite value."""
+    import torch
+
+    bad = [(key, int((~torch.isfinite(t)).sum())) for key, t in state.items() if t.is_floating_point()]
+    bad = [(key, n) for key, n in bad if n]
+    if bad:
+        key, n = bad[0]
+        more = f" (and {len(bad) - 1} more tensors)" if len(bad) > 1 else ""
+        raise NclipError(f"{which} {directory}: tensor {key} holds {n} NaN or infinite value{'s' * (n != 1)} of "
+                         f"{state[key].numel()}{more}; the merge would be NaN there at every alpha: merge models whose "
+                         "weights are finite")
+
+
 def interpolate(state_a: dict, state_b: dict, alpha: float) -> dict:
     """(1 − α)·A + α·B for every floating-point tensor (in float64, cast back: exact at α = 0 and
     1); integer and boolean tensors are A's. Same keys, shapes and dtypes as ``state_a``."""
@@ -143,6 +161,8 @@ def merge(a: str | Path, b: str | Path, alpha: float, out: str | Path, force: bo
     check_target(out, sources, force)
     state_a, state_b = read_weights(dir_a / WEIGHTS), read_weights(dir_b / WEIGHTS)
     check_same_architecture(dir_a, dir_b, state_a, state_b)
+    check_finite(state_a, "A", dir_a)
+    check_finite(state_b, "B", dir_b)
     merged = interpolate(state_a, state_b, alpha)
     with DirLock(out, "nclip merge"):
         check_target(out, sources, force)  # again under the lock: another writer may have filled it

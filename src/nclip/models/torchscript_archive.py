@@ -13,6 +13,11 @@ does for ordinary checkpoints; tensors come from the records. Nothing in the arc
 The result is the module tree's tensors by dotted name (``visual.conv1.weight``, ...), what the
 scripted module's ``state_dict()`` holds, plus any tensor-valued plain attributes (OpenAI's
 ``attn_mask``), which the caller ignores.
+
+What a damaged or hostile archive can make it do is bounded, each bound a one-line refusal: a
+record must inflate to exactly the bytes its tensor takes (so a compressed record that would
+inflate to gigabytes is refused before it is read), the records together to no more than the
+machine's memory, and the module tree may be at most ``MAX_DEPTH`` modules deep (OpenAI's are 7).
 """
 
 from __future__ import annotations
@@ -24,12 +29,15 @@ from pathlib import Path
 import torch
 
 from nclip.errors import NclipError
+from nclip.models.size_check import machine_memory
 
 STORAGES = {"FloatStorage": torch.float32, "HalfStorage": torch.float16, "DoubleStorage": torch.float64,
             "BFloat16Storage": torch.bfloat16, "LongStorage": torch.int64, "IntStorage": torch.int32,
             "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8,
             "BoolStorage": torch.bool}
 LIST_BUILDERS = ("build_intlist", "build_tensorlist", "build_doublelist", "build_boollist", "build_empty_list")
+MAX_DEPTH = 100  # modules within modules (visual.transformer.resblocks.0.attn.out_proj is 6)
+_CHUNK = 1 << 24  # a record is inflated into its tensor's buffer this many bytes at a time
 
 
 def is_torchscript(path: Path) -> bool:
@@ -60,6 +68,8 @@ class _Unpickler(pickle.Unpickler):
     def __init__(self, fh, zf: zipfile.ZipFile, root: str):
         super().__init__(fh)
         self._zf, self._root, self._storages = zf, root, {}
+        memory = machine_memory()
+        self._budget = memory[0] if memory is not None else None  # bytes the records may still take
 
     def find_class(self, module: str, name: str):
         if module.startswith("__torch__"):
@@ -79,12 +89,33 @@ class _Unpickler(pickle.Unpickler):
         if kind != "storage" or not isinstance(dtype, torch.dtype):
             raise pickle.UnpicklingError(f"unexpected persistent id {pid!r}")
         if key not in self._storages:
-            data = bytearray(self._zf.read(f"{self._root}/data/{key}"))
-            flat = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
-            if flat.numel() < numel:
-                raise pickle.UnpicklingError(f"record data/{key} holds {flat.numel()} values, not {numel}")
-            self._storages[key] = flat
+            self._storages[key] = self._record(key, dtype, numel)
         return self._storages[key]
+
+    def _record(self, key, dtype: torch.dtype, numel) -> torch.Tensor:
+        """The ``numel`` values of record ``data/KEY``, after its size is checked against theirs."""
+        if not isinstance(numel, int) or numel < 0:
+            raise pickle.UnpicklingError(f"record data/{key}: a storage of {numel!r} values")
+        info = self._zf.getinfo(f"{self._root}/data/{key}")
+        size = numel * dtype.itemsize
+        if info.file_size != size:
+            raise pickle.UnpicklingError(f"record data/{key} inflates to {info.file_size:,} bytes, where its "
+                                         f"{numel:,} values take {size:,}")
+        if self._budget is not None:
+            self._budget -= size
+            if self._budget < 0:
+                raise pickle.UnpicklingError(f"its tensors take more than this machine's memory (record data/{key}, "
+                                             f"{size:,} bytes)")
+        data = bytearray(size)
+        view, done = memoryview(data), 0
+        with self._zf.open(info) as fh:  # into the one buffer: no second copy of a large record
+            while done < size:
+                chunk = fh.read(min(_CHUNK, size - done))
+                if not chunk:
+                    raise pickle.UnpicklingError(f"record data/{key} ends after {done:,} of {size:,} bytes")
+                view[done:done + len(chunk)] = chunk
+                done += len(chunk)
+        return torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
 
 
 def read_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -97,18 +128,29 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
     except (StopIteration, KeyError, zipfile.BadZipFile, pickle.UnpicklingError, EOFError, ValueError,
             RuntimeError, TypeError, AttributeError) as e:
         raise NclipError(f"cannot read the TorchScript archive {path}: {type(e).__name__}: {e}") from None
+    return _collect(top, path)
+
+
+def _collect(top, path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of the module tree under ``top`` by dotted name, walked with a stack of its own
+    (a tree deeper than Python's recursion limit is data, not a crash) to ``MAX_DEPTH`` modules."""
     out: dict[str, torch.Tensor] = {}
-    _collect(top, "", out, set())
+    seen: set[int] = set()
+    stack = [(top, "", 0)]
+    while stack:
+        obj, prefix, depth = stack.pop()
+        if not isinstance(obj, _Module) or id(obj) in seen:
+            continue
+        if depth > MAX_DEPTH:
+            raise NclipError(f"cannot read the TorchScript archive {path}: its module tree is more than {MAX_DEPTH} "
+                             f"modules deep (at {prefix[:80]}...)")
+        seen.add(id(obj))
+        state = getattr(obj, "state", None)
+        children = []
+        for key, value in (state.items() if isinstance(state, dict) else ()):
+            if isinstance(value, torch.Tensor):
+                out[prefix + key] = value.clone()
+            else:
+                children.append((value, f"{prefix}{key}.", depth + 1))
+        stack.extend(reversed(children))  # in the order the recursive walk took
     return out
-
-
-def _collect(obj, prefix: str, out: dict, seen: set) -> None:
-    if not isinstance(obj, _Module) or id(obj) in seen:
-        return
-    seen.add(id(obj))
-    state = getattr(obj, "state", None)
-    for key, value in (state.items() if isinstance(state, dict) else ()):
-        if isinstance(value, torch.Tensor):
-            out[prefix + key] = value.clone()
-        else:
-            _collect(value, f"{prefix}{key}.", out, seen)
