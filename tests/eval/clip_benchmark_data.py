@@ -1,5 +1,5 @@
 """Non-square test data for CLIP_benchmark copies: class folders and a captions CSV whose images have
-every centre-crop overhang residue mod 4 at a given input size, as JPEG, PNG and WebP files."""
+every centre-crop overhang residue mod 4 at a given input size, as JPEG, PNG (RGB, RGBA and P) and WebP files."""
 
 from __future__ import annotations
 
@@ -38,6 +38,16 @@ def sizes(size: int, n: int) -> list[tuple[int, int]]:
     return out
 
 
+def in_mode(rgb: np.ndarray, n: int) -> Image.Image:
+    """Every third PNG RGBA (a random alpha) and every sixth one P: CLIP_benchmark's readers decode them to
+    RGB before its transform, where open_clip's preprocess on the opened file would convert after the crop."""
+    image = Image.fromarray(rgb)
+    if n % 6 == 3:
+        alpha = np.random.default_rng(n).integers(0, 256, rgb.shape[:2], dtype=np.uint8)
+        return Image.fromarray(np.dstack([rgb, alpha]))
+    return image.quantize(colors=48) if n % 6 == 0 and n else image
+
+
 def picture(cls: str, width: int, height: int, seed: int) -> np.ndarray:
     """A ``cls``-tinted image with a bright band off-centre, so a one-pixel shift changes the crop."""
     rng = np.random.default_rng(seed)
@@ -57,7 +67,7 @@ def class_folders(root: Path, size: int, per_class: int = 8) -> list[tuple[Path,
             w, h = dims[c * per_class + i]
             ext, fmt, kw = FORMATS[(c + i) % len(FORMATS)]
             path = root / cls / f"{i}.{ext}"
-            Image.fromarray(picture(cls, w, h, 10 * c + i)).save(path, format=fmt, **kw)
+            in_mode(picture(cls, w, h, 10 * c + i), c + i if fmt == "PNG" else 0).save(path, format=fmt, **kw)
             written.append((path, w, h))
     return written
 

@@ -63,8 +63,12 @@ def decoded_pixels(image, keep_mode: bool = False):
 
 class FileSamples(Sequence):
     """Samples whose images are read from disk on access; ``label_kinds`` as every dataset's. Indexing
-    gives the evaluation's samples (an image that is not RGB stays a PIL image: :func:`decoded_pixels`),
-    :meth:`read` the training's (always RGB arrays)."""
+    gives the evaluation's samples, :meth:`read` the training's (RGB arrays). ``keep_mode``: indexing gives
+    an image that is not RGB as the decoded PIL image (:func:`decoded_pixels`), as ``nclip embed`` reads a
+    file (open_clip's preprocess on ``Image.open``); evaluation decodes to RGB first, as CLIP_benchmark's
+    readers and torchvision's ImageFolder do, so that its numbers are theirs."""
+
+    keep_mode = False
 
     def __init__(self, paths: list[Path], captions: list[tuple[str, ...]], labels: list[dict[str, int]],
                  where: list[str] | None = None, label_kinds: dict[str, LabelKind] | None = None):
@@ -78,7 +82,7 @@ class FileSamples(Sequence):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        return self._sample(i, load_image(self.paths[i], self.where[i], keep_mode=True))
+        return self._sample(i, load_image(self.paths[i], self.where[i], keep_mode=self.keep_mode))
 
     def read(self, i: int) -> Sample | str:
         """Sample ``i``, or why its image cannot be read (training skips it: :mod:`nclip.data.bad_samples`)."""

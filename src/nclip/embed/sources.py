@@ -69,6 +69,10 @@ def eval_rows(spec: str, data) -> Rows:
     """Every split of an :class:`~nclip.eval.evaldata.EvalData`, one after the other (also rows made
     in memory: the bench's)."""
     parts = [(split, samples) for split, samples in data.splits.items()]
+    for _, samples in parts:  # a file is embedded as open_clip's preprocess embeds Image.open of it
+        files = getattr(samples, "samples", samples)  # (nclip.eval.lazy_split.LazySplit: its samples)
+        if hasattr(files, "keep_mode"):
+            files.keep_mode = True
     bounds, total = [], 0
     for _, samples in parts:
         bounds.append(total)

@@ -62,7 +62,10 @@ def dataset_name(root: Path) -> str:
 
 
 class TarSamples(Sequence):
-    """Samples of indexed shards: the image read from its shard by offset on access."""
+    """Samples of indexed shards: the image read from its shard by offset on access, decoded to RGB as
+    CLIP_benchmark's webdataset reader decodes it (``keep_mode``: see :class:`nclip.data.folders.FileSamples`)."""
+
+    keep_mode = False
 
     def __init__(self, images: list[tuple[Path, int, int, str]], captions: list[tuple[str, ...]],
                  labels: list[dict[str, int]], label_kinds: dict[str, LabelKind]):
@@ -82,7 +85,7 @@ class TarSamples(Sequence):
                 fh.seek(offset)
                 data = fh.read(size)
             with Image.open(io.BytesIO(data)) as im:
-                image = decoded_pixels(im, keep_mode=True)
+                image = decoded_pixels(im, keep_mode=self.keep_mode)
         except Exception as e:  # PIL raises many types for a corrupt image
             raise NclipError(f"{shard}: sample {key!r}: image does not decode "
                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
