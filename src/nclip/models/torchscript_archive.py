@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from nclip.errors import NclipError
+from nclip.errors import SourceError
 
 STORAGES = {"FloatStorage": torch.float32, "HalfStorage": torch.float16, "DoubleStorage": torch.float64,
             "BFloat16Storage": torch.bfloat16, "LongStorage": torch.int64, "IntStorage": torch.int32,
@@ -96,7 +96,7 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
                 top = _Unpickler(fh, zf, root).load()
     except (StopIteration, KeyError, zipfile.BadZipFile, pickle.UnpicklingError, EOFError, ValueError,
             RuntimeError, TypeError, AttributeError) as e:
-        raise NclipError(f"cannot read the TorchScript archive {path}: {type(e).__name__}: {e}") from None
+        raise SourceError(path, f"cannot read it as a TorchScript archive: {type(e).__name__}: {e}") from None
     out: dict[str, torch.Tensor] = {}
     _collect(top, "", out, set())
     return out

@@ -47,7 +47,7 @@ from nclip.data.device_feed import DeviceFeed
 from nclip.data.labels import label_space_for
 from nclip.data.loader import train_loader
 from nclip.defaults import BUILTIN_SOURCES
-from nclip.errors import NclipError
+from nclip.errors import NclipError, source_named
 from nclip.jsonio import WriteFailed, truncate_jsonl, writing
 from nclip.models import build_model
 from nclip.models.hf_import import init_config, load_init_weights
@@ -140,8 +140,8 @@ def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progre
     if t.batch_size % (ctx.world_size * t.accumulation):
         raise NclipError(f"train.batch_size {t.batch_size} is not divisible by world size {ctx.world_size} "
                          f"× train.accumulation {t.accumulation}")
-    # model.init: the pretrained model's architecture replaces the config's (recorded in config.yaml)
-    cfg = init_config(cfg, required=not resume, note=_note if ctx.is_main else lambda line: None)
+    with source_named("model.init"):  # the pretrained model's architecture replaces the config's (config.yaml)
+        cfg = init_config(cfg, required=not resume, note=_note if ctx.is_main else lambda line: None)
     # every rank takes rank 0's decision about the run directory before anything is written
     plan = agree(ctx, lambda: plan_run(cfg, run_dir, resume, force, extend_to, lock))
     run, data_state = _restore(plan.cfg, run_dir, ctx, resume)
@@ -211,7 +211,8 @@ def _restore(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool) -> t
             model.load_state_dict(weights)
             objective.load_state_dict(state["objective"])
     if state is None and cfg.model.init is not None:  # a new run from a pretrained model's weights
-        line = load_init_weights(model, cfg.model.init, cfg.model.init_arch)
+        with source_named("model.init"):
+            line = load_init_weights(model, cfg.model.init, cfg.model.init_arch)
         if ctx.is_main:
             _note(line)
     model.to(ctx.device)
