@@ -82,7 +82,7 @@ def test_nclip_eval_takes_an_openai_state_dict_without_arch(tmp_path):
     _, state = openai_reference(**SIZES["vit"])
     path = _save(state, tmp_path / "custom.pt")
     assert main(["eval", "--checkpoint", str(path), "--out", str(tmp_path / "ev"), "--tasks", "zeroshot",
-                 "--no-report", "--no-cache", "--quiet"]) == 0
+                 "--samples", "40", "--no-report", "--no-cache", "--quiet"]) == 0
     doc = json.loads((tmp_path / "ev" / "results.json").read_text())
     assert doc["checkpoint"]["format"] == "OpenAI state dict"
 
@@ -184,25 +184,21 @@ def test_weights_that_fit_no_openai_clip_are_one_line(tmp_path):
         nclip.load(_save(narrow, tmp_path / "narrow.pt"), device="cpu")
 
 
-def test_a_wrong_arch_names_the_files_own_tensor_and_the_users_option(tmp_path, capsys):
+def test_a_wrong_arch_names_the_files_own_tensor_and_the_users_option(tmp_path, capsys, tiny_arch):
     """A shape mismatch names the tensor as the file names it (never nclip's or transformers' names)
     and the option: --checkpoint under eval, --init under train, the path alone under nclip.load."""
     from nclip.cli import main
 
-    torch.save(build(vit_cfg()).state_dict(), tmp_path / "w.pt")
+    torch.save(build(vit_cfg()).state_dict(), tmp_path / "w.pt")  # 64 wide; Tiny is 128
+    problem = f"{tmp_path / 'w.pt'}: visual.class_embedding has shape (64,), where --arch Tiny has (128,)"
     with pytest.raises(NclipError) as e:
-        nclip.load(tmp_path / "w.pt", device="cpu", arch="ViT-B-32")
-    assert str(e.value) == (f"{tmp_path / 'w.pt'}: visual.class_embedding has shape (64,), where --arch ViT-B-32 "
-                            "has (768,)")
-    assert main(["eval", "--checkpoint", str(tmp_path / "w.pt"), "--arch", "ViT-B-32", "--out",
-                 str(tmp_path / "ev")]) == 2
-    err = capsys.readouterr().err.splitlines()  # (the model loads once the first dataset is read)
-    assert err[-1] == f"nclip: error: --checkpoint {tmp_path / 'w.pt'}: visual.class_embedding has shape " \
-                      "(64,), where --arch ViT-B-32 has (768,)"
-    assert main(["train", "--preset", "micro", "--init", str(tmp_path / "w.pt"), "--arch", "ViT-B-32",
+        nclip.load(tmp_path / "w.pt", device="cpu", arch="Tiny")
+    assert str(e.value) == problem
+    assert main(["eval", "--checkpoint", str(tmp_path / "w.pt"), "--arch", "Tiny", "--out", str(tmp_path / "ev"),
+                 "--tasks", "zeroshot", "--samples", "40", "--quiet"]) == 2
+    assert capsys.readouterr().err == f"nclip: error: --checkpoint {problem}\n"
+    assert main(["train", "--preset", "micro", "--init", str(tmp_path / "w.pt"), "--arch", "Tiny",
                  "--out", str(tmp_path / "run"), "--no-progress", "--set", "train.steps=1"]) == 2
     err = capsys.readouterr().err.splitlines()  # the line naming what model.init replaces, then the error
-    assert "an open_clip state dict of ViT-B-32" in err[0] and len(err) == 2
-    assert err[1] == f"nclip: error: --init {tmp_path / 'w.pt'}: visual.class_embedding has shape (64,), where " \
-                     "--arch ViT-B-32 has (768,)"
-
+    assert len(err) == 2 and "an open_clip state dict of Tiny" in err[0]
+    assert err[1] == f"nclip: error: --init {problem}"
