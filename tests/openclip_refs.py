@@ -1,9 +1,11 @@
-"""open_clip reference models for the OpenCLIP/OpenAI import tests: open_clip builds them here with
-random weights (nothing downloads), and they are saved in the three forms nclip reads."""
+"""open_clip and OpenAI CLIP reference models for the OpenCLIP/OpenAI import tests: open_clip and
+OpenAI's own CLIP code build them here with random weights (nothing downloads), and they are saved in
+the forms nclip reads."""
 
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -15,6 +17,36 @@ import nclip  # noqa: F401 (its import makes torchvision importable beside a CPU
 def open_clip():
     """The open_clip module."""
     return pytest.importorskip("open_clip")
+
+
+def openai_clip():
+    """OpenAI's CLIP code, ``clip.model`` (clip-anytorch), its torchvision made importable as for open_clip."""
+    with warnings.catch_warnings():  # its clip.clip imports setuptools' deprecated pkg_resources
+        warnings.simplefilter("ignore")
+        return pytest.importorskip("clip.model")
+
+
+def openai_reference(seed: int = 0, **sizes):
+    """OpenAI's ``CLIP(**sizes)`` with random weights (every parameter perturbed, so no bias is zero
+    and no ResNet block's last BatchNorm silences it; BatchNorm statistics and the logit scale set),
+    rebuilt from its state dict by OpenAI's ``build_model``, as OpenAI's loader does. Returns that
+    model in float32 and eval mode, and its state dict as build_model leaves it: OpenAI's release
+    precision, fp16 for the convolutions, linear layers and projections."""
+    cm = openai_clip()
+    torch.manual_seed(seed)
+    model = cm.CLIP(**sizes)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.normal_(0, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+                m.weight.uniform_(0.5, 1.5)
+        model.logit_scale.fill_(3.0)
+    rebuilt = cm.build_model({k: v.clone() for k, v in model.state_dict().items()})
+    state = {k: v.clone().contiguous() for k, v in rebuilt.state_dict().items()}
+    return rebuilt.float().eval(), state
 
 
 def vit_cfg(quick_gelu=False, patch=8, image=32, width=64, layers=2, head_width=32, text_width=64, text_heads=2,

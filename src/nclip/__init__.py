@@ -19,7 +19,8 @@ _torchvision_compat.install()
 def load(path, device=None, arch=None):
     """A trained model for inference, OpenCLIP-style: ``encode_image``, ``encode_text``,
     ``zero_shot``, ``tokenizer``, ``transform`` (see :func:`nclip.api.load`); also an OpenCLIP or
-    OpenAI checkpoint (``arch``: the open_clip config of a bare state-dict file). Imported lazily, so
+    OpenAI checkpoint (``arch``: the open_clip config of a state-dict file; without it, the file's
+    architecture is read from its tensors as OpenAI's). Imported lazily, so
     ``import nclip`` stays fast."""
     from nclip.api import load as _load
 

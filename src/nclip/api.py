@@ -210,7 +210,8 @@ def load(path: str | Path, device: str | torch.device | None = None, arch: str |
 
     Also a model nclip did not train (docs/transfer.md): a transformers CLIPModel or SiglipModel directory, an
     open_clip directory (open_clip_config.json), an open_clip or OpenAI state-dict file with
-    ``arch`` naming its open_clip config (e.g. "ViT-B-32"), or OpenAI's TorchScript ``.pt``."""
+    ``arch`` naming its open_clip config (e.g. "ViT-B-32"; without it, its architecture is read from
+    its tensors as OpenAI's CLIP reads it, QuickGELU), or OpenAI's TorchScript ``.pt``."""
     from nclip.models.io import WEIGHTS
     from nclip.models.openclip_files import WEIGHT_SUFFIXES, is_openclip
 

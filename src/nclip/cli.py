@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from nclip.errors import NclipError
+from nclip.errors import NclipError, SourceError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "directory, an open_clip directory or weights file, OpenAI's .pt, or an nclip run/model "
                    "directory (sets model.init; docs/transfer.md)")
     p.add_argument("--arch", metavar="NAME", help="open_clip config (e.g. ViT-B-32) of an open_clip/OpenAI "
-                   "state-dict file given to --init (sets model.init_arch)")
+                   "state-dict file given to --init (sets model.init_arch; default: read from its tensors as "
+                   "OpenAI's)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar: one line per log step instead "
                    "(step, loss, the objective's terms, lr, samples/s), for logs and batch jobs")
     p.add_argument("--no-eval", action="store_true", help="skip the end-of-run evaluation")
@@ -427,6 +428,21 @@ def _fail(message: str) -> int:
     return 2
 
 
+# the options that name a model's files, which a SourceError about them names
+SOURCE_OPTIONS = {"checkpoint": "--checkpoint", "baseline": "--baseline", "init": "--init"}
+
+
+def _as_given(error: SourceError, args) -> SourceError:
+    """``error`` naming its path as the user gave it: by its option and spelling where one of the
+    command's options names that path, else as raised (``model.init`` inside a run)."""
+    where = Path(error.path).expanduser().resolve()
+    for attr, option in SOURCE_OPTIONS.items():
+        value = getattr(args, attr, None)
+        if value is not None and Path(value).expanduser().resolve() == where:
+            return error.named(option, value)
+    return error
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever downloaded at run time
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -435,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         _check_outputs(args)
         return COMMANDS[args.command](args)
+    except SourceError as e:
+        return _fail(str(_as_given(e, args)))
     except NclipError as e:
         return _fail(str(e))
     except OSError as e:  # a path the user gave that cannot be written or read as asked, or a full disk

@@ -1,9 +1,12 @@
 """model.init: starting from a transformers CLIPModel directory or an nclip model (nclip.models.hf_import)."""
 
+import json
+
 import pytest
 import torch
 from hf_fixtures import features, hf_pixels, nclip_pixels, save_tiny_clip
 
+import nclip
 from nclip.cli import main
 from nclip.config import resolve, validate
 from nclip.errors import NclipError
@@ -69,6 +72,27 @@ def test_hub_names_and_missing_directories_are_one_line_errors(tmp_path, capsys)
     err = capsys.readouterr().err
     assert "downloads nothing" in err and err.count("\n") == 1 and "Traceback" not in err
     assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+def test_errors_name_the_option_the_directory_came_by(tmp_path, capsys):
+    """A CLIPModel nclip cannot reproduce: the same one line under each command, naming the directory
+    as the user gave it -- --checkpoint, --init, model.init, or the path alone under nclip.load."""
+    save_tiny_clip(tmp_path / "clip")
+    config = json.loads((tmp_path / "clip" / "config.json").read_text())
+    config["vision_config"]["hidden_act"] = "relu"
+    (tmp_path / "clip" / "config.json").write_text(json.dumps(config))
+    capsys.readouterr()  # transformers' progress bars
+    problem = f"{tmp_path / 'clip'}: vision activation 'relu' is not one of gelu, quick_gelu"
+    with pytest.raises(NclipError) as e:
+        nclip.load(tmp_path / "clip", device="cpu")
+    assert str(e.value) == problem
+    runs = {"--checkpoint": ["eval", "--checkpoint", str(tmp_path / "clip"), "--out", str(tmp_path / "ev")],
+            "--init": ["train", "--preset", "micro", "--init", str(tmp_path / "clip"), "--out", str(tmp_path / "r1")],
+            "model.init": ["train", "--preset", "micro", "--set", f"model.init={tmp_path / 'clip'}",
+                           "--out", str(tmp_path / "r2")]}
+    for option, argv in runs.items():
+        assert main(argv) == 2
+        assert capsys.readouterr().err == f"nclip: error: {option} {problem}\n"
 
 
 def test_init_from_an_nclip_model_and_from_its_hf_export(tmp_path, micro_overrides):

@@ -218,8 +218,9 @@ def test_broken_files_are_one_line_each(tmp_path):
     torch.save(model.state_dict(), tmp_path / "trunc.bin")
     (tmp_path / "trunc.bin").write_bytes((tmp_path / "trunc.bin").read_bytes()[:5000])
     _one_line("cannot read .* as a state dict", tmp_path / "trunc.bin", arch="ViT-B-32")
+    torch.save({"epoch": 1, "state_dict": model.state_dict()}, tmp_path / "epoch_1.pt")
+    _one_line("is an open_clip training checkpoint .*--arch NAME", tmp_path / "epoch_1.pt")
     torch.save(model.state_dict(), tmp_path / "weights.pt")
-    _one_line("name its architecture with --arch", tmp_path / "weights.pt")
     _one_line("--arch ViT-Q-99: not one of open_clip's", tmp_path / "weights.pt", arch="ViT-Q-99")
     _one_line("has shape", tmp_path / "weights.pt", arch="ViT-B-32")  # the wrong architecture
     other = dict(cfg, vision_cfg=dict(cfg["vision_cfg"], width=96))
@@ -280,14 +281,15 @@ def test_what_nclip_cannot_reproduce_is_refused_in_one_line(tmp_path, where, val
 def test_cli_eval_and_train_take_arch(tmp_path, capsys):
     from nclip.cli import main
 
-    torch.save(build(vit_cfg()).state_dict(), tmp_path / "w.pt")
+    torch.save({"epoch": 1, "state_dict": build(vit_cfg()).state_dict()}, tmp_path / "w.pt")  # open_clip's
     assert main(["eval", "--checkpoint", str(tmp_path / "w.pt"), "--out", str(tmp_path / "ev")]) == 2
     err = capsys.readouterr().err
     assert "--arch" in err and err.count("\n") == 1 and "Traceback" not in err
+    assert f"--checkpoint {tmp_path / 'w.pt'}: " in err
     assert main(["train", "--preset", "micro", "--init", str(tmp_path / "w.pt"), "--out", str(tmp_path / "run"),
                  "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert "--arch" in err and err.count("\n") == 1
+    assert "--arch" in err and err.count("\n") == 1 and f"--init {tmp_path / 'w.pt'}: " in err
     assert main(["train", "--preset", "micro", "--init", str(tmp_path / "w.pt"), "--arch", "ViT-B-32",
                  "--out", str(tmp_path / "run"), "--no-progress", "--set", "train.steps=1"]) == 2
     err = capsys.readouterr().err.splitlines()  # the line naming what model.init replaces, then the error

@@ -10,6 +10,8 @@ from nclip.config import resolve
 from nclip.errors import NclipError
 from nclip.train import threads
 
+CFG = resolve("micro")  # no data workers on the CPU
+
 
 @pytest.fixture(autouse=True)
 def _keep_torch_threads():
@@ -39,15 +41,15 @@ def test_a_busy_machine_gets_fewer_threads_and_the_start_up_line_names_the_setti
     monkeypatch.delenv("OMP_NUM_THREADS")  # the suite pins it (tests/conftest.py)
     monkeypatch.setattr(threads, "process_cores", lambda: 2)
     monkeypatch.setattr(threads, "busy_cores", lambda: 1)
-    threads.set_threads("auto", workers=0)
+    threads.set_threads("auto", CFG, "cpu")
     assert torch.get_num_threads() == 1
     line = threads.describe("auto")
     assert line.startswith("1 (auto: 2 cores; the one-minute load says 1 are busy") and "train.threads=N" in line
     monkeypatch.setattr(threads, "busy_cores", lambda: 0)
-    threads.set_threads("auto", workers=0)
+    threads.set_threads("auto", CFG, "cpu")
     assert torch.get_num_threads() == 2 and threads.describe("auto") == "2 (auto: 2 cores)"
-    threads.set_threads(1, workers=0)
+    threads.set_threads(1, CFG, "cpu")
     assert torch.get_num_threads() == 1 and threads.describe(1) == "1 (train.threads)"
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # set by the job (torchrun: 1 for several ranks)
-    threads.set_threads("auto", workers=0)
+    threads.set_threads("auto", CFG, "cpu")
     assert torch.get_num_threads() == 1 and threads.describe("auto") == "1 (auto: OMP_NUM_THREADS)"

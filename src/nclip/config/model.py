@@ -213,7 +213,8 @@ class ModelConfig(Section):
     # init_arch, or OpenAI's TorchScript .pt; its architecture replaces vision/text/embed_dim
     # (nclip.models.hf_import, docs/transfer.md)
     init: str | None = None
-    init_arch: str | None = None  # the open_clip config (e.g. ViT-B-32) of a state-dict file in `init`
+    # the open_clip config (e.g. ViT-B-32) of a state-dict file in `init` (None: read from its tensors as OpenAI's)
+    init_arch: str | None = None
     vision: VisionConfig = VisionConfig()
     text: TextConfig = TextConfig()
     embed_dim: int = Field(512, ge=1, description="CLIP head output (Sec. 3.2: 512)")

@@ -3,14 +3,16 @@
 ``nclip eval --checkpoint`` takes a run directory (RUN/model/), a model directory
 (model.safetensors + config.json), a training checkpoint (RUN/checkpoints/step_N/, with the
 config of RUN/config.yaml) or a model nclip did not train: a local transformers ``CLIPModel``
-directory, an open_clip directory, an open_clip/OpenAI state-dict file (with ``--arch``) or OpenAI's
-TorchScript archive (each evaluated as a CLIP-objective model with its own architecture, tokenizer
-and pixel statistics, via :mod:`nclip.models.hf_import`), or a ``SiglipModel`` directory (a
-SigLIP-objective model, :mod:`nclip.models.siglip_import`); :func:`resolve_checkpoint` tells them apart.
+directory, an open_clip directory, an open_clip/OpenAI state-dict file (with ``--arch``, or without:
+its architecture read from its tensors as OpenAI's) or OpenAI's TorchScript archive (each evaluated as
+a CLIP-objective model with its own architecture, tokenizer and pixel statistics, via
+:mod:`nclip.models.hf_import`), or a ``SiglipModel`` directory (a SigLIP-objective model,
+:mod:`nclip.models.siglip_import`); :func:`resolve_checkpoint` tells them apart.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,14 +111,14 @@ def _openclip_checkpoint(p: Path, arch: str | None) -> Checkpoint | None:
     """An OpenCLIP/OpenAI checkpoint as a checkpoint of the CLIP objective (None: not one)."""
     from nclip.config import validate
     from nclip.models.hf_import import init_config
-    from nclip.models.io import WEIGHTS
-    from nclip.models.openclip_files import WEIGHT_SUFFIXES, is_openclip, source
+    from nclip.models.openclip_files import is_openclip, source
 
-    if not is_openclip(p, arch) and not (p.is_file() and p.name != WEIGHTS and p.suffix in WEIGHT_SUFFIXES):
+    if not is_openclip(p, arch):
         return None
-    src = source(p, arch)  # a weights file without --arch: a one-line error saying so
+    src = source(p, arch)
     init = {"init": str(p.resolve()), "init_arch": arch}
-    cfg = init_config(validate({"objective": {"name": "clip"}, "model": init}), note=lambda line: None)
+    cfg = init_config(validate({"objective": {"name": "clip"}, "model": init}), note=lambda line: None,
+                      warn=lambda line: print(line, file=sys.stderr, flush=True))  # what it assumed: said
     form = src.form.split(" ", 1)[1] if src.form.startswith(("a ", "an ")) else src.form
     return Checkpoint(p, src.weights, None, cfg, file_sha256(src.weights), format=form, arch=arch)
 

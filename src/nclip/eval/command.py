@@ -73,7 +73,8 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
                    "data.csv_caption_key if the header has it, else the caption* columns)")
     p.add_argument("--baseline", metavar="RUN_DIR", help="run or eval directory for relative realm accuracy")
     p.add_argument("--arch", metavar="NAME", help="open_clip config (e.g. ViT-B-32, RN50) of an open_clip or OpenAI "
-                   "state-dict file given as --checkpoint or --baseline (docs/transfer.md)")
+                   "state-dict file given as --checkpoint or --baseline (default: read from its tensors as "
+                   "OpenAI's; docs/transfer.md)")
     p.add_argument("--hierarchy", metavar="FILE|builtin",
                    help="realm labels for the realms task from each dataset's class labels and a class hierarchy: "
                         "a JSON or TSV file (realm = the child of the root on a class's path), or builtin "

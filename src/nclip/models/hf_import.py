@@ -2,7 +2,8 @@
 ``CLIPModel.save_pretrained`` and ``nclip export --hf`` write), a ``SiglipModel`` directory
 (:mod:`nclip.models.siglip_import`), an nclip run/model directory, or an
 OpenCLIP/OpenAI checkpoint (:mod:`nclip.models.openclip_files`: an open_clip directory, a state dict
-with ``model.init_arch``, OpenAI's TorchScript archive; renamed by :mod:`nclip.models.openclip_import`).
+with ``model.init_arch`` or in OpenAI's layout, OpenAI's TorchScript archive; renamed by
+:mod:`nclip.models.openclip_import`).
 
 Two steps. :func:`init_config` gives the run config the pretrained model's architecture (towers,
 image size, text length, vocabulary, tokenizer, pixel statistics, CLIP head width), replacing the
@@ -14,6 +15,9 @@ transformers' CLIPVisionModel / CLIPTextModel, so the weights are a renaming.
 Nothing downloads: anything but an existing local directory (a hub name such as
 ``openai/clip-vit-base-patch32``) is a one-line error. Weights are read from safetensors, or from a
 CLIPModel's ``pytorch_model.bin`` with ``torch.load(weights_only=True)`` (:mod:`nclip.models.hf_weights`).
+
+Errors about the model's files are :class:`~nclip.errors.SourceError`: they name the path, and the
+caller names the option it came by (``model.init`` in a run, ``--checkpoint`` in an evaluation).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import numpy as np
 from nclip.config import RunConfig, validate
 from nclip.data.tokenization import TOKENIZER_FILE, CaptionTokenizer
 from nclip.data.transforms import CLIP_MEAN, CLIP_STD, PIL_RESAMPLE
-from nclip.errors import NclipError
+from nclip.errors import SourceError
 from nclip.jsonio import read_json
 from nclip.models import openclip_files, openclip_import, siglip_import
 from nclip.models.hf_weights import (  # noqa: F401 (PT_WEIGHTS, hf_weights_file, copy_weights: re-exported)
@@ -43,18 +47,19 @@ ACTIVATIONS = ("gelu", "quick_gelu")  # the ones nclip's config offers
 
 
 def init_dir(value: str | Path, arch: str | None = None) -> Path:
-    """``value`` as an existing local directory, or a local OpenCLIP/OpenAI weights file (with
-    ``arch``, or a TorchScript archive); anything else is an error (nothing downloads)."""
+    """``value`` as an existing local directory, or a local OpenCLIP/OpenAI weights file (a state
+    dict or TorchScript archive; any file with ``arch``); anything else is an error (nothing downloads)."""
     path = Path(value).expanduser()
     if path.is_file() and openclip_files.is_openclip(path, arch):
         return path
     if path.is_file():
-        raise NclipError(f"model.init: {value} is a file: name its open_clip architecture with --arch NAME "
-                         "(model.init_arch), or give a model directory")
+        what = ("an nclip model's weights: give its directory" if path.name == WEIGHTS else
+                f"neither a weights file ({', '.join(openclip_files.WEIGHT_SUFFIXES)}) nor a model directory")
+        raise SourceError(value, f"is {what}")
     if not path.is_dir():
-        raise NclipError(f"model.init: {value} is not a local directory or file (nclip downloads nothing: give "
-                         "the directory CLIPModel.save_pretrained, open_clip or nclip export --hf wrote, a "
-                         "weights file, or an nclip run)")
+        raise SourceError(value, "is not a local directory or file (nclip downloads nothing: give the directory "
+                          "CLIPModel.save_pretrained, open_clip or nclip export --hf wrote, a weights file, or an "
+                          "nclip run)")
     return path
 
 
@@ -71,8 +76,8 @@ def _nclip_model_dir(path: Path) -> Path:
     for candidate in (path, path / "model"):
         if (candidate / CONFIG).is_file() and (candidate / WEIGHTS).is_file():
             return candidate
-    raise NclipError(f"model.init: {path} holds neither a transformers CLIPModel or SiglipModel (config.json with "
-                     f"model_type clip or siglip) nor an nclip model ({CONFIG} and {WEIGHTS}, or model/ with them)")
+    raise SourceError(path, f"holds neither a transformers CLIPModel or SiglipModel (config.json with model_type "
+                      f"clip or siglip) nor an nclip model ({CONFIG} and {WEIGHTS}, or model/ with them)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -80,17 +85,18 @@ def _nclip_model_dir(path: Path) -> Path:
 # ---------------------------------------------------------------------------------------------
 
 
-def init_config(cfg: RunConfig, required: bool = True, note=None) -> RunConfig:
+def init_config(cfg: RunConfig, required: bool = True, note=None, warn=None) -> RunConfig:
     """``cfg`` with the architecture of ``cfg.model.init`` (unchanged without one). ``required``
     False (resuming a run, whose config already holds the architecture) tolerates a vanished
-    directory. ``note(line)`` gets one line saying what was taken (default: stderr)."""
+    directory. ``note(line)`` gets one line saying what was taken (default: stderr), ``warn(line)`` one
+    saying what was assumed where the checkpoint does not say (default: ``note``)."""
     if cfg.model.init is None or (not required and not Path(cfg.model.init).expanduser().exists()):
         return cfg
     arch = cfg.model.init_arch
     path = init_dir(cfg.model.init, arch)
     siglip = siglip_import.is_siglip_dir(path)
     if openclip_files.is_openclip(path, arch):
-        vision, text, data, embed_dim, source = _openclip_architecture(path, arch)
+        vision, text, data, embed_dim, source = _openclip_architecture(path, arch, warn or note or _stderr)
     elif siglip:
         vision, text, data, embed_dim, source = siglip_import.architecture(path)
     elif is_hf_clip_dir(path):
@@ -110,14 +116,21 @@ def init_config(cfg: RunConfig, required: bool = True, note=None) -> RunConfig:
             f"{v.kind} width {v.width}, {v.layers} layers, {v.heads} heads, patch {v.patch_size}, "
             f"{out.data.image_size} px; text width {t.width}, {t.layers} layers, {out.data.text_length} tokens; "
             f"CLIP head {out.model.embed_dim}")
-    (note or (lambda msg: print(msg, file=sys.stderr)))(line)
+    (note or _stderr)(line)
     return out
 
 
-def _openclip_architecture(path: Path, arch: str | None):
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _openclip_architecture(path: Path, arch: str | None, warn):
     src = openclip_files.source(path, arch)
-    state = openclip_files.read_state(src) if src.model_cfg is None else None  # OpenAI's: from its tensors
-    vision, text, data, embed_dim = openclip_import.architecture(src, openclip_import.model_config(src, state))
+    weights = openclip_files.read_weights(src) if path.is_file() else None  # a hub directory's config decides
+    vision, text, data, embed_dim = openclip_import.architecture(src, openclip_import.model_config(src, weights))
+    if src.model_cfg is None and weights.origin != openclip_files.OPENAI:  # nothing in the file says whose it is
+        warn(f"nclip: {path}: no --arch, so its architecture is read from its tensors as OpenAI's CLIP reads it, "
+             "with QuickGELU like all of OpenAI's models (weights open_clip trained with GELU need --arch NAME)")
     return vision, text, data, embed_dim, src.form
 
 
@@ -127,20 +140,20 @@ def _hf_architecture(path: Path):
     try:
         hf = CLIPConfig.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError) as e:
-        raise NclipError(f"model.init: cannot read {path / CONFIG}: {str(e).splitlines()[0]}") from None
+        raise SourceError(path, f"cannot read {CONFIG}: {str(e).splitlines()[0]}") from None
     vc, tc = hf.vision_config, hf.text_config
-    vision = {"kind": "vit", "patch_size": vc.patch_size, **_transformer(vc, "vision"), **_pixel_stats(path)}
+    vision = {"kind": "vit", "patch_size": vc.patch_size, **_transformer(vc, "vision", path), **_pixel_stats(path)}
     length = tc.max_position_embeddings
     # transformers' CLIPTextModel pools the largest id for the eos_token_id 2 of old configs (OpenAI's)
     pooling = "argmax" if tc.eos_token_id == 2 else "token"
-    text = {"kind": "transformer", **_transformer(tc, "text"), "vocab_size": tc.vocab_size,
+    text = {"kind": "transformer", **_transformer(tc, "text", path), "vocab_size": tc.vocab_size,
             "eos_pooling": pooling, "tokenizer": _hf_tokenizer(path, length, tc, pooling)}
     data = {"image_size": vc.image_size, "text_length": length, **_hf_preprocess(path)}
     return vision, text, data, hf.projection_dim, "a transformers CLIPModel"
 
 
-def _transformer(c, which: str) -> dict:
-    return transformer_sizes(c, which, ACTIVATIONS, 1e-5, "nclip's")
+def _transformer(c, which: str, path: Path) -> dict:
+    return transformer_sizes(c, which, ACTIVATIONS, 1e-5, "nclip's", path)
 
 
 def _pixel_stats(path: Path) -> dict:
@@ -161,8 +174,8 @@ def _hf_preprocess(path: Path) -> dict:
     data = read_json(path / PREPROCESSOR) if (path / PREPROCESSOR).is_file() else {}
     resample, size = data.get("resample", 3), data.get("size")
     if resample not in PIL_RESAMPLE:
-        raise NclipError(f"model.init: {path / PREPROCESSOR}: resample {resample!r} is not bicubic (3) or "
-                         "bilinear (2), the ones nclip's evaluation offers")
+        raise SourceError(path, f"{PREPROCESSOR}: resample {resample!r} is not bicubic (3) or bilinear (2), the "
+                          "ones nclip's evaluation offers")
     squash = isinstance(size, dict) and "shortest_edge" not in size and {"height", "width"} <= set(size)
     return {"eval_convention": "transformers", "eval_interpolation": PIL_RESAMPLE[resample],
             "eval_resize": "squash" if squash else "shortest"}
@@ -179,14 +192,13 @@ def _hf_tokenizer(path: Path, length: int, tc, pooling: str) -> str | None:
     else:
         tok, chosen = CaptionTokenizer(length), None
         if tok.vocab_size != tc.vocab_size:
-            raise NclipError(f"model.init: {path} has no {TOKENIZER_FILE} and its vocabulary ({tc.vocab_size}) is "
-                             f"not the bundled tokenizer's ({tok.vocab_size}): save the tokenizer beside the model")
+            raise SourceError(path, f"has no {TOKENIZER_FILE} and its vocabulary ({tc.vocab_size}) is not the "
+                              f"bundled tokenizer's ({tok.vocab_size}): save the tokenizer beside the model")
     if tok.vocab_size > tc.vocab_size:
-        raise NclipError(f"model.init: the tokenizer of {path} has {tok.vocab_size} tokens, the text tower "
-                         f"{tc.vocab_size}")
+        raise SourceError(path, f"its tokenizer has {tok.vocab_size} tokens, its text tower {tc.vocab_size}")
     if pooling == "token" and tok.eos_id != tc.eos_token_id:
-        raise NclipError(f"model.init: the tokenizer's end-of-text id {tok.eos_id} is not the text tower's "
-                         f"eos_token_id {tc.eos_token_id} ({path})")
+        raise SourceError(path, f"its tokenizer's end-of-text id {tok.eos_id} is not the text tower's "
+                          f"eos_token_id {tc.eos_token_id}")
     return chosen
 
 
@@ -211,10 +223,21 @@ def load_init_weights(model, init: str | Path, arch: str | None = None) -> str:
     if siglip_import.is_siglip_dir(path):
         return siglip_import.load_weights(model, path)
     if openclip_files.is_openclip(path, arch):  # renamed to a CLIPModel's names (the modified ResNet: nclip's)
-        state = openclip_files.read_state(openclip_files.source(path, arch))
-        source = openclip_import.transformers_names(state, model.vision.width)
-    elif is_hf_clip_dir(path):
+        src = openclip_files.source(path, arch)
+        names: dict[str, str] = {}
+        source = openclip_import.transformers_names(openclip_files.read_weights(src).state, model.vision.width, names)
+        return copy_weights(model, source, True, path, names, _built_from(src))
+    if is_hf_clip_dir(path):
         source = read_hf_weights(path)
     else:
         hf, source = False, read_weights(_nclip_model_dir(path) / WEIGHTS)
     return copy_weights(model, source, hf, path)
+
+
+def _built_from(src) -> str:
+    """What an OpenCLIP/OpenAI model's architecture came from, in words."""
+    if src.arch is not None:
+        return f"--arch {src.arch}"
+    if src.model_cfg is not None:
+        return f"its {openclip_files.HUB_CONFIG}"
+    return "OpenAI's CLIP of the sizes its tensors say"

@@ -12,10 +12,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from nclip.errors import NclipError
+from nclip.errors import SourceError
 from nclip.heads.builtin import ClipHead
 from nclip.jsonio import read_json
-from nclip.models.io import WEIGHTS
+from nclip.models.io import CONFIG, WEIGHTS
 
 PREPROCESSOR = "preprocessor_config.json"  # an image processor's settings (mean, std, resample)
 SHARD_INDEX = "model.safetensors.index.json"
@@ -29,9 +29,12 @@ HF_HEAD = {**{f"heads.clip.{side}.weight": f"{name}.weight" for side, name in Cl
 NCLIP_TOWERS = ("vision.", "text.")
 
 
-def copy_weights(model, source: dict[str, torch.Tensor], hf: bool, path: Path) -> str:
+def copy_weights(model, source: dict[str, torch.Tensor], hf: bool, path: Path, names: dict[str, str] | None = None,
+                 built: str = f"its {CONFIG}") -> str:
     """Copy ``source`` -- a CLIPModel's tensors by its names (``hf``; a modified ResNet's under nclip's
-    own ``vision.*`` names) or an nclip model's -- into ``model``'s towers, CLIP head and logit scale."""
+    own ``vision.*`` names) or an nclip model's -- into ``model``'s towers, CLIP head and logit scale.
+    ``names``: the name in ``path`` of each renamed tensor (an open_clip file's), for messages, which
+    say that ``built`` (what the model was built from) wants another shape."""
     own = model.state_dict()
     towers, heads = {}, {}
     native = any(k.startswith("vision.") for k in source)  # the modified ResNet under nclip's own names
@@ -48,11 +51,12 @@ def copy_weights(model, source: dict[str, torch.Tensor], hf: bool, path: Path) -
                 missing.append(src)
             continue
         if source[src].shape != own[key].shape:
-            raise NclipError(f"model.init: {src} of {path} has shape {tuple(source[src].shape)}, the model "
-                             f"{tuple(own[key].shape)}")
+            raise SourceError(path, f"{(names or {}).get(src, src)} has shape {tuple(source[src].shape)}, where "
+                              f"{built} has {tuple(own[key].shape)}")
         state[key] = source[src]
-    if missing:
-        raise NclipError(f"model.init: {path} lacks tower weights {missing[:3]} ({len(missing)} in all)")
+    if missing:  # a renamed file's names for them are not known: no renamed names
+        which = "" if names is not None else f" {missing[:3]}"
+        raise SourceError(path, f"lacks {len(missing)} of the {len(towers)} tower weights of {built}{which}")
     loaded_heads = [k for k, src in heads.items() if src in source and source[src].shape == own[k].shape]
     state.update({k: source[heads[k]] for k in loaded_heads})
     model.load_state_dict(state, strict=False)
@@ -98,9 +102,9 @@ def read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
             part = torch.load(str(directory / name), map_location="cpu", weights_only=True)
         except Exception as e:  # pickle, zip and weights_only errors alike
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise NclipError(f"cannot read {directory / name} (torch.load, weights_only=True): {first}") from None
+            raise SourceError(directory, f"cannot read {name} (torch.load, weights_only=True): {first}") from None
         if not isinstance(part, dict):
-            raise NclipError(f"{directory / name} holds a {type(part).__name__}, not a state dict")
+            raise SourceError(directory, f"{name} holds a {type(part).__name__}, not a state dict")
         state.update({k: v for k, v in part.items() if isinstance(v, torch.Tensor)})
     return state
 
@@ -112,27 +116,28 @@ def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
     elif (directory / WEIGHTS).is_file():
         files = [WEIGHTS]
     else:
-        raise NclipError(f"model.init: no {WEIGHTS} in {directory}")
+        raise SourceError(directory, f"has no {WEIGHTS}")
     state = {}
     for name in files:
         try:
             state.update(load_file(str(directory / name), device="cpu"))
         except Exception as e:  # safetensors raises its own error types for corrupt files
-            raise NclipError(f"cannot read {directory / name}: {str(e).splitlines()[0]}") from None
+            raise SourceError(directory, f"cannot read {name}: {str(e).splitlines()[0]}") from None
     return state
 
 
-def transformer_sizes(c, which: str, activations: tuple[str, ...], layer_norm_eps: float, whose: str) -> dict:
-    """width, layers, heads, mlp_ratio, activation of a transformers tower config (CLIP's or SigLIP's);
-    an error for what nclip's towers (``whose``, with ``activations`` and ``layer_norm_eps``) cannot
-    reproduce."""
+def transformer_sizes(c, which: str, activations: tuple[str, ...], layer_norm_eps: float, whose: str,
+                      path: Path) -> dict:
+    """width, layers, heads, mlp_ratio, activation of a transformers tower config (CLIP's or SigLIP's)
+    of the model at ``path``; an error for what nclip's towers (``whose``, with ``activations`` and
+    ``layer_norm_eps``) cannot reproduce."""
     ratio = c.intermediate_size / c.hidden_size
     if int(c.hidden_size * ratio) != c.intermediate_size:
-        raise NclipError(f"model.init: {which} intermediate_size {c.intermediate_size} is not a ratio of width "
-                         f"{c.hidden_size} nclip can express")
+        raise SourceError(path, f"{which} intermediate_size {c.intermediate_size} is not a ratio of width "
+                          f"{c.hidden_size} nclip can express")
     if c.hidden_act not in activations:
-        raise NclipError(f"model.init: {which} activation {c.hidden_act!r} is not one of {', '.join(activations)}")
+        raise SourceError(path, f"{which} activation {c.hidden_act!r} is not one of {', '.join(activations)}")
     if abs(c.layer_norm_eps - layer_norm_eps) > 1e-12:
-        raise NclipError(f"model.init: {which} layer_norm_eps {c.layer_norm_eps} is not {layer_norm_eps:g}, {whose}")
+        raise SourceError(path, f"{which} layer_norm_eps {c.layer_norm_eps} is not {layer_norm_eps:g}, {whose}")
     return {"width": c.hidden_size, "layers": c.num_hidden_layers, "heads": c.num_attention_heads,
             "mlp_ratio": ratio, "hidden_act": c.hidden_act}

@@ -5,15 +5,19 @@ Three forms (docs/transfer.md), all local paths -- nothing downloads:
 - a directory in open_clip's hub layout: ``open_clip_config.json`` (``model_cfg``,
   ``preprocess_cfg``) with ``open_clip_model.safetensors`` or ``open_clip_pytorch_model.bin``;
 - an open_clip or OpenAI state-dict file (``.safetensors``, or a ``torch.save`` file read with
-  ``torch.load(weights_only=True)``) with ``--arch NAME``, one of the configs open_clip ships
-  (read as JSON from the installed ``open_clip_torch``, which is never imported);
+  ``torch.load(weights_only=True)``), with ``--arch NAME`` naming one of the configs open_clip ships
+  (read as JSON from the installed ``open_clip_torch``, which is never imported), or without: then
+  its architecture is read from its tensors as OpenAI's ``build_model`` reads it
+  (:mod:`nclip.models.openai_layout`: QuickGELU, 64-wide heads);
 - OpenAI's TorchScript ``.pt`` archive, read without running its code
-  (:mod:`nclip.models.torchscript_archive`); its architecture follows from its tensors, as
-  ``open_clip.build_model_from_openai_state_dict`` infers it (QuickGELU, 64-wide heads).
+  (:mod:`nclip.models.torchscript_archive`); its architecture is read from its tensors the same way.
 
-:func:`read_state` gives the weights in open_clip's ``CLIP`` naming (``visual.*``, the text tower
+:func:`read_weights` gives the weights in open_clip CLIP's naming (``visual.*``, the text tower
 at the top level), whatever the file's wrapping (``state_dict``, ``module.``, ``_orig_mod.``,
-``CustomTextCLIP``'s ``text.``).
+``CustomTextCLIP``'s ``text.``), and what the file says of whose they are: OpenAI's (a TorchScript
+archive; a state dict with the ``input_resolution``, ``context_length`` and ``vocab_size`` entries of
+OpenAI's models), open_clip's (its training checkpoints' ``state_dict`` wrapper, a training run's
+prefixes, ``CustomTextCLIP``), or nothing.
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ from pathlib import Path
 import torch
 
 from nclip.data import clip_bpe
-from nclip.errors import NclipError
+from nclip.errors import NclipError, SourceError
 from nclip.jsonio import read_json
 from nclip.models import torchscript_archive
+from nclip.models.io import WEIGHTS
 
 HUB_CONFIG = "open_clip_config.json"
 HUB_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
@@ -39,7 +44,8 @@ OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
 PREPROCESS = {"mean": OPENAI_MEAN, "std": OPENAI_STD, "interpolation": "bicubic", "resize_mode": "shortest",
               "fill_color": 0, "mode": "RGB"}
 TEXT_KEYS = ("token_embedding", "positional_embedding", "transformer", "ln_final", "text_projection")
-OPENAI_BUFFERS = ("input_resolution", "context_length", "vocab_size")  # plain numbers in OpenAI's archives
+OPENAI_ENTRIES = ("input_resolution", "context_length", "vocab_size")  # numbers OpenAI's own models carry
+OPENAI, OPEN_CLIP = "OpenAI", "open_clip"  # whose weights a file says it holds (Weights.origin)
 
 
 @dataclass(frozen=True)
@@ -52,11 +58,22 @@ class OpenClipSource:
     arch: str | None
 
 
+@dataclass(frozen=True)
+class Weights:
+    state: dict[str, torch.Tensor]  # open_clip CLIP's names, float32
+    origin: str  # OPENAI, OPEN_CLIP, or "" where the file does not say
+    evidence: str  # what says so, in words
+
+
 def is_openclip(path: Path, arch: str | None = None) -> bool:
-    """Whether ``path`` is one of the three forms (a file with ``--arch``, or any TorchScript archive)."""
+    """Whether ``path`` is one of the three forms: a hub directory, or a weights file (any with
+    ``--arch``; else a TorchScript archive or a state dict named as one, but not nclip's own model file)."""
     if path.is_dir():
         return (path / HUB_CONFIG).is_file()
-    return path.is_file() and (arch is not None or torchscript_archive.is_torchscript(path))
+    if not path.is_file():
+        return False
+    return arch is not None or torchscript_archive.is_torchscript(path) or (
+        path.suffix in WEIGHT_SUFFIXES and path.name != WEIGHTS)
 
 
 def source(path: Path, arch: str | None = None) -> OpenClipSource:
@@ -64,22 +81,22 @@ def source(path: Path, arch: str | None = None) -> OpenClipSource:
     if path.is_dir():
         cfg = read_json(path / HUB_CONFIG)
         if not isinstance(cfg, dict) or not isinstance(cfg.get("model_cfg"), dict):
-            raise NclipError(f"{path / HUB_CONFIG} has no model_cfg (open_clip's hub layout: model_cfg and "
-                             "preprocess_cfg)")
+            raise SourceError(path, f"{HUB_CONFIG} has no model_cfg (open_clip's hub layout: model_cfg and "
+                              "preprocess_cfg)")
         weights = next((path / n for n in HUB_WEIGHTS if (path / n).is_file()), None)
         if weights is None:
-            raise NclipError(f"{path} has {HUB_CONFIG} but neither {' nor '.join(HUB_WEIGHTS)}")
+            raise SourceError(path, f"has {HUB_CONFIG} but neither {' nor '.join(HUB_WEIGHTS)}")
         pre = cfg.get("preprocess_cfg") or {}
         if not isinstance(pre, dict):
-            raise NclipError(f"{path / HUB_CONFIG}: preprocess_cfg is not a mapping")
+            raise SourceError(path, f"{HUB_CONFIG}: preprocess_cfg is not a mapping")
         return OpenClipSource(path, "an open_clip directory", weights, cfg["model_cfg"], {**PREPROCESS, **pre}, arch)
+    archive = torchscript_archive.is_torchscript(path)
     if arch is not None:
-        return OpenClipSource(path, f"an open_clip state dict of {arch}", path, builtin_config(arch),
-                              dict(PREPROCESS), arch)
-    if torchscript_archive.is_torchscript(path):
+        form = f"OpenAI's TorchScript archive as {arch}" if archive else f"an open_clip state dict of {arch}"
+        return OpenClipSource(path, form, path, builtin_config(arch), dict(PREPROCESS), arch)
+    if archive:
         return OpenClipSource(path, "OpenAI's TorchScript archive", path, None, dict(PREPROCESS), None)
-    raise NclipError(f"{path} is a weights file: name its architecture with --arch NAME (one of open_clip's "
-                     "configs, e.g. ViT-B-32 or RN50)")
+    return OpenClipSource(path, "an OpenAI state dict", path, None, dict(PREPROCESS), None)
 
 
 def _package_dir() -> Path | None:
@@ -89,6 +106,12 @@ def _package_dir() -> Path | None:
         return None
     locations = list(spec.submodule_search_locations or []) if spec else []
     return Path(locations[0]) if locations else None
+
+
+def has_builtin(arch: str) -> bool:
+    """Whether open_clip (installed) ships the model config ``arch``."""
+    package = _package_dir()
+    return package is not None and "/" not in arch and (package / "model_configs" / f"{arch}.json").is_file()
 
 
 def builtin_config(arch: str) -> dict:
@@ -118,37 +141,60 @@ def vocabulary(src: OpenClipSource) -> Path:
     return packaged
 
 
-def read_state(src: OpenClipSource) -> dict[str, torch.Tensor]:
-    """The weights in open_clip CLIP's naming, float32."""
+def read_weights(src: OpenClipSource) -> Weights:
+    """The weights in open_clip CLIP's naming, float32, and whose the file says they are."""
     weights = src.weights
     if torchscript_archive.is_torchscript(weights):
-        state = torchscript_archive.read_tensors(weights)
-    elif weights.suffix == ".safetensors":
+        return Weights(_canonical(torchscript_archive.read_tensors(weights), src.path), OPENAI,
+                       "a TorchScript archive, OpenAI's release format")
+    wrapped = False
+    if weights.suffix == ".safetensors":
         from safetensors.torch import load_file
 
         try:
-            state = load_file(str(weights), device="cpu")
+            raw = load_file(str(weights), device="cpu")
         except Exception as e:  # safetensors raises its own error types for corrupt files
-            raise NclipError(f"cannot read {weights}: {str(e).splitlines()[0]}") from None
+            raise SourceError(src.path, f"cannot read {_inside(weights, src)}: {str(e).splitlines()[0]}") from None
     else:
-        state = _torch_load(weights)
-    return _canonical(state, weights)
+        raw, wrapped = _torch_load(weights, src)
+    return Weights(_canonical(raw, src.path), *_origin(raw, wrapped))
 
 
-def _torch_load(weights: Path) -> dict:
+def _inside(weights: Path, src: OpenClipSource) -> str:
+    """How a message names the weights file: itself, or its name inside the directory the user gave."""
+    return "it" if weights == src.path else weights.name
+
+
+def _torch_load(weights: Path, src: OpenClipSource) -> tuple[dict, bool]:
+    """(the file's tensors, whether they came wrapped in an open_clip training checkpoint)."""
     try:
         data = torch.load(str(weights), map_location="cpu", weights_only=True)
     except Exception as e:  # pickle, zip and weights_only errors alike: the file is not a plain state dict
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise NclipError(f"cannot read {weights} as a state dict (torch.load, weights_only=True): {first}") from None
-    if isinstance(data, dict) and isinstance(data.get("state_dict"), dict):  # open_clip's training checkpoints
+        raise SourceError(src.path, f"cannot read {_inside(weights, src)} as a state dict (torch.load, "
+                          f"weights_only=True): {first}") from None
+    wrapped = isinstance(data, dict) and isinstance(data.get("state_dict"), dict)
+    if wrapped:  # open_clip's training checkpoints
         data = data["state_dict"]
     if not isinstance(data, dict):
-        raise NclipError(f"{weights} holds a {type(data).__name__}, not a state dict")
-    return data
+        raise SourceError(src.path, f"{_inside(weights, src)} holds a {type(data).__name__}, not a state dict")
+    return data, wrapped
 
 
-def _canonical(state: dict, weights: Path) -> dict[str, torch.Tensor]:
+def _origin(raw: dict, wrapped: bool) -> tuple[str, str]:
+    """(origin, evidence) of a state dict as read from its file."""
+    if any(k in raw for k in OPENAI_ENTRIES):  # what the state_dict() of OpenAI's models holds
+        return OPENAI, "it has the input_resolution, context_length and vocab_size entries of OpenAI's models"
+    if wrapped:
+        return OPEN_CLIP, "an open_clip training checkpoint (weights under state_dict)"
+    if any(k.startswith(("module.", "_orig_mod.")) for k in raw):
+        return OPEN_CLIP, "a training run's checkpoint (module. or _orig_mod. names)"
+    if any(k.startswith("text.") for k in raw):
+        return OPEN_CLIP, "open_clip's CustomTextCLIP (text.* names)"
+    return "", ""
+
+
+def _canonical(state: dict, path: Path) -> dict[str, torch.Tensor]:
     out = {}
     for key, value in state.items():
         if not isinstance(value, torch.Tensor):
@@ -157,33 +203,8 @@ def _canonical(state: dict, weights: Path) -> dict[str, torch.Tensor]:
             key = key[len(wrap):] if key.startswith(wrap) else key
         if key.startswith("text.") and key[5:].startswith(TEXT_KEYS):  # CustomTextCLIP → CLIP's names
             key = key[5:]
-        if key not in OPENAI_BUFFERS:
+        if key not in OPENAI_ENTRIES:
             out[key] = value.float() if value.is_floating_point() else value
     if not any(k.startswith("visual.") for k in out):
-        raise NclipError(f"{weights} holds no open_clip image tower (no visual.* weights)")
+        raise SourceError(path, "holds no CLIP image tower in open_clip's or OpenAI's layout (no visual.* weights)")
     return out
-
-
-def openai_config(state: dict[str, torch.Tensor]) -> dict:
-    """The model config of an OpenAI-layout state dict, as open_clip's build_model_from_openai_state_dict
-    infers it: QuickGELU, heads of width 64 in both towers."""
-    try:
-        if "visual.proj" in state:
-            width = state["visual.conv1.weight"].shape[0]
-            patch = state["visual.conv1.weight"].shape[-1]
-            grid = round((state["visual.positional_embedding"].shape[0] - 1) ** 0.5)
-            layers = len([k for k in state if k.startswith("visual.") and k.endswith(".attn.in_proj_weight")])
-            vision = {"layers": layers, "width": width, "patch_size": patch, "image_size": patch * grid}
-        else:
-            layers = [len({k.split(".")[2] for k in state if k.startswith(f"visual.layer{b}.")}) for b in (1, 2, 3, 4)]
-            side = round((state["visual.attnpool.positional_embedding"].shape[0] - 1) ** 0.5)
-            vision = {"layers": layers, "width": state["visual.layer1.0.conv1.weight"].shape[0],
-                      "image_size": side * 32}
-        width = state["ln_final.weight"].shape[0]
-        text = {"context_length": state["positional_embedding"].shape[0],
-                "vocab_size": state["token_embedding.weight"].shape[0], "width": width, "heads": width // 64,
-                "layers": len({k.split(".")[2] for k in state if k.startswith("transformer.resblocks.")})}
-        return {"embed_dim": state["text_projection"].shape[1], "quick_gelu": True, "vision_cfg": vision,
-                "text_cfg": text}
-    except (KeyError, IndexError) as e:
-        raise NclipError(f"not an OpenAI CLIP state dict (no {e}): give --arch NAME") from None

@@ -26,7 +26,7 @@ from safetensors import safe_open
 
 from nclip.data.tokenization import SENTENCEPIECE_FILE, CaptionTokenizer
 from nclip.data.transforms import PIL_RESAMPLE
-from nclip.errors import NclipError
+from nclip.errors import NclipError, SourceError
 from nclip.jsonio import read_json
 from nclip.models.hf_weights import (
     PREPROCESSOR,
@@ -63,32 +63,32 @@ def architecture(path: Path):
     try:
         hf = SiglipConfig.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError, TypeError) as e:
-        raise NclipError(f"model.init: cannot read {path / CONFIG}: {str(e).splitlines()[0]}") from None
+        raise SourceError(path, f"cannot read {CONFIG}: {str(e).splitlines()[0]}") from None
     finally:
         hf_logging.set_verbosity(before)
     vc, tc = hf.vision_config, hf.text_config
     if not getattr(vc, "vision_use_head", True):
-        raise NclipError(f"model.init: {path} has vision_use_head false: nclip's SigLIP image tower needs its "
-                         "attention-pooling head")
+        raise SourceError(path, "has vision_use_head false: nclip's SigLIP image tower needs its attention-pooling "
+                          "head")
     proj = tc.projection_size or tc.hidden_size
     if proj != tc.hidden_size or vc.hidden_size != proj:
-        raise NclipError(f"model.init: {path}: text projection_size {proj}, text width {tc.hidden_size} and image "
-                         f"width {vc.hidden_size} differ; nclip's SigLIP towers need them equal")
+        raise SourceError(path, f"text projection_size {proj}, text width {tc.hidden_size} and image width "
+                          f"{vc.hidden_size} differ; nclip's SigLIP towers need them equal")
     for name, value in (("image_size", vc.image_size), ("patch_size", vc.patch_size)):
         if not isinstance(value, int):
-            raise NclipError(f"model.init: {path}: vision {name} {value!r} is not square (one integer)")
+            raise SourceError(path, f"vision {name} {value!r} is not square (one integer)")
     if getattr(vc, "num_channels", 3) != 3:
-        raise NclipError(f"model.init: {path}: vision num_channels {vc.num_channels} is not 3")
-    vision = {"kind": "vit", "pooling": "map", "patch_size": vc.patch_size, **_transformer(vc, "vision"),
+        raise SourceError(path, f"vision num_channels {vc.num_channels} is not 3")
+    vision = {"kind": "vit", "pooling": "map", "patch_size": vc.patch_size, **_transformer(vc, "vision", path),
               **_pixel_stats(path)}
-    text = {"kind": "transformer", "eos_pooling": "last", **_transformer(tc, "text"), "vocab_size": tc.vocab_size,
+    text = {"kind": "transformer", "eos_pooling": "last", **_transformer(tc, "text", path), "vocab_size": tc.vocab_size,
             "tokenizer": _tokenizer(path, tc)}
     data = {"image_size": vc.image_size, "text_length": tc.max_position_embeddings, **_eval_resize(path)}
     return vision, text, data, proj, "a transformers SiglipModel"
 
 
-def _transformer(c, which: str) -> dict:
-    return transformer_sizes(c, which, ACTIVATIONS, LAYER_NORM_EPS, "nclip's SigLIP towers'")
+def _transformer(c, which: str, path: Path) -> dict:
+    return transformer_sizes(c, which, ACTIVATIONS, LAYER_NORM_EPS, "nclip's SigLIP towers'", path)
 
 
 def _preprocessor(path: Path) -> dict:
@@ -108,19 +108,18 @@ def _eval_resize(path: Path) -> dict:
     without a crop ("squash"), bicubic by default."""
     resample = _preprocessor(path).get("resample", 3)
     if resample not in PIL_RESAMPLE:
-        raise NclipError(f"model.init: {path / PREPROCESSOR}: resample {resample!r} is not bicubic (3) or "
-                         "bilinear (2), the ones nclip's evaluation offers")
+        raise SourceError(path, f"{PREPROCESSOR}: resample {resample!r} is not bicubic (3) or bilinear (2), the "
+                          "ones nclip's evaluation offers")
     return {"eval_resize": "squash", "eval_interpolation": PIL_RESAMPLE[resample], "eval_convention": "transformers"}
 
 
 def _tokenizer(path: Path, tc) -> str:
     if not (path / SENTENCEPIECE_FILE).is_file():
-        raise NclipError(f"model.init: {path} has no {SENTENCEPIECE_FILE} (SigLIP's SentencePiece tokenizer): "
-                         "save the tokenizer beside the model")
+        raise SourceError(path, f"has no {SENTENCEPIECE_FILE} (SigLIP's SentencePiece tokenizer): save the "
+                          "tokenizer beside the model")
     tok = CaptionTokenizer(tc.max_position_embeddings, path)
     if tok.vocab_size > tc.vocab_size:
-        raise NclipError(f"model.init: the tokenizer of {path} has {tok.vocab_size} tokens, the text tower "
-                         f"{tc.vocab_size}")
+        raise SourceError(path, f"its tokenizer has {tok.vocab_size} tokens, its text tower {tc.vocab_size}")
     return str(path.resolve())
 
 
@@ -128,7 +127,7 @@ def scale_and_bias(path: Path) -> tuple[float, float]:
     """The model's logit_scale s and logit_bias b (safetensors: those two tensors alone)."""
     found = hf_weights_file(path)
     if found is None:
-        raise NclipError(f"model.init: no {WEIGHTS} or pytorch_model.bin in {path}")
+        raise SourceError(path, f"has no {WEIGHTS} or pytorch_model.bin")
     if found.name in (WEIGHTS, SHARD_INDEX):
         files = ({k: path / v for k, v in read_json(found).get("weight_map", {}).items() if k in SCALARS}
                  if found.name == SHARD_INDEX else dict.fromkeys(SCALARS, found))
@@ -139,7 +138,7 @@ def scale_and_bias(path: Path) -> tuple[float, float]:
                     if key in f.keys():
                         state[key] = f.get_tensor(key)
             except Exception as e:  # safetensors raises its own error types for corrupt files
-                raise NclipError(f"cannot read {file}: {str(e).splitlines()[0]}") from None
+                raise SourceError(path, f"cannot read {file.name}: {str(e).splitlines()[0]}") from None
     else:
         state = read_hf_weights(path)
     return tuple(_scalar(state, key, path) for key in SCALARS)
@@ -147,10 +146,10 @@ def scale_and_bias(path: Path) -> tuple[float, float]:
 
 def _scalar(state: dict, key: str, path: Path) -> float:
     if key not in state or state[key].numel() != 1:
-        raise NclipError(f"model.init: {path} lacks SigLIP's {key} (one number)")
+        raise SourceError(path, f"lacks SigLIP's {key} (one number)")
     value = float(state[key].reshape(()).float())
     if not np.isfinite(value):
-        raise NclipError(f"model.init: {path}: {key} is {value}")
+        raise SourceError(path, f"{key} is {value}")
     return value
 
 
@@ -179,7 +178,7 @@ def load_weights(model, path: Path) -> str:
         model.logit_scale.fill_(scale)
         for linear in (model.heads["clip"].image, model.heads["clip"].text) if "clip" in model.heads else ():
             if linear.weight.shape[0] != linear.weight.shape[1]:
-                raise NclipError(f"model.init: SigLIP's embedding is its towers' output: model.embed_dim "
+                raise NclipError(f"SigLIP's embedding is its towers' output: model.embed_dim "
                                  f"{linear.weight.shape[0]} must be the towers' width {linear.weight.shape[1]}")
             linear.weight.copy_(torch.eye(linear.weight.shape[0]))
     return (f"nclip: started from {path}: both SigLIP towers (attention-pool and text heads), its logit scale "

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from nclip.errors import NclipError
+from nclip.errors import SourceError
 from nclip.models.size_check import machine_memory
 
 STORAGES = {"FloatStorage": torch.float32, "HalfStorage": torch.float16, "DoubleStorage": torch.float64,
@@ -127,7 +127,7 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
                 top = _Unpickler(fh, zf, root).load()
     except (StopIteration, KeyError, zipfile.BadZipFile, pickle.UnpicklingError, EOFError, ValueError,
             RuntimeError, TypeError, AttributeError) as e:
-        raise NclipError(f"cannot read the TorchScript archive {path}: {type(e).__name__}: {e}") from None
+        raise SourceError(path, f"cannot read it as a TorchScript archive: {type(e).__name__}: {e}") from None
     return _collect(top, path)
 
 
@@ -142,8 +142,8 @@ def _collect(top, path: Path) -> dict[str, torch.Tensor]:
         if not isinstance(obj, _Module) or id(obj) in seen:
             continue
         if depth > MAX_DEPTH:
-            raise NclipError(f"cannot read the TorchScript archive {path}: its module tree is more than {MAX_DEPTH} "
-                             f"modules deep (at {prefix[:80]}...)")
+            raise SourceError(path, f"cannot read it as a TorchScript archive: its module tree is more than "
+                              f"{MAX_DEPTH} modules deep (at {prefix[:80]}...)")
         seen.add(id(obj))
         state = getattr(obj, "state", None)
         children = []

@@ -46,9 +46,8 @@ from nclip.config import RunConfig
 from nclip.data.device_feed import DeviceFeed
 from nclip.data.labels import label_space_for
 from nclip.data.loader import train_loader
-from nclip.data.workers import loader_workers
 from nclip.defaults import BUILTIN_SOURCES
-from nclip.errors import NclipError
+from nclip.errors import NclipError, source_named
 from nclip.jsonio import WriteFailed, truncate_jsonl, writing
 from nclip.models import build_model
 from nclip.models.hf_import import init_config, load_init_weights
@@ -142,8 +141,8 @@ def _train(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool, progre
     if t.batch_size % (ctx.world_size * t.accumulation):
         raise NclipError(f"train.batch_size {t.batch_size} is not divisible by world size {ctx.world_size} "
                          f"× train.accumulation {t.accumulation}")
-    # model.init: the pretrained model's architecture replaces the config's (recorded in config.yaml)
-    cfg = init_config(cfg, required=not resume, note=_note if ctx.is_main else lambda line: None)
+    with source_named("model.init"):  # the pretrained model's architecture replaces the config's (config.yaml)
+        cfg = init_config(cfg, required=not resume, note=_note if ctx.is_main else lambda line: None)
     # every rank takes rank 0's decision about the run directory before anything is written
     plan = agree(ctx, lambda: plan_run(cfg, run_dir, resume, force, extend_to, lock))
     run, data_state = _restore(plan.cfg, run_dir, ctx, resume)
@@ -200,7 +199,7 @@ def _restore(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool) -> t
     this rank's RNG from the newest checkpoint. Returns the run and this rank's saved data position.
     (The order of construction fixes the random initialisation: keep it.)"""
     t = cfg.train
-    set_threads(t.threads, loader_workers(cfg, ctx.device))
+    set_threads(t.threads, cfg, ctx.device)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg)
     lock_towers(model, cfg.model)  # model.vision/text.lock, unlocked_layers: out of the optimizer
@@ -212,7 +211,8 @@ def _restore(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool) -> t
             model.load_state_dict(weights)
             objective.load_state_dict(state["objective"])
     if state is None and cfg.model.init is not None:  # a new run from a pretrained model's weights
-        line = load_init_weights(model, cfg.model.init, cfg.model.init_arch)
+        with source_named("model.init"):
+            line = load_init_weights(model, cfg.model.init, cfg.model.init_arch)
         if ctx.is_main:
             _note(line)
     model.to(ctx.device)

@@ -50,8 +50,12 @@ def auto_threads(cores: int, local_ranks: int, workers: int, busy: int) -> int:
     return max(1, share - workers - busy // max(local_ranks, 1))
 
 
-def set_threads(setting: int | str | None, workers: int) -> None:
-    """Set torch's intra-op threads for ``train.threads`` (``workers``: this rank's data workers)."""
+def set_threads(setting: int | str | None, cfg, device) -> None:
+    """Set torch's intra-op threads for ``train.threads`` of the run ``cfg`` on ``device`` (whose data
+    workers :func:`nclip.data.workers.loader_workers` counts)."""
+    from nclip.data.workers import loader_workers
+
+    workers = loader_workers(cfg, device)
     last_decision.clear()
     if setting is None:
         return
