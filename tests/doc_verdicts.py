@@ -134,17 +134,22 @@ def read_tables(text: str) -> list[Table]:
     return tables
 
 
-def _score_names(header: str) -> list[str]:
-    """A column's score names: "mIoU / mAcc, threshold 0" holds two, "mIoU (threshold 0)" and
-    "mAcc (threshold 0)"."""
-    if " / " not in header or header.startswith("L_EH"):
-        return [header]
+TAG_OPTIONS = {"table", "key", "sweeps by", "another commit"}
+
+
+def _split_column(header: str, cells: list[str]) -> list[str] | None:
+    """The score names of a column that holds two scores per cell ("mIoU / mAcc, threshold 0" over
+    "0.23 ± 0.08 / 6.09 ± 0.13": "mIoU (threshold 0)" and "mAcc (threshold 0)"), else None."""
+    if " / " not in header or not all(" / " in cell for cell in cells):
+        return None
     names, _, qualifier = header.partition(", ")
     return [f"{name.strip()} ({qualifier})" if qualifier else name.strip() for name in names.split(" / ")]
 
 
 @dataclass
 class Measured:
+    """A measured table: each row's cells by score name, and which sweep each row came from."""
+
     name: str
     cells: dict[str, dict[str, str]]  # row key -> score name -> cell
     sweep_of: dict[str, str]  # row key -> the sweep it was trained in
@@ -154,25 +159,34 @@ class Measured:
 
     @classmethod
     def from_table(cls, table: Table) -> Measured:
-        tag = table.tag
-        key_cols = [table.header.index(c) for c in split_top(tag.get("key", table.header[0]), ",")]
-        by = table.header.index(tag["sweeps by"]) if "sweeps by" in tag else None
+        tag, header = table.tag, table.header
+        centre = [k for k in tag if re.fullmatch(r"centre ± half of \d+ seeds", k)]
+        if set(tag) - TAG_OPTIONS - set(centre):
+            raise RuleError(f"table {tag['table']}: unknown tag options {sorted(set(tag) - TAG_OPTIONS - set(centre))}")
+        try:
+            key_cols = [header.index(c) for c in split_top(tag.get("key", header[0]), ",")]
+            by = header.index(tag["sweeps by"]) if "sweeps by" in tag else None
+        except ValueError:
+            raise RuleError(f"table {tag['table']}: its tag names a column it lacks") from None
         apart = {_unwrap(r) for r in split_top(tag.get("another commit", ""), ",") if r}
-        centre = re.fullmatch(r"centre ± half of (\d+) seeds", next((k for k in tag if k.startswith("centre")), ""))
-        measured = cls(tag["table"], {}, {}, apart, int(centre[1]) if centre else None)
-        for col, head in enumerate(table.header):
+        measured = cls(tag["table"], {}, {}, apart, int(re.findall(r"\d+", centre[0])[0]) if centre else None)
+        columns = []  # (column, the score names it holds, split at " / ")
+        for col, head in enumerate(header):
             if col not in key_cols:
-                measured.scores += _score_names(head)
+                split = _split_column(head, [row[col] for row in table.rows])
+                columns.append((col, split or [head], bool(split)))
+                measured.scores += split or [head]
         for row in table.rows:
             key = ", ".join(_key_text(row[c]) for c in key_cols)
             if key in measured.cells:
                 raise RuleError(f"table {measured.name}: two rows named {key!r}")
             measured.cells[key] = {}
-            for col, head in enumerate(table.header):
-                names, cell = _score_names(head), row[col]
-                both = cell.endswith(" (both seeds)")
-                parts = cell.removesuffix(" (both seeds)").split(" / ") if len(names) > 1 else [cell]
-                for name, part in zip(names, parts, strict=len(names) == len(parts)):
+            for col, names, split in columns:
+                cell, both = row[col], row[col].endswith(" (both seeds)")
+                parts = cell.removesuffix(" (both seeds)").split(" / ") if split else [cell]
+                if len(parts) != len(names):
+                    raise RuleError(f"table {measured.name}, row {key!r}: {cell!r} does not hold {names}")
+                for name, part in zip(names, parts):
                     measured.cells[key][name] = part + (" (both seeds)" if both else "")
             measured.sweep_of[key] = "" if by is None else _key_text(row[by])
         if apart - set(measured.cells):
@@ -276,37 +290,35 @@ def _one_commit(a: tuple[Measured, str], b: tuple[Measured, str]) -> bool:
     return ta is tb and ta.sweep_of[ka] == ta.sweep_of[kb] and not {ka, kb} & ta.apart
 
 
+def _parse_order(order: str) -> tuple[str, list[list[str]]]:
+    """The operator of an "order tested" cell and its groups of row references, higher first."""
+    found = [op for op in (" = ", " > ", " < ") if len(split_top(order, op)) > 1]
+    if len(found) != 1:
+        raise RuleError(f"order tested {order!r} " + ("mixes its operators" if found else "holds no '>', '<' or '='"))
+    groups = [split_top(group, ",") for group in split_top(order, found[0])]
+    return found[0], groups[::-1] if found[0] == " < " else groups
+
+
 def _computed(row: dict[str, str], tables: dict[str, Measured]) -> tuple[str, list[Figure]]:
+    """The verdict the rule gives a verdict table's line, and the figures it compared."""
     if row["table"] not in tables:
         raise RuleError(f"no measured table named {row['table']!r}")
     default = tables[row["table"]]
-    order = row["order tested"]
     if row["score"].startswith("status:"):
         outcomes = [o.strip() for o in row["score"].removeprefix("status:").split(" or ")]
-        rows = [_resolve(r, default, tables) for r in split_top(order, ",")]
-        return weakest([outcome(t.cells[k]["status"], outcomes) for t, k in rows], ORDERING_VERDICTS), []
-    verdicts, figures = [], []
+        rows = [_resolve(r, default, tables) for r in split_top(row["order tested"], ",")]
+        return weakest([outcome(t.cells[k][t.score_name("status")], outcomes) for t, k in rows],
+                       ORDERING_VERDICTS), []
+    op, groups = _parse_order(row["order tested"])
+    rows = [[_resolve(r, default, tables) for r in group] for group in groups]
+    pairs = [(a, b) for upper, lower in zip(rows, rows[1:]) for a in upper for b in lower]
+    found, figures = [], []
     for score in default.score_list(row["score"]):
-        for sep, scale in ((" = ", TIE_VERDICTS), (" > ", ORDERING_VERDICTS), (" < ", ORDERING_VERDICTS)):
-            groups = split_top(order, sep)
-            if len(groups) > 1:
-                break
-        else:
-            raise RuleError(f"order tested {order!r} holds no '>', '<' or '='")
-        if any(len(split_top(g, other)) > 1 for g in groups for other in (" = ", " > ", " < ")):
-            raise RuleError(f"order tested {order!r} mixes its operators")
-        groups = [[_resolve(r, default, tables) for r in split_top(g, ",")] for g in groups]
-        if sep == " < ":
-            groups.reverse()
-        pair_verdicts = []
-        for upper, lower in zip(groups, groups[1:]):
-            for a in upper:
-                for b in lower:
-                    fa, fb = a[0].figure(a[1], score), b[0].figure(b[1], score)
-                    figures += [fa, fb]
-                    pair_verdicts.append(level(fa, fb) if sep == " = " else compare(fa, fb, _one_commit(a, b)))
-        verdicts.append(weakest(pair_verdicts, scale))
-    return weakest(verdicts, TIE_VERDICTS if sep == " = " else ORDERING_VERDICTS), figures
+        for a, b in pairs:
+            fa, fb = a[0].figure(a[1], score), b[0].figure(b[1], score)
+            figures += [fa, fb]
+            found.append(level(fa, fb) if op == " = " else compare(fa, fb, _one_commit(a, b)))
+    return weakest(found, TIE_VERDICTS if op == " = " else ORDERING_VERDICTS), figures
 
 
 def _stated(cell: str) -> tuple[str, str]:
@@ -318,34 +330,41 @@ def _stated(cell: str) -> tuple[str, str]:
     return m[1], (m[2] or "").strip()
 
 
-def verdicts(text: str) -> list[Verdict]:
-    """Every row of the doc's verdict tables with the verdict the rule computes from its cells."""
-    tables = read_tables(text)
+def _measured(tables: list[Table]) -> dict[str, Measured]:
     measured = {}
     for table in tables:
         if "table" in table.tag:
             if table.tag["table"] in measured:
                 raise RuleError(f"two measured tables named {table.tag['table']!r}")
             measured[table.tag["table"]] = Measured.from_table(table)
-    out = []
+    return measured
+
+
+def _verdict_lines(tables: list[Table]):
+    """(line number, cells by header name) of every row of the verdict tables."""
     for table in tables:
-        if [h.lower() for h in table.header] != VERDICT_HEADER:
-            continue
-        for i, cells in enumerate(table.rows):
-            row = dict(zip(VERDICT_HEADER, cells, strict=True))
-            line = table.line + 2 + i
-            try:
-                computed, figures = _computed(row, measured)
-                stated, note = _stated(row["verdict"])
-            except RuleError as e:
-                raise RuleError(f"line {line}: {e}") from None
-            if note == "saturated":
-                if not figures or min(f.hi for f in figures) < SATURATED_AT:
-                    raise RuleError(f"line {line}: 'saturated', but a compared range stays below {SATURATED_AT} %")
-                computed = "inconclusive"
-            elif note.startswith("confound:") and note.removeprefix("confound:").strip():
-                computed = "inconclusive"
-            out.append(Verdict(line, row["claim"], stated, computed, figures))
+        if [h.lower() for h in table.header] == VERDICT_HEADER:
+            for i, cells in enumerate(table.rows):
+                yield table.line + 2 + i, dict(zip(VERDICT_HEADER, cells, strict=True))
+
+
+def verdicts(text: str) -> list[Verdict]:
+    """Every row of the doc's verdict tables with the verdict the rule computes from its cells."""
+    tables = read_tables(text)
+    measured, out = _measured(tables), []
+    for line, row in _verdict_lines(tables):
+        try:
+            computed, figures = _computed(row, measured)
+            stated, note = _stated(row["verdict"])
+        except RuleError as e:
+            raise RuleError(f"line {line}: {e}") from None
+        if note == "saturated":
+            if not figures or min(f.hi for f in figures) < SATURATED_AT:
+                raise RuleError(f"line {line}: 'saturated', but a compared range stays below {SATURATED_AT} %")
+            computed = "inconclusive"
+        elif note.startswith("confound:") and note.removeprefix("confound:").strip():
+            computed = "inconclusive"  # the rule's "a confound stands", named where it is claimed
+        out.append(Verdict(line, row["claim"], stated, computed, figures))
     return out
 
 
@@ -353,18 +372,14 @@ def unjudged_scores(text: str) -> dict[str, set[str]]:
     """For every measured table of the doc: its scores with seed spreads that no verdict row judges
     (an empty set when every one has its verdict)."""
     tables = read_tables(text)
-    measured = {t.tag["table"]: Measured.from_table(t) for t in tables if "table" in t.tag}
+    measured = _measured(tables)
     judged: dict[str, set[str]] = {name: set() for name in measured}
-    for table in tables:
-        if [h.lower() for h in table.header] != VERDICT_HEADER:
+    for _, row in _verdict_lines(tables):
+        if row["score"].startswith("status:"):
             continue
-        for cells in table.rows:
-            row = dict(zip(VERDICT_HEADER, cells, strict=True))
-            if row["score"].startswith("status:"):
-                continue
-            named = {row["table"]} | set(re.findall(r"([\w.-]+):", row["order tested"])) & set(measured)
-            for name in named & set(measured):
-                judged[name].update(measured[name].score_list(row["score"]))
+        named = ({row["table"]} | set(re.findall(r"([\w.-]+):", row["order tested"]))) & set(measured)
+        for name in named:
+            judged[name].update(measured[name].score_list(row["score"]))
     missing = {}
     for name, t in measured.items():
         spread = {s for s in t.scores if any((f := parse_figure(c.get(s, ""), t.centre_of)) and f.spread
