@@ -27,7 +27,7 @@ VERDICT_HEADER = ["claim", "score", "table", "order tested", "verdict"]
 # weakest first: a statement made of several comparisons is as strong as its weakest one
 ORDERING_VERDICTS = ["not reproduced", "inconclusive", "direction only", "reproduced"]
 TIE_VERDICTS = ["not reproduced", "inconclusive", "no difference found"]
-SATURATED_AT = 97.0  # percent: every compared range reaching this high cannot rank the rows
+SATURATED_AT = 95.0  # percent: rows whose every seed scores this high have no room left to be ranked
 NUM = r"-?\d+(?:\.\d+)?"
 
 
@@ -359,8 +359,8 @@ def verdicts(text: str) -> list[Verdict]:
         except RuleError as e:
             raise RuleError(f"line {line}: {e}") from None
         if note == "saturated":
-            if not figures or min(f.hi for f in figures) < SATURATED_AT:
-                raise RuleError(f"line {line}: 'saturated', but a compared range stays below {SATURATED_AT} %")
+            if not figures or min(f.lo for f in figures) < SATURATED_AT:
+                raise RuleError(f"line {line}: 'saturated', but a compared seed scores below {SATURATED_AT} %")
             computed = "inconclusive"
         elif note.startswith("confound:") and note.removeprefix("confound:").strip():
             computed = "inconclusive"  # the rule's "a confound stands", named where it is claimed
