@@ -1,5 +1,6 @@
-"""docs/reproduction.md's machine-checkable parts (issue 35): the verdict rule heads the doc, every
-seed range a verdict quotes is the one its table records, and every `nclip sweep` command the doc
+"""docs/reproduction.md's machine-checkable parts (issues 35, 42): the verdict rule heads the doc, every
+seed range a verdict quotes is the one its table records, every verdict table's line states what the
+rule computes from the cells it names (tests/doc_verdicts.py), and every `nclip sweep` command the doc
 gives (the measured ones and the ones "not run yet") resolves to valid run configs without training."""
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ import shlex
 from pathlib import Path
 
 import pytest
+
+from doc_verdicts import RuleError, unjudged_scores, untagged_tables, verdicts
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -28,6 +31,10 @@ def test_the_verdict_rule_heads_the_doc():
     assert "ordering in the means" in flat and "**not reproduced**" in flat and "**inconclusive**" in flat
 
 
+def _decimals(figure: str) -> int:
+    return len(figure.partition(".")[2])
+
+
 def _recorded_ranges() -> set[tuple[str, float, float]]:
     """(mean, min, max) of every table figure: "X ± h" cells (two seeds: [X − h, X + h]) and "X [min,
     max]" cells (three seeds: the mean and the seeds' range)."""
@@ -37,8 +44,8 @@ def _recorded_ranges() -> set[tuple[str, float, float]]:
             if not line.startswith("|"):
                 continue
             for mean, half in re.findall(NUM + r" ± " + NUM, line):
-                m, h = float(mean), float(half)
-                out.add((mean, round(m - h, 1), round(m + h, 1)))
+                m, h, d = float(mean), float(half), _decimals(mean)
+                out.add((mean, round(m - h, d), round(m + h, d)))
             for mean, lo, hi in re.findall(NUM + r" \[" + NUM + ", " + NUM + r"\]", line):
                 out.add((mean, float(lo), float(hi)))
     return out
@@ -53,7 +60,8 @@ def test_every_quoted_range_is_the_tables(name):
     assert len(quoted) >= (80 if name == "reproduction.md" else 5)  # the verdicts quote them
     for mean, half, lo, hi in quoted:
         if half:
-            assert (round(float(mean) - float(half), 1), round(float(mean) + float(half), 1)) == (float(lo), float(hi))
+            d = _decimals(mean)
+            assert (round(float(mean) - float(half), d), round(float(mean) + float(half), d)) == (float(lo), float(hi))
         assert (mean, float(lo), float(hi)) in recorded, f"{mean} [{lo}, {hi}] matches no table figure in {name}"
 
 
@@ -132,3 +140,142 @@ def test_the_runs_not_made_yet_configure_what_they_name():
     augment = noaug.data.augment
     assert tuple(augment.crop_scale) == (1.0, 1.0) and augment.color_jitter_prob == augment.grayscale_prob == 0
     assert noaug.objective == noext.objective and noext.data.augment.color_jitter_prob > 0
+
+
+# The verdict rule, recomputed (issue 42): every verdict table's line must state what the rule gives
+# for the cells it names, and every score with seed spreads in a measured table must be judged.
+VERDICT_DOCS = ["reproduction.md", "tagging.md", "label-aware.md"]
+
+
+def _wrong_verdicts(text: str) -> list[str]:
+    return [f"line {v.line} ({v.claim}): states {v.stated!r}, the rule gives {v.computed!r}"
+            for v in verdicts(text) if v.stated != v.computed]
+
+
+@pytest.mark.parametrize("name", VERDICT_DOCS)
+def test_every_stated_verdict_is_the_rules(name):
+    text = _text(name)
+    assert len(verdicts(text)) >= {"reproduction.md": 90, "tagging.md": 12, "label-aware.md": 2}[name]
+    assert not _wrong_verdicts(text), "\n".join(_wrong_verdicts(text))
+
+
+@pytest.mark.parametrize("name", VERDICT_DOCS)
+def test_every_score_with_seed_spreads_has_its_verdict(name):
+    text = _text(name)
+    untagged = untagged_tables(text)
+    assert not untagged, f"tables with seed spreads but no '<!-- table: NAME -->' tag above them at lines {untagged}"
+    missing = {table: scores for table, scores in unjudged_scores(text).items() if scores}
+    assert not missing, f"scores no verdict judges: {missing}"
+
+
+FABRICATED = """
+<!-- table: demo -->
+| run | seeds | score A | score B | L_EH / ln K | status |
+|:--|--:|--:|--:|--:|:--|
+| new | 2 | 20.0 ± 1.0 | 50.0 [45.0, 55.0] | 0.5 | ok |
+| old | 2 | 10.0 ± 1.0 | 48.0 [44.0, 52.0] | 0.9 | diverged (2 of 2) |
+| twin | 2 | 10.5 ± 1.0 | 30.0 [29.0, 31.0] | 0.9 | ok, diverged (1 of 2) |
+| top | 2 | 98.0 ± 0.5 | 99.0 [98.8, 99.2] | – | ok |
+| top-2 | 2 | 96.0 ± 0.2 | 99.5 [99.4, 99.6] | – | ok |
+
+<!-- table: later; centre ± half of 3 seeds -->
+| run | score A | score B |
+|:--|--:|--:|
+| new | 15.00 ± 3.00 | 50.00 ± 1.00 |
+
+| claim | score | table | order tested | verdict |
+|:--|:--|:--|:--|:--|
+"""
+
+
+def _fabricated(score: str, order: str, verdict: str, table: str = "demo") -> str:
+    return FABRICATED + f"| c | {score} | {table} | {order} | {verdict} |\n"
+
+
+@pytest.mark.parametrize("score, order, table, rule_gives", [
+    ("score A", "new > old", "demo", "reproduced"),  # ranges apart, one sweep
+    ("score B", "new > old", "demo", "direction only"),  # ranges overlap, means in order
+    ("score B", "old > new", "demo", "inconclusive"),  # ranges overlap, means against
+    ("score B", "twin > new", "demo", "not reproduced"),  # ranges apart, against
+    ("score A, score B", "new > old, twin", "demo", "direction only"),  # the weakest of four comparisons
+    ("score A", "new < old", "demo", "not reproduced"),  # '<' reads the other way
+    ("score A", "old = twin", "demo", "no difference found"),  # a tie, ranges overlap
+    ("score A", "new = old", "demo", "not reproduced"),  # a tie, ranges apart
+    ("L_EH / ln K", "old > new", "demo", "inconclusive"),  # no seed spread
+    ("status: diverged", "old", "demo", "reproduced"),
+    ("status: diverged", "new", "demo", "not reproduced"),
+    ("status: diverged", "twin", "demo", "inconclusive"),  # one run of two
+    ("score A", "later:new > old", "demo", "direction only"),  # ranges apart but two sweeps
+    ("score B", "new > demo:new", "later", "inconclusive"),  # the centre cell leaves the mean open
+    ("score A", "new > demo:old", "later", "direction only"),
+])
+def test_the_checker_computes_the_rule(score, order, table, rule_gives):
+    stated = "reproduced" if rule_gives != "reproduced" else "not reproduced"
+    [verdict] = verdicts(_fabricated(score, order, stated, table))
+    assert verdict.computed == rule_gives
+    assert _wrong_verdicts(_fabricated(score, order, stated, table))  # a wrong verdict is caught
+    assert not _wrong_verdicts(_fabricated(score, order, f"**{rule_gives}**", table))
+
+
+def test_the_checker_takes_saturation_and_a_named_confound_only_as_the_rule_does():
+    assert not _wrong_verdicts(_fabricated("score A", "top-2 > top", "inconclusive (saturated)"))
+    assert not _wrong_verdicts(_fabricated("score A", "new > old", "inconclusive (confound: fewer steps)"))
+    assert _wrong_verdicts(_fabricated("score A", "new > old", "direction only (confound: fewer steps)"))
+    with pytest.raises(RuleError, match="below 95.0 %"):
+        verdicts(_fabricated("score A", "top > old", "inconclusive (saturated)"))
+
+
+@pytest.mark.parametrize("score, order, verdict, message", [
+    ("score C", "new > old", "reproduced", "no score 'score C'"),
+    ("score A", "newer > old", "reproduced", "no row 'newer'"),
+    ("score A", "new > old = twin", "reproduced", "mixes its operators"),
+    ("score A", "new > old", "reproduced mostly", "no verdict of the rule"),
+])
+def test_the_checker_refuses_what_it_cannot_read(score, order, verdict, message):
+    with pytest.raises(RuleError, match=message):
+        verdicts(_fabricated(score, order, verdict))
+
+
+def test_the_checker_refuses_a_tag_it_cannot_read():
+    with pytest.raises(RuleError, match="unknown tag options"):
+        verdicts(_fabricated("score A", "new > old", "reproduced").replace("<!-- table: demo -->",
+                                                                           "<!-- table: demo; sweep by: run -->"))
+    with pytest.raises(RuleError, match="names a column it lacks"):
+        verdicts(_fabricated("score A", "new > old", "reproduced").replace("<!-- table: demo -->",
+                                                                           "<!-- table: demo; key: name -->"))
+
+
+def test_a_judged_table_with_a_score_left_out_is_caught():
+    assert unjudged_scores(_fabricated("score A", "new > old", "reproduced"))["demo"] == {"score B"}
+    assert untagged_tables(FABRICATED.replace("<!-- table: later; centre ± half of 3 seeds -->", "")) == [12]
+
+
+# Verdicts issue 42 found against the rule, as the doc stated them before: (the line's cells up to its
+# verdict, the verdict now, the verdict before). Each old one must fail the test.
+OLD_VERDICTS = [
+    ("| ZS shape, LN shape | tab9a | (0.5, 1.5) > (0.5, 1), (0.3, 1), (0.2, 1.2), (0, 1)", "not reproduced",
+     "reproduced"),
+    ("| ZS shape, LN shape | tab9a | (0.5, 1.5), (0.2, 1.2), (0.3, 1), (0.5, 1) > (0, 1)", "not reproduced",
+     "reproduced"),
+    ("| ZS colour, I→T R@1 | tab9a | (0.5, 1.5) > tab9a-l2zero:(0, 0), tab9a-l2zero:(0.5, 0)", "direction only",
+     "inconclusive"),
+    ("| ZS colour | tab9a | (0.5, 1.5) > (0.3, 1), (0.5, 1)", "direction only", "inconclusive"),
+    ("| LN shape | tab9a | (0.3, 1) > (0.5, 1)", "reproduced", "inconclusive"),
+    ("| LN shape | tabA1-3seeds | nCLIP > SwAV, SCSF, DINO", "not reproduced", "reproduced"),
+    ("| ZS colour, I→T R@1, T→I R@1 | tabA1-3seeds | SCSF > DINO", "reproduced", "not reproduced"),
+    ("| mIoU (threshold 0) | tab13 | xCLIP > CLIP", "not reproduced", "inconclusive"),
+]
+
+
+@pytest.mark.parametrize("cells, now, before", OLD_VERDICTS)
+def test_the_doc_test_fails_on_each_verdict_issue_42_corrected(cells, now, before):
+    doc = _text("reproduction.md")
+    assert doc.count(f"{cells} | {now} |") == 1
+    [wrong] = _wrong_verdicts(doc.replace(f"{cells} | {now} |", f"{cells} | {before} |"))
+    assert f"states {before!r}, the rule gives {now!r}" in wrong
+
+
+def test_the_doc_test_fails_when_a_score_loses_its_verdict():
+    doc = _text("reproduction.md")
+    row = next(line for line in doc.splitlines() if "| LN shape | tab13 |" in line)
+    assert unjudged_scores(doc.replace(row + "\n", ""))["tab13"] == {"LN shape"}
