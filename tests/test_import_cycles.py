@@ -100,7 +100,7 @@ LAYERS = {
     # 0: no nclip import but the pairs in SAME_LAYER
     "nclip.errors": 0, "nclip.jsonio": 0, "nclip.fileperm": 0, "nclip.runlock": 0, "nclip.rowlog": 0,
     "nclip.distributed": 0, "nclip.precision": 0, "nclip.defaults": 0, "nclip.hierarchy": 0,
-    "nclip.config_files": 0, "nclip.batch": 0, "nclip.dataset_specs": 0,
+    "nclip.config_files": 0, "nclip.batch": 0, "nclip.dataset_specs": 0, "nclip.plugin_consent": 0,
     "nclip.objectives": 1, "nclip.heads": 1,
     "nclip.config": 2,
     "nclip.data": 3,

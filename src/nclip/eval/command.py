@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import get_args
 
+from nclip import plugin_consent
 from nclip.errors import NclipError
 
 
@@ -36,6 +37,7 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="output directory for results.json and report.html (one that holds "
                    "an evaluation is refused unless --force)")
     p.add_argument("--force", action="store_true", help="write over the evaluation an --out holds")
+    plugin_consent.add_flag(p)
     optional = ", ".join(f"{task.name} ({task.title})" for task in TASK_TABLE.values() if task.optional)
     p.add_argument("--tasks", help=f"comma-separated subset of: {','.join(TASKS)} (default: all); also {optional}")
     p.add_argument("--dataset", dest="datasets", action="append", metavar="SPEC",

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from nclip import plugin_consent
 from nclip.defaults import DEVICES
 from nclip.errors import NclipError
 from nclip.finetune.settings import FinetuneSettings, validated
@@ -68,6 +69,7 @@ def add_finetune_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="write into an --out that holds other files, such as an "
                    "evaluation's results.json (a fine-tuning run there continues with --resume auto)")
     p.add_argument("--quiet", action="store_true", help="no progress messages")
+    plugin_consent.add_flag(p)
     return p
 
 
