@@ -18,6 +18,7 @@ from typing import get_args
 
 from nclip import plugin_consent
 from nclip.errors import NclipError
+from nclip.overwrite import EVAL, check_output_folder
 
 
 def add_eval_parser(sub) -> argparse.ArgumentParser:
@@ -157,12 +158,15 @@ def run_eval_command(args) -> int:
     return 0
 
 
-EVAL_OUTPUTS = ("results.json", "report.html")
+EVAL_OUTPUTS = EVAL.markers  # results.json, report.html
 
 
 def check_eval_out(out: Path, force: bool) -> None:
     """An --out that holds an evaluation is refused unless ``force``: a second `nclip eval` with other
-    settings would replace the first one's results without a word."""
+    settings would replace the first one's results without a word; ``force`` replaces an evaluation
+    only, never a run's or another command's files (:func:`nclip.overwrite.check_output_folder`)."""
+    if force:
+        check_output_folder(out, "--out", EVAL)
     held = [name for name in EVAL_OUTPUTS if (out / name).exists()]
     if held and not force:
         raise NclipError(f"eval: --out {out} already holds an evaluation ({held[0]}); choose another --out, "
