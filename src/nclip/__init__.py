@@ -16,15 +16,16 @@ for _name in ("torchao", "torch.utils._pytree"):
 _torchvision_compat.install()
 
 
-def load(path, device=None, arch=None):
+def load(path, device=None, arch=None, trust_plugin=False):
     """A trained model for inference, OpenCLIP-style: ``encode_image``, ``encode_text``,
     ``zero_shot``, ``tokenizer``, ``transform`` (see :func:`nclip.api.load`); also an OpenCLIP or
     OpenAI checkpoint (``arch``: the open_clip config of a state-dict file; without it, the file's
-    architecture is read from its tensors as OpenAI's). Imported lazily, so
+    architecture is read from its tensors as OpenAI's). ``trust_plugin``: import the objective plugin
+    its config names from the working directory (docs/plugins.md). Imported lazily, so
     ``import nclip`` stays fast."""
     from nclip.api import load as _load
 
-    return _load(path, device, arch)
+    return _load(path, device, arch, trust_plugin=trust_plugin)
 
 
 def __getattr__(name: str):
@@ -38,10 +39,13 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'nclip' has no attribute {name!r}")
 
 
-def merge(a, b, alpha, out, force=False):
+def merge(a, b, alpha, out, force=False, trust_plugin=False):
     """WiSE-FT weight interpolation: write (1 − α)·A + α·B (two run or model directories of one
     architecture) as the nclip model directory ``out`` and return its path (see
-    :func:`nclip.models.merge.merge`). Imported lazily, as :func:`load`."""
+    :func:`nclip.models.merge.merge`; ``trust_plugin`` as :func:`load`'s). Imported lazily, as
+    :func:`load`."""
     from nclip.models.merge import merge as _merge
+    from nclip.plugin_consent import consent
 
-    return _merge(a, b, alpha, out, force)
+    with consent(trust_plugin):
+        return _merge(a, b, alpha, out, force)

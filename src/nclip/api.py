@@ -30,6 +30,7 @@ from nclip.eval import zeroshot
 from nclip.eval.checkpoint import resolve_checkpoint
 from nclip.eval.features import HEAD_KEY, _cat, encode_texts, ensemble, similarity, zero_shot_embedding
 from nclip.eval.settings import MODEL_HEAD
+from nclip.plugin_consent import consent
 
 
 class LoadedModel(nn.Module):
@@ -203,7 +204,8 @@ def _as_list(items, what: str) -> list:
         raise NclipError(f"{what}: expected a list, got {type(items).__name__}") from None
 
 
-def load(path: str | Path, device: str | torch.device | None = None, arch: str | None = None) -> LoadedModel:
+def load(path: str | Path, device: str | torch.device | None = None, arch: str | None = None,
+         trust_plugin: bool = False) -> LoadedModel:
     """The model of a run directory, a model directory (RUN/model: model.safetensors +
     config.json), a training checkpoint (RUN/checkpoints/step_N) or a ``model.safetensors`` file
     in one of those, ready for inference on ``device`` (None: CUDA when available, else the CPU).
@@ -211,14 +213,18 @@ def load(path: str | Path, device: str | torch.device | None = None, arch: str |
     Also a model nclip did not train (docs/transfer.md): a transformers CLIPModel or SiglipModel directory, an
     open_clip directory (open_clip_config.json), an open_clip or OpenAI state-dict file with
     ``arch`` naming its open_clip config (e.g. "ViT-B-32"; without it, its architecture is read from
-    its tensors as OpenAI's CLIP reads it, QuickGELU), or OpenAI's TorchScript ``.pt``."""
+    its tensors as OpenAI's CLIP reads it, QuickGELU), or OpenAI's TorchScript ``.pt``.
+
+    A config that names an objective plugin (``module:Class``) that is not installed is refused
+    unless ``trust_plugin``: importing it from the working directory runs its code (docs/plugins.md)."""
     from nclip.models.io import WEIGHTS
     from nclip.models.openclip_files import WEIGHT_SUFFIXES, is_openclip
 
     p = Path(path).expanduser()
     if p.is_file() and not is_openclip(p, arch) and (p.name == WEIGHTS or p.suffix not in WEIGHT_SUFFIXES):
         p = p.parent  # a file of an nclip model directory
-    ck = resolve_checkpoint(p, arch)
+    with consent(trust_plugin):
+        ck = resolve_checkpoint(p, arch)
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)

@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from nclip import plugin_consent
 from nclip.errors import NclipError, SourceError
 
 
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar: one line per log step instead "
                    "(step, loss, the objective's terms, lr, samples/s), for logs and batch jobs")
     p.add_argument("--no-eval", action="store_true", help="skip the end-of-run evaluation")
+    plugin_consent.add_flag(p)  # continuing a received run, or --init from a received model
 
     p = sub.add_parser("config", help="print the resolved, validated config")
     _add_config_args(p)
@@ -82,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--onnx", type=Path, help="write image_encoder.onnx, text_encoder.onnx and onnx_config.json "
                      "here (needs nclip[onnx])")
     p.add_argument("--force", action="store_true", help="write over a non-empty export directory (never a run)")
+    plugin_consent.add_flag(p)
 
     p = sub.add_parser("data", help="export built-in data to shards, inspect a data source")
     data = p.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
@@ -194,7 +197,8 @@ def _cmd_train(args) -> int:
     init += [f"model.init_arch={json.dumps(args.arch)}"] if args.arch else []
     asks = "--extend-to" if args.extend_to else "--resume auto" if resume else ""  # to continue a run
     preset = _train_preset(args.preset, args.out, asks)
-    cfg = resolve(preset, [*args.overrides, *init])
+    # the user's --preset and --set consent to the plugin they name; a run's own config.yaml does not
+    cfg = resolve(preset, [*args.overrides, *init], trust_plugin=args.preset is not None or not resume)
     from nclip.train.loop import train  # after the config: its mistakes answer before torch is imported
 
     result = train(cfg, args.out, resume=resume, progress=not args.no_progress, evaluate=not args.no_eval,
@@ -450,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         _check_outputs(args)
-        return COMMANDS[args.command](args)
+        with plugin_consent.consent(getattr(args, "trust_plugin", False)):
+            return COMMANDS[args.command](args)
     except SourceError as e:
         return _fail(str(_as_given(e, args)))
     except NclipError as e:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from nclip import plugin_consent
+
 
 def add_merge_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("merge", help="interpolate the weights of two models of one architecture (WiSE-FT)",
@@ -17,6 +19,7 @@ def add_merge_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--alpha", type=float, required=True, help="weight of B, in [0, 1]")
     p.add_argument("--out", type=Path, required=True, help="the model directory to write")
     p.add_argument("--force", action="store_true", help="write over a non-empty --out (never a run)")
+    plugin_consent.add_flag(p)
     return p
 
 

@@ -217,8 +217,9 @@ def test_out_holding_a_run_is_refused_without_resume(tmp_path, capsys):
     assert code == 2 and "already holds a fine-tuning run" in capsys.readouterr().err
 
 
-def test_out_holding_an_evaluation_is_refused_without_force(tmp_path, capsys):
-    """Issue 36.1: fine-tuning into an evaluation's folder replaced its results.json and report.html."""
+def test_out_holding_an_evaluation_is_refused_with_or_without_force(tmp_path, capsys):
+    """Fine-tuning into an evaluation's folder replaced its results.json and report.html: refused,
+    and --force writes beside other files, never over another command's output."""
     from nclip.finetune.command import STATE, _plan
 
     out = tmp_path / "evaluated"
@@ -229,8 +230,15 @@ def test_out_holding_an_evaluation_is_refused_without_force(tmp_path, capsys):
     assert code == 2 and err.count("\n") == 1, err
     assert f"--out {out} already holds other files (results.json)" in err and "--force" in err
     assert (out / "results.json").read_text() == '{"results": {}}' and not (out / STATE).exists()
-    _plan(out, FinetuneSettings(), "abc", resume=False, force=True)  # --force: the fine-tuning starts there
-    assert (out / STATE).is_file()
+    code = main(["finetune", "--checkpoint", str(_model_dir(tmp_path, "clip")), "--out", str(out), *FAST, "--force"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and f"--out {out} is nclip eval's output" in err, err  # not its own
+    assert (out / "results.json").read_text() == '{"results": {}}' and not (out / STATE).exists()
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "notes.txt").write_text("mine")
+    _plan(notes, FinetuneSettings(), "abc", resume=False, force=True)  # --force: beside the user's files
+    assert (notes / STATE).is_file() and (notes / "notes.txt").read_text() == "mine"
 
 
 @pytest.mark.slow

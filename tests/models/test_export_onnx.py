@@ -160,8 +160,8 @@ def test_a_non_empty_folder_needs_force_and_is_then_replaced_whole(tmp_path, mic
     assert one_line(capsys).endswith(f"--onnx {out} already exists and is not empty; choose a new directory, "
                                      "or pass --force to write over it")
     assert export(run, out, "--force") == 0
-    assert sorted(p.name for p in out.iterdir()) == ["image_encoder.onnx", "onnx_config.json", "text_encoder.onnx",
-                                                     "tokenizer"]  # the old file and the lock are gone
+    assert sorted(p.name for p in out.iterdir()) == ["image_encoder.onnx", "nclip_export.json", "onnx_config.json",
+                                                     "text_encoder.onnx", "tokenizer"]  # the old file, the lock: gone
     assert sorted(p.name for p in tmp_path.iterdir()) == ["onnx", "run"]  # no temporary folder left
 
 
@@ -193,18 +193,19 @@ def test_the_lock_is_held_across_the_rename(tmp_path):
 
     out = tmp_path / "out"
     with DirLock(out, "nclip export", "--onnx") as lock:
-        with atomic_export(out) as tmp:
+        with atomic_export(out, "onnx") as tmp:
             (tmp / "a.txt").write_text("a\n")
         assert os.fstat(lock.fd).st_ino == os.stat(out / LOCK_NAME).st_ino
         with pytest.raises(NclipError, match="in use by another nclip process"):
             DirLock(out, "nclip export", "--onnx").acquire()
-    assert sorted(p.name for p in out.iterdir()) == ["a.txt"]
+    assert sorted(p.name for p in out.iterdir()) == ["a.txt", "nclip_export.json"]
 
 
 def test_export_into_the_run_is_refused(tmp_path, micro_overrides, capsys):
     run = saved(tmp_path, micro_overrides)
     assert main(["export", "--checkpoint", str(run), "--open-clip", str(run / "model"), "--force"]) == 2
-    assert one_line(capsys).startswith(f"nclip: error: --open-clip {run / 'model'} would write into a run")
+    assert one_line(capsys).startswith(f"nclip: error: --open-clip {run / 'model'} is a model; nclip export --force "
+                                       "replaces only an earlier export")
 
 
 # the docs' example images, as it names them: non-square and whose centre crops' overhangs are 3 (mod 4) at

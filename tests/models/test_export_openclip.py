@@ -81,7 +81,8 @@ def test_nclip_reads_back_the_same_model(tmp_path, micro_overrides, vocabulary, 
     run, model = saved(tmp_path, micro_overrides, vocabulary, CASES[name])
     assert export(run, tmp_path / "oc") == 0
     files = sorted(p.name for p in (tmp_path / "oc").iterdir())
-    assert files == sorted(["open_clip_config.json", "open_clip_model.safetensors", clip_bpe.BPE_FILE])
+    assert files == sorted(["open_clip_config.json", "open_clip_model.safetensors", clip_bpe.BPE_FILE,
+                            "nclip_export.json"])
     config = json.loads((tmp_path / "oc" / "open_clip_config.json").read_text())
     assert set(config) == {"model_cfg", "preprocess_cfg"}
     assert {"size", "mean", "std", "interpolation", "resize_mode"} <= set(config["preprocess_cfg"])

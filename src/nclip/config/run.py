@@ -14,6 +14,7 @@ from typing import Annotated, Any, Callable, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
+from nclip import plugin_consent
 from nclip.config.data import DataConfig
 from nclip.config.eval import EvalConfig
 from nclip.config.model import ModelConfig, image_size_problem
@@ -175,9 +176,13 @@ def describe_validation_error(e: ValidationError, subject: str = "config",
     return f"{subject}: {where + ': ' if where else ''}{msg}{suffix}{tail}"
 
 
-def resolve(preset: str, overrides: list[str] | None = None) -> RunConfig:
+def resolve(preset: str, overrides: list[str] | None = None, trust_plugin: bool = True) -> RunConfig:
+    """The config of a preset or YAML file with ``--set`` overrides, validated. Both are the user's
+    own, so a plugin they name may come from the working directory (nclip.plugin_consent);
+    ``trust_plugin=False`` for a config that came with a run (``nclip train --resume`` without --preset)."""
     raw = apply_overrides(load_preset(preset), overrides or [])
-    return validate(synthetic_settings_give_way(raw, overrides or []))
+    with plugin_consent.consent(trust_plugin):
+        return validate(synthetic_settings_give_way(raw, overrides or []))
 
 
 def to_yaml(cfg: RunConfig) -> str:

@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from nclip import plugin_consent
 from nclip.defaults import DEVICES
 from nclip.errors import NclipError
 
@@ -42,6 +43,7 @@ def add_embed_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("--force", action="store_true", help="replace another model's or other settings' embeddings")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    plugin_consent.add_flag(p)
     return p
 
 
@@ -59,6 +61,7 @@ def add_search_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", help="encode the query with this model (its weights must be the manifest's)")
     p.add_argument("--arch", metavar="NAME", help="open_clip config of an open_clip/OpenAI state-dict --checkpoint")
     p.add_argument("--device", choices=DEVICES, default="auto")
+    plugin_consent.add_flag(p)
     return p
 
 

@@ -20,6 +20,7 @@ import numpy as np
 from nclip.embed import manifest as mf
 from nclip.embed.vectors import load_shards, normalised, read_faiss
 from nclip.errors import NclipError
+from nclip.plugin_consent import consent
 
 
 @dataclass
@@ -41,34 +42,38 @@ class Index:
     """An embedding directory opened for search (:meth:`open`), or written first (:meth:`build`)."""
 
     def __init__(self, directory: Path, doc: dict, checkpoint: str | Path | None = None, arch: str | None = None,
-                 device: str | None = None):
+                 device: str | None = None, trust_plugin: bool = False):
         self.directory, self.manifest = directory, doc
         self.rows = mf.read_metadata(directory, doc)
         self.faiss = read_faiss(directory, doc)
         self._checkpoint, self._arch, self._device = checkpoint, arch, device
+        self._trust_plugin = trust_plugin
         self._encoder = None
 
     @classmethod
     def open(cls, directory: str | Path, checkpoint: str | Path | None = None, arch: str | None = None,
-             device: str | None = None) -> Index:
+             device: str | None = None, trust_plugin: bool = False) -> Index:
         """The embeddings in ``directory``; queries are encoded by the manifest's model, or by
-        ``checkpoint`` if given (its weights must be the same: one line if not)."""
+        ``checkpoint`` if given (its weights must be the same: one line if not). ``trust_plugin``:
+        as :func:`nclip.load`'s."""
         directory = Path(directory).expanduser()
         doc = mf.read_manifest(directory)
         if not doc.get("complete"):
             raise NclipError(f"{directory}: the embedding is unfinished ({doc.get('rows', 0)} rows so far); run the "
                              "same nclip embed command again to finish it")
         mf.check_finished(directory, doc)
-        return cls(directory, doc, checkpoint, arch, device)
+        return cls(directory, doc, checkpoint, arch, device, trust_plugin)
 
     @classmethod
     def build(cls, spec: str, checkpoint: str | Path, out: str | Path, **options) -> Index:
         """Embed ``spec`` with ``checkpoint`` into ``out`` (:func:`nclip.embed.writer.embed`, same
-        options), then open it."""
+        options, and ``trust_plugin`` as :func:`nclip.load`'s), then open it."""
         from nclip.embed.writer import embed
 
-        embed(spec, checkpoint, out, **options)
-        return cls.open(out, checkpoint, options.get("arch"), options.get("device"))
+        trust_plugin = options.pop("trust_plugin", False)
+        with consent(trust_plugin):
+            embed(spec, checkpoint, out, **options)
+        return cls.open(out, checkpoint, options.get("arch"), options.get("device"), trust_plugin)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -88,7 +93,8 @@ class Index:
             arch = self._arch if self._arch is not None else model.get("arch")
             if self._checkpoint is None and not Path(path).exists():
                 raise NclipError(f"{self.directory}: its model {path} is not there any more; pass --checkpoint")
-            ck = embed_model.resolve(path, arch)
+            with consent(self._trust_plugin):
+                ck = embed_model.resolve(path, arch)
             if ck.sha256 != model["sha256"]:
                 what = (f"--checkpoint {path} is not the model" if self._checkpoint is not None
                         else f"the model at {path} has changed since it was the one")

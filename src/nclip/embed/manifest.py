@@ -24,12 +24,14 @@ from typing import Callable
 
 from nclip.errors import NclipError
 from nclip.jsonio import read_json, writing
+from nclip.overwrite import EMBED
 from nclip.runlock import LOCK_NAME
 
 FORMAT = "nclip-embed/1"
 DEFAULT_SHARD_SIZE = 10_000  # rows per .npy file
 DEFAULT_BATCH_SIZE = 64
 MANIFEST, METADATA, INDEX, PARTS = "manifest.json", "metadata.jsonl", "index.faiss", ".parts"
+assert EMBED.markers == (MANIFEST,)  # how nclip.overwrite tells an embedding's folder
 
 
 def shard_name(kind: str, n: int) -> str:

@@ -20,6 +20,7 @@ import numpy as np
 
 from nclip.embed import manifest as mf
 from nclip.errors import NclipError
+from nclip.overwrite import EMBED, check_output_folder
 
 DEFAULT_SHARD_SIZE, DEFAULT_BATCH_SIZE = mf.DEFAULT_SHARD_SIZE, mf.DEFAULT_BATCH_SIZE
 
@@ -31,7 +32,9 @@ def embed(spec: str, checkpoint: str | Path, out: str | Path, *, arch: str | Non
     """Embed the rows of ``spec`` (:func:`nclip.embed.sources.open_rows`) with the model at
     ``checkpoint`` (anything ``nclip.load`` takes; ``arch``: an open_clip state dict's config) into
     ``out``; returns the manifest. The same call after a kill continues after the last finished
-    shard; ``out`` holding other files or another model's embeddings is refused unless ``force``."""
+    shard; ``out`` holding other files or another model's embeddings is refused unless ``force``, and with
+    ``force`` an ``out`` that is, holds or lies in a run, a checkpoint or another command's output
+    (:func:`nclip.overwrite.check_output_folder`)."""
     from nclip.embed import model as embed_model
     from nclip.embed.sources import open_rows
     from nclip.runlock import DirLock
@@ -39,6 +42,8 @@ def embed(spec: str, checkpoint: str | Path, out: str | Path, *, arch: str | Non
     if batch_size < 1 or shard_size < 1:
         raise NclipError(f"--batch-size and --shard-size must be >= 1, got {batch_size} and {shard_size}")
     out = Path(out).expanduser()
+    if force:  # before the model loads: a refusal is quick
+        check_output_folder(out, "--out", EMBED)
     ck = embed_model.resolve(checkpoint, arch)
     cfg = ck.cfg
     rows = open_rows(spec, image_size=cfg.data.image_size, max_objects=cfg.data.max_objects, seed=seed,

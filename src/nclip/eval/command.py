@@ -16,7 +16,9 @@ import sys
 from pathlib import Path
 from typing import get_args
 
+from nclip import plugin_consent
 from nclip.errors import NclipError
+from nclip.overwrite import EVAL, check_output_folder
 
 
 def add_eval_parser(sub) -> argparse.ArgumentParser:
@@ -36,6 +38,7 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="output directory for results.json and report.html (one that holds "
                    "an evaluation is refused unless --force)")
     p.add_argument("--force", action="store_true", help="write over the evaluation an --out holds")
+    plugin_consent.add_flag(p)
     optional = ", ".join(f"{task.name} ({task.title})" for task in TASK_TABLE.values() if task.optional)
     p.add_argument("--tasks", help=f"comma-separated subset of: {','.join(TASKS)} (default: all); also {optional}")
     p.add_argument("--dataset", dest="datasets", action="append", metavar="SPEC",
@@ -156,12 +159,15 @@ def run_eval_command(args) -> int:
     return 0
 
 
-EVAL_OUTPUTS = ("results.json", "report.html")
+EVAL_OUTPUTS = EVAL.markers  # results.json, report.html
 
 
 def check_eval_out(out: Path, force: bool) -> None:
     """An --out that holds an evaluation is refused unless ``force``: a second `nclip eval` with other
-    settings would replace the first one's results without a word."""
+    settings would replace the first one's results without a word; ``force`` replaces an evaluation
+    only, never a run's or another command's files (:func:`nclip.overwrite.check_output_folder`)."""
+    if force:
+        check_output_folder(out, "--out", EVAL)
     held = [name for name in EVAL_OUTPUTS if (out / name).exists()]
     if held and not force:
         raise NclipError(f"eval: --out {out} already holds an evaluation ({held[0]}); choose another --out, "

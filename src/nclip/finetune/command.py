@@ -23,13 +23,16 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from nclip import plugin_consent
 from nclip.defaults import DEVICES
 from nclip.errors import NclipError
 from nclip.finetune.settings import FinetuneSettings, validated
 from nclip.jsonio import write_text_atomic, writing
+from nclip.overwrite import FINETUNE, check_output_folder
 from nclip.runlock import LOCK_NAME
 
 STATE = "finetune.json"
+assert FINETUNE.markers == (STATE,)  # how nclip.overwrite tells a fine-tuning's folder
 
 
 def add_finetune_parser(sub) -> argparse.ArgumentParser:
@@ -65,9 +68,11 @@ def add_finetune_parser(sub) -> argparse.ArgumentParser:
                    help="WiSE-FT: evaluate these mixes of the zero-shot start (0) and the fine-tuned weights (1), "
                         "e.g. 0,0.25,0.5,0.75,1 (needs the cosine classifier)")
     p.add_argument("--no-report", action="store_true", help="write results.json only")
-    p.add_argument("--force", action="store_true", help="write into an --out that holds other files, such as an "
-                   "evaluation's results.json (a fine-tuning run there continues with --resume auto)")
+    p.add_argument("--force", action="store_true", help="write into an --out that holds other files (never a "
+                   "run, a checkpoint or another command's output; a fine-tuning run there continues with "
+                   "--resume auto)")
     p.add_argument("--quiet", action="store_true", help="no progress messages")
+    plugin_consent.add_flag(p)
     return p
 
 
@@ -106,6 +111,8 @@ def run_finetune(checkpoint, out, settings: FinetuneSettings, resume: bool = Fal
     is locked for the whole of it: a second writer is refused (:mod:`nclip.runlock`)."""
     from nclip.runlock import DirLock
 
+    if force:  # never a run, a checkpoint or another command's output, before anything is written
+        check_output_folder(Path(out).expanduser(), "--out", FINETUNE)
     with DirLock(out, "nclip finetune"):
         return _run_finetune(checkpoint, Path(out).expanduser(), settings, resume, report, log, force)
 

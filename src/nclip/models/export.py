@@ -15,6 +15,7 @@ features (the pixels agree to float rounding, ~1e-7, at every image size and asp
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from contextlib import contextmanager
@@ -27,6 +28,7 @@ from nclip.errors import NclipError
 from nclip.jsonio import writing
 from nclip.models.io import CONFIG, atomic_dir, load_model
 from nclip.models.siglip_towers import SiglipTextTower, SiglipVisionTower
+from nclip.overwrite import EXPORT
 from nclip.runlock import LOCK_NAME
 
 
@@ -77,9 +79,16 @@ def clip_model_names(prefix: str, tower) -> dict:
     return {k if k.startswith(prefix) else prefix + k: v for k, v in tower.state_dict().items()}
 
 
+# beside every export, {"format": ...}: says that nclip export wrote the folder, so that export --force
+# replaces it, and never a model of the same layout that came from elsewhere (nclip.overwrite)
+EXPORT_RECORD = "nclip_export.json"
+assert EXPORT.markers == (EXPORT_RECORD,)
+
+
 @contextmanager
-def atomic_export(out: Path):
-    """A temporary folder beside ``out`` to write the export into, which replaces ``out`` when the
+def atomic_export(out: Path, fmt: str):
+    """A temporary folder beside ``out`` to write the export (of format ``fmt``, recorded in
+    :data:`EXPORT_RECORD`) into, which replaces ``out`` when the
     block ends without error (:func:`nclip.models.io.atomic_dir`): a failed or interrupted export
     leaves ``out`` as it was, never half written. The run lock that ``nclip export`` holds,
     ``out/.nclip.lock``, is hard-linked into the new folder first, so that the locked file is still
@@ -90,6 +99,7 @@ def atomic_export(out: Path):
     with writing(out):
         with atomic_dir(out) as tmp:
             yield tmp
+            (tmp / EXPORT_RECORD).write_text(json.dumps({"format": fmt}) + "\n")
             if (out / LOCK_NAME).is_file():
                 try:
                     os.link(out / LOCK_NAME, tmp / LOCK_NAME)
@@ -167,7 +177,7 @@ def export_hf(checkpoint: Path, out: Path) -> str:
     _own_tokenizer(cfg)  # a tokenizer the files cannot carry: refused before anything is written
     with torch.no_grad():
         hf = to_hf(model)
-    with atomic_export(out) as tmp, _no_progress_bars():  # a full disk: one line naming OUT
+    with atomic_export(out, "hf") as tmp, _no_progress_bars():  # a full disk: one line naming OUT
         hf.save_pretrained(str(tmp), safe_serialization=True)
         save_tokenizer(cfg, tmp)
         image_processor(cfg).save_pretrained(str(tmp))

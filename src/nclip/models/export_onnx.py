@@ -81,7 +81,7 @@ def export_onnx(checkpoint: Path, out: Path) -> str:
     pixels = torch.zeros(EXAMPLE_BATCH, 3, size, size)
     # captions of different lengths: the traced attention masks have padding, as most will
     ids, mask = model.tokenizer(["a photo", "a photo of two red circles left of a blue square"][:EXAMPLE_BATCH])
-    with atomic_export(out) as tmp:
+    with atomic_export(out, "onnx") as tmp:
         _export(Embedding(model, "image", key, normalise), (pixels,), ["pixels"], tmp / IMAGE)
         if score is not None:
             _export(Embedding(model, "text", key, normalise), (ids, mask), ["input_ids", "attention_mask"],

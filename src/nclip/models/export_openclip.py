@@ -189,7 +189,7 @@ def export_openclip(checkpoint: Path, out: Path) -> str:
     with torch.no_grad():
         state = openclip_state(model)
     config = {"model_cfg": model_cfg(model, cfg), "preprocess_cfg": preprocess_cfg(cfg)}
-    with atomic_export(out) as tmp:
+    with atomic_export(out, "open_clip") as tmp:
         save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
         (tmp / HUB_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
         shutil.copyfile(clip_bpe.bpe_file(Path(cfg.model.text.tokenizer).expanduser()), tmp / clip_bpe.BPE_FILE)

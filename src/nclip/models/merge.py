@@ -30,14 +30,14 @@ from pathlib import Path
 from nclip.errors import NclipError
 from nclip.jsonio import read_json
 from nclip.models.io import CONFIG, TOKENIZER_DIR, WEIGHTS, atomic_dir, read_weights, weights_metadata
+from nclip.overwrite import MERGE, check_output_folder
 from nclip.runlock import LOCK_NAME, DirLock
 
 RECORD = "merge.json"  # beside the merged weights: sources and α
+assert MERGE.markers == (RECORD,)  # how nclip.overwrite tells a merge's folder
 # model-section settings that change no weight (where the weights came from, how the backward runs,
 # where the tokenizer file was, which layers a LiT run trained): two models may differ in them
 NOT_ARCHITECTURE = ("init", "init_arch", "grad_checkpointing", "text.tokenizer", "text.unlocked_layers")
-# the trainer's files in a run directory: the merge never writes into a run, --force or not
-RUN_MARKERS = ("checkpoints", "metrics.jsonl", "config.yaml", "eval.json")
 
 
 def model_directory(path: str | Path, option: str) -> Path:
@@ -61,16 +61,15 @@ def check_alpha(alpha: float) -> float:
 
 
 def check_target(out: Path, sources: tuple[Path, ...], force: bool) -> None:
-    """Refuse an ``out`` that is a source, a run or a run's model directory (even with ``force``), a
-    file, and a non-empty directory unless ``force``."""
+    """Refuse an ``out`` that is a source, a run, a checkpoint or another command's output, or lies in
+    a run's files (even with ``force``: :func:`nclip.overwrite.check_output_folder`), a file, and a
+    non-empty directory unless ``force``."""
     out = Path(out).expanduser()
     if out.exists() and not out.is_dir():
         raise NclipError(f"--out {out} is a file, not a directory")
-    inside_run = out.name in ("model", "model-raw") and any((out.parent / m).exists() for m in RUN_MARKERS)
-    if (any(out.resolve() == s.resolve() for s in sources) or inside_run
-            or any((out / m).exists() for m in RUN_MARKERS)):
-        raise NclipError(f"--out {out} would write over a merged model or into a run; merge into a new directory "
-                         "(--force never writes into runs)")
+    check_output_folder(out, "--out", MERGE)
+    if any(out.resolve() == s.resolve() for s in sources):  # an earlier merge, merged again
+        raise NclipError(f"--out {out} is a model being merged; merge into a new directory")
     if out.is_dir() and any(p.name != LOCK_NAME for p in out.iterdir()) and not force:
         raise NclipError(f"--out {out} already exists and is not empty; choose a new directory, or pass --force "
                          "to write over it")

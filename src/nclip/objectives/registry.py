@@ -1,9 +1,10 @@
 """The objectives by name: the built-in ones, and the user's own from a file or a package.
 
-``objective.name`` is a built-in name (``xclip``), ``module:Class`` (a module importable from the
-working directory or ``PYTHONPATH``; docs/plugins.md), or the name of an entry point in the group
-``nclip.objectives`` of an installed package. This module and :mod:`nclip.objectives.plan` are the
-only ones that read :data:`REGISTRY`; the rest of nclip asks the plan.
+``objective.name`` is a built-in name (``xclip``), ``module:Class`` (an installed module or one on
+``PYTHONPATH``, or, with the user's consent, one in the working directory: :mod:`nclip.plugin_consent`,
+docs/plugins.md), or the name of an entry point in the group ``nclip.objectives`` of an installed
+package. This module and :mod:`nclip.objectives.plan` are the only ones that read :data:`REGISTRY`;
+the rest of nclip asks the plan.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from importlib.machinery import PathFinder
 from importlib.metadata import entry_points
 
+from nclip import plugin_consent
 from nclip.objectives.base import Objective, ObjectiveConfig
 from nclip.objectives.clip import ClipConfig, ClipObjective
 from nclip.objectives.clip_supcon import ClipSupconConfig, ClipSupconObjective
@@ -108,21 +111,58 @@ def _import_class(name: str):
     module_name, _, attr = name.partition(":")
     if not module_name or not attr:
         raise ValueError(f"objective.name {name!r}: a plugin is named module:Class")
-    added = os.getcwd() not in sys.path  # the console script's path lacks the working directory
+    if plugin_consent.given():
+        module = _import(name, module_name, from_working_directory=True)
+    elif _installed(module_name):
+        module = _import(name, module_name, from_working_directory=False)
+    else:  # e.g. a received model's evil.py beside its config: importing it would run it
+        raise ValueError(f"objective.name {name!r}: module {module_name!r} is not installed, and importing it "
+                         f"from the working directory runs its code; if you trust it, pass "
+                         f"{plugin_consent.FLAG} (Python: {plugin_consent.API_ARGUMENT})")
+    if not hasattr(module, attr):
+        raise ValueError(f"objective.name {name!r}: module {module_name!r} has no {attr!r}")
+    return getattr(module, attr)
+
+
+def _import(name: str, module_name: str, from_working_directory: bool):
+    """Import the user's module; from the working directory too when they consented (the console
+    script's sys.path lacks it; it is taken off again afterwards)."""
+    cwd = os.getcwd()
+    added = from_working_directory and cwd not in sys.path
     if added:
-        sys.path.insert(0, os.getcwd())
+        sys.path.insert(0, cwd)
     try:
-        module = importlib.import_module(module_name)
+        return importlib.import_module(module_name)
     except Exception as e:  # the user's file: any error in it is theirs, said in one line
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise ValueError(f"objective.name {name!r}: module {module_name!r} does not import "
                          f"({type(e).__name__}: {first})") from None
     finally:
         if added:
-            sys.path.remove(os.getcwd())
-    if not hasattr(module, attr):
-        raise ValueError(f"objective.name {name!r}: module {module_name!r} has no {attr!r}")
-    return getattr(module, attr)
+            sys.path.remove(cwd)
+
+
+def _installed(module_name: str) -> bool:
+    """Whether Python finds ``module_name`` without the working directory: already imported, or its
+    top-level package found by the import system with the sys.path entries that name the working
+    directory ('' under ``python -c``, its path under ``python -m``) left out. Finding runs no code."""
+    if module_name in sys.modules:
+        return True
+    top = module_name.partition(".")[0]
+    cwd = os.path.realpath(os.getcwd())
+    elsewhere = [p for p in sys.path if isinstance(p, str) and os.path.realpath(p or ".") != cwd]
+    for finder in sys.meta_path:  # the path finder, and those of editable installs and the like
+        try:
+            if finder is PathFinder:
+                spec = PathFinder.find_spec(top, elsewhere)
+            else:
+                find = getattr(finder, "find_spec", None)
+                spec = find(top, None) if find is not None else None
+        except Exception:  # noqa: BLE001 - a finder that fails finds nothing
+            spec = None
+        if spec is not None:
+            return True
+    return False
 
 
 def _entry_point_class(name: str):
@@ -161,16 +201,24 @@ def _named_config(name: str, cls) -> type[ObjectiveConfig]:
     named = create_model(config.__name__, __base__=config, __module__=__name__,
                          name=(Literal[name], name))  # type: ignore[valid-type]
     # pickle finds a class by module and qualified name: this module's __getattr__ answers the name
-    # below by loading the plugin, in this process or a fresh one (a spawned worker)
-    named.__qualname__ = _PLUGIN_CONFIG + name.encode().hex()
+    # below by loading the plugin, in this process or a fresh one (a spawned worker). The name says
+    # whether the plugin was loaded under the user's consent, so that a spawned worker of their run
+    # imports it from the working directory as the run did.
+    prefix = _CONSENTED_PLUGIN_CONFIG if plugin_consent.given() else _PLUGIN_CONFIG
+    named.__qualname__ = prefix + name.encode().hex()
     return named
 
 
 _PLUGIN_CONFIG = "_plugin_config_"
+_CONSENTED_PLUGIN_CONFIG = "_consented_plugin_config_"
 
 
 def __getattr__(attr: str):
-    """A plugin's config class by its pickled name (:func:`_named_config`), loading the plugin."""
-    if attr.startswith(_PLUGIN_CONFIG):
-        return config_class(bytes.fromhex(attr[len(_PLUGIN_CONFIG):]).decode())
+    """A plugin's config class by its pickled name (:func:`_named_config`), loading the plugin. Only
+    nclip's own pickles name these (a run's config sent to its spawned workers): the files nclip
+    reads are never unpickled beyond tensors (``weights_only``), so no received file gives consent."""
+    for prefix, consented in ((_CONSENTED_PLUGIN_CONFIG, True), (_PLUGIN_CONFIG, False)):
+        if attr.startswith(prefix):
+            with plugin_consent.consent(consented):
+                return config_class(bytes.fromhex(attr[len(prefix):]).decode())
     raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from nclip.errors import NclipError
 from nclip.jsonio import jsonable
+from nclip.overwrite import SWEEP, check_output_folder
 from nclip.runlock import LOCK_NAME, DirLock
 from nclip.sweep.curves import plot_curves
 from nclip.sweep.grid import RunSpec, expand, flatten
@@ -29,6 +30,8 @@ from nclip.sweep.verdicts import judge, read_metrics, stderr_tail
 
 SWEEP_VERSION = 1
 FINISHED = ("done", "diverged")  # skipped by --resume
+SWEEP_JOURNAL = "sweep.json"
+assert SWEEP.markers == (SWEEP_JOURNAL,)  # how nclip.overwrite tells a sweep's folder
 
 
 # ---------------------------------------------------------------------------------------------
@@ -184,6 +187,8 @@ def run_sweep(opts: SweepOptions, log: Callable[[str], None] = print) -> dict:
     t0 = time.perf_counter()
     runs = expand(opts.grid, opts.settings)
     configs = {r.slug: _resolve(opts, r) for r in runs}  # every config is valid before anything runs
+    if opts.force:  # beside other files, never over a run, a checkpoint or another command's output
+        check_output_folder(opts.out, "--out", SWEEP)
     with DirLock(opts.out, "nclip sweep"):  # one writer: a second sweep, a training run or an eval is refused
         return _run_sweep(opts, runs, configs, log, t0)
 
@@ -195,7 +200,7 @@ def _run_sweep(opts: SweepOptions, runs: list[RunSpec], configs: dict, log: Call
     previous = {r["slug"]: r for r in old.get("runs", [])}
     plan = _plan(opts, runs, previous)
     (opts.out / "runs").mkdir(exist_ok=True)
-    journal = _Journal(opts.out / "sweep.json", _journal_doc(opts, runs, old, previous, plan))
+    journal = _Journal(opts.out / SWEEP_JOURNAL, _journal_doc(opts, runs, old, previous, plan))
     log(f"sweep: {len(runs)} runs in {opts.out} ({len(runs) - len(plan.todo)} finished, skipped); "
         f"{plan.parallel} at once × {plan.threads} thread{'s' * (plan.threads > 1)} ({plan.cores} cores)")
     try:
@@ -210,7 +215,7 @@ def _previous_journal(opts: SweepOptions, runs: list[RunSpec]) -> dict:
     """The sweep.json of the sweep in ``opts.out`` ({} if there is none), checked for ``--resume``:
     a sweep continues only with the preset, the overrides and, for each run, the settings it was
     started with."""
-    out, path = opts.out, opts.out / "sweep.json"
+    out, path = opts.out, opts.out / SWEEP_JOURNAL
     if not path.exists():
         if (out / "runs").is_dir() and any((out / "runs").iterdir()):
             raise NclipError(f"{out}/runs is not empty but has no sweep.json; choose another --out")

@@ -25,13 +25,14 @@ import yaml
 from nclip.config import RunConfig, to_yaml, validate
 from nclip.errors import NclipError
 from nclip.jsonio import check_writable_dir, parse_yaml, read_text, write_text_atomic
+from nclip.overwrite import EXPORT, RUN_FILES, check_output_folder
 from nclip.runlock import LOCK_NAME, DirLock
 
 CONFIG = "config.yaml"
 EPISODES_LOG = "episodes.jsonl"  # ProtoCLIP's per-episode log (nclip.train.episodic)
-# Everything the trainer writes into a run directory; any of them marks a run. In the order --force
-# removes them: checkpoints first, so that a --force stopped half-way leaves nothing to resume from.
-RUN_FILES = ("checkpoints", "metrics.jsonl", EPISODES_LOG, "eval.json", "model", "model-raw", CONFIG)
+# Everything the trainer writes into a run directory (any of them marks a run), in the order --force
+# removes them; nclip.overwrite keeps the list, so that no other command writes over them
+assert CONFIG in RUN_FILES and EPISODES_LOG in RUN_FILES
 LEFTOVERS = (".model.*", f".{CONFIG}.*")  # temporaries of interrupted atomic writes beside them
 
 # Keys that --resume auto may change. None of them changes what a step computes (the samples, their
@@ -275,15 +276,15 @@ def _show(value) -> str:
 
 
 def check_export_target(source: Path, out: Path, force: bool, option: str = "--hf") -> None:
-    """Refuse an ``out`` that would overwrite a run or the model being exported (even with
-    ``force``), and a non-empty ``out`` unless ``force``. ``option`` names ``out`` in the errors."""
+    """Refuse an ``out`` that would overwrite the model being exported, a run, a checkpoint or another
+    command's output (even with ``force``: :func:`nclip.overwrite.check_output_folder`), and a
+    non-empty ``out`` unless ``force``. ``option`` names ``out`` in the errors."""
     out, source = Path(out), Path(source)
     if out.exists() and not out.is_dir():
         raise NclipError(f"{option} {out} is a file, not a directory")
-    inside_run = out.name in RUN_FILES and bool(run_files(out.parent))  # e.g. RUN/model
-    if out.resolve() == source.resolve() or run_files(out) or inside_run:
-        raise NclipError(f"{option} {out} would write into a run or over the model being exported; export to "
-                         "a new directory (--force never writes into runs)")
+    check_output_folder(out, option, EXPORT)
+    if out.resolve() == source.resolve():
+        raise NclipError(f"{option} {out} is the model being exported; export to a new directory")
     if out.is_dir() and any(p.name != LOCK_NAME for p in out.iterdir()) and not force:
         raise NclipError(f"{option} {out} already exists and is not empty; choose a new directory, "
                          "or pass --force to write over it")
