@@ -88,8 +88,8 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--sts-pairs", type=int, default=d.sts_pairs, help="built-in STS sentence pairs")
     p.add_argument("--mask-samples", type=int, default=d.mask_samples, help="scenes for mask probing")
     p.add_argument("--segment-threshold", type=float, default=d.segment_threshold,
-                   help="zero-shot segmentation: a group whose best class probability is below it is background "
-                        "(default: GroupViT's 0.95)")
+                   help="zero-shot segmentation: a group whose best class score is below min(this, the image's "
+                        "best group score) is background, GroupViT's rule (default: its 0.95; 0: no background)")
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the evaluation data and the probes")
     p.add_argument("--device", choices=DEVICES, default=d.device)

@@ -76,7 +76,7 @@ Probe = Literal["lbfgs", "sgd"]
 SgdRecipeName = Literal[tuple(SGD_RECIPES)]  # type: ignore[valid-type]
 L2_GRID = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 1e-5, 1e-6)  # linear-probe L2 strengths (validated)
 MASK_THRESHOLD = 0.6  # DINO: keep the patches holding 60% of the [CLS] attention mass
-SEGMENT_THRESHOLD = 0.95  # GroupViT's bg_thresh on VOC: a group below it is background (nclip.eval.segmentation)
+SEGMENT_THRESHOLD = 0.95  # GroupViT's bg_thresh on VOC (its background cut: min(it, the image's best group score))
 MULTILABEL_TOPK = (3, 5, 10, 20)  # xCLIP Tab. 3: F1@3, F1@5 (NUS-WIDE), F1@10, F1@20 (OpenImages)
 PROMPT_SETS = ("imagenet80",)  # built-in template sets (nclip.eval.prompts.BUILTIN_TEMPLATES)
 
@@ -100,7 +100,8 @@ class EvalSettings(BaseModel):
     sts_pairs: int = Field(1000, ge=0, description="built-in STS pairs (with the synthetic dataset); 0 or >= 2")
     mask_samples: int = Field(500, ge=1, description="test scenes for mask probing")
     mask_threshold: float = Field(MASK_THRESHOLD, gt=0, le=1)
-    # zero-shot segmentation: a group whose best class probability is below it is background
+    # zero-shot segmentation: a group whose best class score is below min(it, the image's best group
+    # score) is background (GroupViT's rule, nclip.eval.segmentation)
     segment_threshold: float = Field(SEGMENT_THRESHOLD, ge=0, le=1)
     knn_k: int = Field(20, ge=1)
     tsne_iters: int = Field(TSNE_ITERS, ge=250, description="t-SNE iterations of the report's figure (App. G: 5,000)")
