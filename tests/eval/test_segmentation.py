@@ -247,3 +247,46 @@ def test_a_class_beyond_vocs_is_one_line(tmp_path, micro_overrides, capsys):
                  "--out", str(tmp_path / "ev"), "--no-cache", "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert "a mask holds class 21, beyond the 20 classes segmented" in err and len(err.splitlines()) == 1
+
+
+def test_groupvits_class_names_and_simple_template_for_voc(tmp_path, micro_overrides, capsys):
+    """--voc-classnames groupvit and --templates simple: GroupViT's VOC names ('table', 'plant',
+    'monitor') and its one prompt, through nclip eval; --voc-classnames without masks: data is refused."""
+    import json
+
+    import numpy as np
+
+    from nclip.cli import main
+    from nclip.eval import dispatch
+    from nclip.eval.mask_folder import VOC_CLASSES, mask_folder
+
+    cls = np.zeros((16, 16), np.uint8)
+    cls[:, :8] = 11  # dining table
+    voc = _voc(tmp_path / "voc", cls)
+    space = mask_folder(voc, "simple", "groupvit").segment_space
+    renamed = {a: b for a, b in zip(VOC_CLASSES, space.names) if a != b}
+    assert renamed == {"dining table": "table", "potted plant": "plant", "tv monitor": "monitor"}
+    assert space.templates == ("a photo of a {}.",) and space.prompts(10) == ["a photo of a table."]
+    assert mask_folder(voc).segment_space.names == VOC_CLASSES and len(mask_folder(voc).segment_space.templates) == 80
+
+    model = _model_dir(tmp_path, *micro_overrides, *GROUPVIT)
+    out = tmp_path / "ev"
+    prompted = []
+    encode = dispatch.prompt_outputs
+    dispatch.prompt_outputs = lambda model, space, *rest: prompted.append(space) or encode(model, space, *rest)
+    try:
+        assert main(["eval", "--checkpoint", str(model), "--tasks", "segmentation", "--dataset", f"masks:{voc}",
+                     "--voc-classnames", "groupvit", "--templates", "simple", "--out", str(out), "--no-cache",
+                     "--quiet", "--no-report"]) == 0
+    finally:
+        dispatch.prompt_outputs = encode
+    assert [s.prompts(10) for s in prompted] == [["a photo of a table."]]
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["config"]["voc_classnames"] == "groupvit" and doc["config"]["templates"] == "simple"
+    assert 0.0 <= doc["results"]["segmentation/voc/miou"] <= 1.0
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(model), "--tasks", "segmentation", "--dataset", "synthetic",
+                 "--voc-classnames", "groupvit", "--out", str(tmp_path / "ev2"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("nclip: error: eval: --voc-classnames: applies to masks: datasets (PASCAL VOC's classes) and none "
+                   "is selected")
