@@ -159,3 +159,8 @@ def test_paper_scale_preset_shows_its_config(capsys):
     assert main(["config", "--preset", "groupvit-s-xclip"]) == 0
     out = capsys.readouterr().out
     assert "kind: groupvit" in out and "lr: 0.0005" in out
+    cfg = resolve("groupvit-s-xclip")  # GroupViT's recipe where the config can hold it (configs/default.yml)
+    t, aug = cfg.train, cfg.data.augment
+    assert (t.betas, t.eps, t.grad_clip, t.min_lr, t.weight_decay) == ((0.9, 0.999), 1e-8, 5.0, 4e-5, 0.05)
+    assert cfg.model.vision.drop_path_rate == 0.1 and aug.crop_scale == (0.08, 1.0) and aug.horizontal_flip
+    assert t.steps == round(35e6 * 30 / 4096) and t.warmup_steps == round(35e6 * 2 / 4096)  # IT35M, 30 and 2 epochs
