@@ -47,7 +47,7 @@ DATASET_KINDS: dict[str, DatasetKind] = {kind.name: kind for kind in (
     DatasetKind("captions", "captions:FILE.csv|.jsonl", "image-caption retrieval"),
     DatasetKind("sts", "sts:FILE.csv", "sentence similarity"),
     DatasetKind("multilabel", "multilabel:FILE.csv", "zero-shot multi-label", _BOTH),
-    DatasetKind("masks", "masks:DIR", "object masks, VOC layout"),
+    DatasetKind("masks", "masks:DIR", "object masks, VOC layout", frozenset({TEMPLATES})),
     DatasetKind("wds", "wds:DIR[:SPLIT]", "CLIP_benchmark's WebDataset copy", _BOTH),
     DatasetKind("imagefolder", "imagefolder:SPLIT_DIR", "one ImageFolder split", _BOTH),
     DatasetKind("karpathy", "karpathy:FILE.json:IMAGES_DIR[:SPLIT]", "COCO / Flickr30k Karpathy split"),

@@ -101,7 +101,8 @@ def test_prompt_settings_record_the_source_and_need_a_user_dataset(tmp_path, mon
     with pytest.raises(NclipError, match=r"^eval: --classnames: applies to folder:, multilabel:, wds:, imagefolder: "
                                          r"datasets and none"):
         validated({"datasets": ("synthetic", "realms:x"), "classnames": "n.txt"}, _option)
-    with pytest.raises(NclipError, match=r"^eval: --templates: applies to folder:, realms:, multilabel:, wds:, "):
+    with pytest.raises(NclipError, match=r"^eval: --templates: applies to folder:, realms:, multilabel:, masks:, "
+                                         r"wds:, "):
         validated({"datasets": ("digits",), "templates": "imagenet80"}, _option)
     with pytest.raises(NclipError, match=r"^eval: --topk: "):
         validated({"multilabel_topk": (3, 0)}, _option)

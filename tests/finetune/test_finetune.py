@@ -98,7 +98,7 @@ def test_layer_decay_gives_each_layer_its_learning_rate(tmp_path, tower):
 
 
 def test_drop_path_is_honest_per_tower(tmp_path):
-    from nclip.finetune.layers import add_drop_path
+    from nclip.models.drop_path import add_drop_path
 
     ck, net = _net(_model_dir(tmp_path))
     assert add_drop_path(net.vision, 0.1).startswith("0.1 (linear")

@@ -29,15 +29,23 @@ B = 16  # the global batch
 CPU = torch.device("cpu")
 
 
-def _cfg(name: str, k: int):
+# GroupViT's tower at the micro sizes: one grouping stage (4 groups), or two as GroupViT-S (4, then 2)
+GROUPVIT = ("model.vision.kind=groupvit", "model.vision.depths=[1,1]", "model.vision.group_tokens=[4,0]",
+            "model.vision.output_groups=[4,4]")
+GROUPVIT_2 = ("model.vision.kind=groupvit", "model.vision.depths=[1,1,1]", "model.vision.group_tokens=[4,2,0]",
+              "model.vision.output_groups=[4,2,2]")
+
+
+def _cfg(name: str, k: int, tower: tuple[str, ...] = ()):
     return resolve("micro", micro_sizes() + [f"objective.name={name}", f"train.batch_size={B}",
-                                             f"train.accumulation={k}", "model.sync_batchnorm=true"])
+                                             f"train.accumulation={k}", "model.sync_batchnorm=true", *tower])
 
 
-def _prepare(name: str, k: int = 1):
-    """(cfg, step module, global batch) in float64 for the objective ``name``: the batch from the
-    real loader (two views, labels: what the objective asks for), ProtoCLIP with a random episode."""
-    cfg = _cfg(name, k)
+def _prepare(name: str, k: int = 1, tower: tuple[str, ...] = ()):
+    """(cfg, step module, global batch) in float64 for the objective ``name`` (image tower: the
+    micro ViT, or ``tower``'s overrides): the batch from the real loader (two views, labels: what the
+    objective asks for), ProtoCLIP with a random episode."""
+    cfg = _cfg(name, k, tower)
     objective_cls = REGISTRY[name][1]
     torch.manual_seed(0)
     model = build_model(cfg).double()
@@ -69,8 +77,8 @@ def _result(step: TrainStep, terms: dict) -> tuple[dict, dict, dict]:
     return {k: torch.as_tensor(v).detach().double() for k, v in terms.items()}, grads, stats
 
 
-def _whole_batch(name: str):
-    _, step, batch = _prepare(name)
+def _whole_batch(name: str, tower: tuple[str, ...] = ()):
+    _, step, batch = _prepare(name, tower=tower)
     terms = step(batch)
     terms["loss"].backward()
     return _result(step, terms)
@@ -95,6 +103,28 @@ def test_k_micro_batches_equal_the_whole_batch(name):
     _assert_same(got, want, name)
     if name == "cmsf":  # the target tower ran once (pass 1): its buffers moved; the online towers' none
         assert all(torch.equal(v, before[k]) for k, v in tower_buffers.module.state_dict().items())
+
+
+@pytest.mark.parametrize("name", ["clip", "xclip"])
+@pytest.mark.parametrize("stages", [1, 2])
+def test_k_micro_batches_equal_the_whole_batch_with_a_groupvit_tower(name, stages, monkeypatch):
+    """GroupViT's tower holds no batch statistic, so its k-micro-batch step is the whole batch's. Its
+    training-time Gumbel assignment draws noise per row, as dropout does: with one grouping stage the
+    k micro-batches draw the whole batch's noise (consecutive in the CPU generator); with two the
+    draws interleave otherwise, so that case runs without the noise (the hard arg-max assignment)."""
+    tower = GROUPVIT if stages == 1 else GROUPVIT_2
+    if stages == 2:
+        from transformers.models.groupvit import modeling_groupvit as hf
+
+        monkeypatch.setattr(hf, "gumbel_softmax", lambda logits, tau=1, hard=False, dim=-1:
+                            hf.hard_softmax(logits, dim) if hard else logits.softmax(dim))
+    want = _whole_batch(name, tower)
+    cfg, step, batch = _prepare(name, k=4, tower=tower)
+    assert cfg.model.vision.kind == "groupvit"
+    towers, heads = wrap_passes(step, DistContext(), cfg)
+    got = _result(step, cached_step(towers, heads, batch, 4, BufferSnapshot(online_towers(step.model)), CPU))
+    _assert_same(got, want, f"{name} groupvit")
+    assert any(f".stages.{stages - 1}.downsample." in n for n in want[1])  # the last grouping block got gradients
 
 
 def _ranks(rank: int, world: int, names: list[str]):

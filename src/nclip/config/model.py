@@ -62,6 +62,10 @@ class VisionConfig(Section):
     # vit: FLIP's patch dropout, the share of patch tokens each training image drops (eval keeps all;
     # nclip.models.patch_dropout); train.unmasked_steps trains the last steps with every patch
     patch_dropout: float = Field(0.0, ge=0, lt=1)
+    # groupvit: drop path (stochastic depth) on every stage layer's attention and MLP branches, the rate
+    # rising linearly from 0 at the first layer to this at the last (GroupViT's drop_path_rate, 0.1 for
+    # GroupViT-S; nclip.models.drop_path)
+    drop_path_rate: float = Field(0.0, ge=0, lt=1)
     # locked-image tuning (LiT): the tower frozen, run without gradients and in eval mode; or only its
     # last N layers (blocks; stages for the conv towers) trained (nclip.models.locking, docs/locking.md)
     lock: bool = False
@@ -85,6 +89,8 @@ class VisionConfig(Section):
             raise ValueError(f"norm {self.norm} needs a conv kind ({', '.join(CONV_KINDS)}; got {self.kind})")
         if self.patch_dropout and self.kind != "vit":
             raise ValueError(f"patch_dropout needs kind vit (got {self.kind})")
+        if self.drop_path_rate and self.kind != "groupvit":
+            raise ValueError(f"drop_path_rate needs kind groupvit (got {self.kind})")
         if self.pooling != "cls" and (self.kind != "vit" or self.patch_dropout):
             raise ValueError(f"pooling {self.pooling} needs kind vit without patch_dropout (got {self.kind})")
         if self.pool_dim is not None and self.kind != "clip_resnet":

@@ -209,14 +209,21 @@ def eval_resize(image, size: int, mode: str = "shortest", interpolation: str = "
     img = image if isinstance(image, Image.Image) else Image.fromarray(np.asarray(image))
     if convention == "transformers":
         img = to_rgb(img, convention)
-    target = (size, size) if mode == "squash" else shortest_side_size(img.height, img.width, size)
+    target, (left, top) = eval_geometry(img.height, img.width, size, mode, convention)
     if img.size != target:  # torchvision's Resize returns an image of the output size as it is
         img = img.resize(target, INTERPOLATION[interpolation])
     if img.size != (size, size):
-        left = center_crop_offset(img.width, size, convention)
-        top = center_crop_offset(img.height, size, convention)
         img = img.crop((left, top, left + size, top + size))
     return np.asarray(to_rgb(img, convention))
+
+
+def eval_geometry(height: int, width: int, size: int, mode: str = "shortest",
+                  convention: str = "torchvision") -> tuple[tuple[int, int], tuple[int, int]]:
+    """Where :func:`eval_resize` puts an image of ``height`` × ``width``: ((width, height) after the
+    resize, (left, top) of the ``size`` × ``size`` crop in it). Masks take the same geometry
+    (:func:`nclip.eval.masks.fit_mask`), so that a mask's pixels stay on its image's."""
+    target = (size, size) if mode == "squash" else shortest_side_size(height, width, size)
+    return target, (center_crop_offset(target[0], size, convention), center_crop_offset(target[1], size, convention))
 
 
 def resize_center_crop(image, size: int, interpolation: str = "bicubic", convention: str = "torchvision") -> np.ndarray:

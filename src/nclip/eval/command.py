@@ -4,7 +4,8 @@
                [--head clip|nclip|yclip] [--nclip-score symmetric|image_to_text]
                [--features backbone|clip|nclip|proto] [--baseline RUN_DIR] [--hierarchy FILE|builtin]
                [--cache-dir DIR | --no-cache]
-               [--classnames FILE] [--templates FILE|imagenet80] [--topk 3,5,10,20] [--no-report]
+               [--classnames FILE] [--templates FILE|imagenet80|simple] [--topk 3,5,10,20] [--no-report]
+               [--segment-threshold T] [--voc-classnames voc|groupvit]
                [--tsne-iters N]
     nclip eval compare EVAL_A EVAL_B ... [--out FILE.md]
 """
@@ -26,7 +27,7 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
     (:mod:`nclip.dataset_specs`), tasks and SGD recipes (:mod:`nclip.eval.settings`)."""
     from nclip.dataset_specs import CLASSNAMES, TEMPLATES, kinds_taking, spec_help
     from nclip.defaults import DEVICES, NCLIP_SCORES, PROBE_FEATURES
-    from nclip.eval.settings import HEADS, TASK_TABLE, TASKS, EvalSettings, Probe
+    from nclip.eval.settings import HEADS, TASK_TABLE, TASKS, EvalSettings, Probe, VocClassnames
     from nclip.eval.sgd_recipes import SGD_RECIPES, recipes_help
 
     d = EvalSettings()
@@ -64,10 +65,11 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
                    help=f"class names of {_kinds(kinds_taking(CLASSNAMES))} data: one per line in sorted folder "
                         "(label, class-index) order, a JSON map folder -> name, or a JSON class-index file "
                         "index -> name | [folder, name] (default: the folder names; wds: its classnames.txt)")
-    p.add_argument("--templates", metavar="FILE|imagenet80",
+    p.add_argument("--templates", metavar="FILE|imagenet80|simple",
                    help=f"prompt templates of {_kinds(kinds_taking(TEMPLATES))} data: a file, one per "
-                        "line with {} for the class name, or imagenet80 (CLIP's 80 ImageNet prompts; default: "
-                        "wds: its zeroshot_classification_templates.txt)")
+                        "line with {} for the class name, imagenet80 (CLIP's 80 ImageNet prompts) or simple "
+                        "(GroupViT's 'a photo of a {}.'; default: wds: its zeroshot_classification_templates.txt, "
+                        "masks: imagenet80)")
     p.add_argument("--topk", default=",".join(map(str, d.multilabel_topk)),
                    help="k of multi-label precision/recall/F1@k (xCLIP Tab. 3)")
     p.add_argument("--image-key", help="image-path column of a captions: CSV (default: the run's "
@@ -92,8 +94,11 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--sts-pairs", type=int, default=d.sts_pairs, help="built-in STS sentence pairs")
     p.add_argument("--mask-samples", type=int, default=d.mask_samples, help="scenes for mask probing")
     p.add_argument("--segment-threshold", type=float, default=d.segment_threshold,
-                   help="zero-shot segmentation: a group whose best class probability is below it is background "
-                        "(default: GroupViT's 0.95)")
+                   help="zero-shot segmentation: a group whose best class score is below min(this, the image's "
+                        "best group score) is background, GroupViT's rule (default: its 0.95; 0: no background)")
+    p.add_argument("--voc-classnames", choices=get_args(VocClassnames), default=d.voc_classnames,
+                   help="zero-shot segmentation of masks: data: VOC's names of its 20 classes, or GroupViT's "
+                        "('table', 'plant', 'monitor' for 'dining table', 'potted plant', 'tv monitor')")
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the evaluation data and the probes")
     p.add_argument("--device", choices=DEVICES, default=d.device)
@@ -141,7 +146,8 @@ def run_eval_command(args) -> int:
         image_key=args.image_key, caption_key=args.caption_key,
         test_samples=args.samples, train_samples=args.train_samples,
         sts_pairs=args.sts_pairs, mask_samples=args.mask_samples,
-        segment_threshold=args.segment_threshold, batch_size=args.batch_size, seed=args.seed,
+        segment_threshold=args.segment_threshold, voc_classnames=args.voc_classnames, batch_size=args.batch_size,
+        seed=args.seed,
         tsne_iters=args.tsne_iters,
         device=args.device, **({"nclip_score": args.nclip_score} if args.nclip_score else {}))
     if args.suite is not None:

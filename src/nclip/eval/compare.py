@@ -72,6 +72,8 @@ SETTINGS = [
     ("eval seed", ("config", "seed")), ("eval STS pairs", ("config", "sts_pairs")),
     ("eval mask samples", ("config", "mask_samples")), ("eval mask threshold", ("config", "mask_threshold")),
     ("eval segmentation background threshold", ("config", "segment_threshold")),
+    ("eval VOC class names (--voc-classnames)", ("config", "voc_classnames")),
+    ("eval templates (--templates)", ("config", "templates")),
     ("probe features", ("config", "probe_features")), ("nCLIP score", ("config", "nclip_score")),
     ("k-NN k", ("config", "knn_k")), ("k-NN temperature", ("config", "knn_temperature")),
     ("linear-probe L2 grid", ("config", "l2_grid")), ("realm baseline", ("config", "baseline")),

@@ -375,6 +375,7 @@ class _BuildArgs:
     sts_pairs: int
     classnames: str | None
     templates: str | None
+    voc_classnames: str
     image_key: str | None
     caption_key: str | None
     run_keys: tuple[str, str] | None
@@ -394,7 +395,7 @@ def _multilabel(arg: str, a: _BuildArgs) -> list[EvalData]:
 def _masks(arg: str, a: _BuildArgs) -> list[EvalData]:
     from nclip.eval.mask_folder import mask_folder
 
-    return [mask_folder(arg)]
+    return [mask_folder(arg, a.templates, a.voc_classnames)]
 
 
 def _wds(arg: str, a: _BuildArgs) -> list[EvalData]:
@@ -436,10 +437,11 @@ if _BUILDERS.keys() != DATASET_KINDS.keys():  # a kind added to the grammar need
 def build(spec: str, *, image_size: int, max_objects: int, seed: int, test_samples: int,
           train_samples: int, sts_pairs: int, classnames: str | None = None,
           templates: str | None = None, image_key: str | None = None, caption_key: str | None = None,
-          run_keys: tuple[str, str] | None = None) -> list[EvalData]:
+          run_keys: tuple[str, str] | None = None, voc_classnames: str = "voc") -> list[EvalData]:
     """The EvalData(s) for one spec string (``synthetic`` yields the scenes and their STS pairs);
     ``classnames`` / ``templates``: the user's prompts (:mod:`nclip.eval.prompts`); the keys: a
-    captions CSV's columns (:func:`caption_file`)."""
+    captions CSV's columns (:func:`caption_file`); ``voc_classnames``: whose names of VOC's classes
+    ``masks:`` data segments into (:data:`nclip.eval.mask_folder.VOC_NAMES`)."""
     kind, arg = parse_spec(spec)
     return _BUILDERS[kind](arg, _BuildArgs(image_size, max_objects, seed, test_samples, train_samples, sts_pairs,
-                                           classnames, templates, image_key, caption_key, run_keys))
+                                           classnames, templates, voc_classnames, image_key, caption_key, run_keys))

@@ -14,6 +14,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from nclip.data.transforms import model_resize
 from nclip.defaults import PROBE_FEATURES
 from nclip.errors import NclipError
 from nclip.eval import classifier, diagnostics, masks, multilabel, probe, realms, retrieval, segmentation, sts, zeroshot
@@ -319,7 +320,8 @@ def _eval_masks(st: EvalState, data: EvalData, t: _Test, tasks: set[str]) -> Non
         return
     samples = data.splits["test"]
     n = min(st.settings.mask_samples, len(samples))
-    identity = {"data": data.identity, "n": n, "image_size": st.image_size}
+    # the preprocessing: the masks take the images' geometry (entries without it rounded the long side)
+    identity = {"data": data.identity, "n": n, "image_size": st.image_size, "preprocess": list(model_resize(st.model))}
 
     def compute():
         st.log(f"extracting {data.name} [CLS] attention maps: {n} images")
@@ -349,7 +351,9 @@ def _eval_segmentation(st: EvalState, data: EvalData, t: _Test, tasks: set[str])
         return
     samples = data.splits["test"]
     n = min(st.settings.mask_samples, len(samples))
-    identity = {"data": data.identity, "n": n, "image_size": st.image_size, "classes": len(data.segment_space)}
+    # the preprocessing, as for the masks task; entries without it also lack the pooled "image_emb"
+    identity = {"data": data.identity, "n": n, "image_size": st.image_size, "classes": len(data.segment_space),
+                "preprocess": list(model_resize(st.model))}
 
     def compute():
         st.log(f"extracting {data.name} GroupViT groups: {n} images")

@@ -9,6 +9,11 @@ count neither way (the sample's ``ignore`` mask). In the VOC layout with an
 ``ImageSets/Segmentation/val.txt`` the images are the ones it lists (VOC 2012 val: 1,449), else
 every image of the images folder, sorted; each must have its mask. Problems (an image without its
 mask, a mask of another size, a mask with colour channels) are one-line errors naming the file.
+
+Zero-shot segmentation (:mod:`nclip.eval.segmentation`) segments into VOC's 20 classes (mask
+indices 1-20), named as VOC names them or as GroupViT does (``--voc-classnames groupvit``: "table",
+"plant", "monitor"), each the ensemble of ``--templates`` (default: CLIP's 80 ImageNet templates;
+``simple``: GroupViT's one, "a photo of a {}.").
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import numpy as np
 from nclip.data.folders import IMAGE_SUFFIXES, fingerprint, images_in, load_image
 from nclip.data.types import LabelKind, Sample
 from nclip.errors import NclipError
+from nclip.eval import prompts
 from nclip.eval.evaldata import EvalData, dataset_name
 from nclip.eval.prompts import IMAGENET80
 
@@ -29,6 +35,9 @@ LAYOUTS = (("JPEGImages", "SegmentationClass"), ("images", "masks"))
 # PASCAL VOC 2012's 20 classes, mask indices 1-20 (zero-shot segmentation's class prompts)
 VOC_CLASSES = ("aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow", "dining table",
                "dog", "horse", "motorbike", "person", "potted plant", "sheep", "sofa", "train", "tv monitor")
+# GroupViT's names of them (its segmentation/datasets/pascal_voc.py): three are shorter
+_GROUPVIT_NAMES = {"dining table": "table", "potted plant": "plant", "tv monitor": "monitor"}
+VOC_NAMES = {"voc": VOC_CLASSES, "groupvit": tuple(_GROUPVIT_NAMES.get(name, name) for name in VOC_CLASSES)}
 VOID = 255  # VOC: object borders and ambiguous pixels
 SPLIT_LIST = Path("ImageSets") / "Segmentation" / "val.txt"
 _SINGLE_CHANNEL = ("1", "L", "P", "I", "I;16")
@@ -117,8 +126,10 @@ def _images(root: Path, images: Path) -> list[Path]:
     return out
 
 
-def mask_folder(root: str | Path) -> EvalData:
-    """The mask-probing test set of ``root`` (see the module docstring)."""
+def mask_folder(root: str | Path, templates: str | None = None, names: str = "voc") -> EvalData:
+    """The mask-probing and segmentation test set of ``root`` (see the module docstring); the
+    segmentation's templates from ``templates`` (:mod:`nclip.eval.prompts`), its class names VOC's
+    own or GroupViT's (``names``: a key of :data:`VOC_NAMES`)."""
     root = Path(root).expanduser()
     if not root.is_dir():
         raise NclipError(f"dataset folder not found: {root}")
@@ -139,4 +150,4 @@ def mask_folder(root: str | Path) -> EvalData:
                     identity={"kind": "masks", "root": str(root.resolve()),
                               "files": fingerprint([p for pair in pairs for p in pair])},
                     splits={"test": MaskedImages(pairs)}, masks=True,
-                    segment_space=LabelKind(VOC_CLASSES, IMAGENET80))
+                    segment_space=LabelKind(VOC_NAMES[names], prompts.templates(templates, IMAGENET80)))

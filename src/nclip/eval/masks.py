@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from nclip.data.transforms import eval_tensor
+from nclip.data.transforms import EVAL_RESIZE, EvalPreprocess, eval_geometry, eval_tensor, model_resize
 from nclip.data.types import Sample
 from nclip.defaults import EVAL_BATCH_SIZE
 from nclip.errors import NclipError
@@ -33,15 +33,15 @@ from nclip.eval.settings import MASK_THRESHOLD
 THRESHOLD = MASK_THRESHOLD  # DINO: keep 60% of the attention mass
 
 
-def fit_mask(mask: np.ndarray, size: int) -> np.ndarray:
-    """bool [H, W] -> bool [size, size] with the image's eval geometry (shorter side, centre crop)."""
+def fit_mask(mask: np.ndarray, size: int, preprocess: EvalPreprocess = EVAL_RESIZE) -> np.ndarray:
+    """bool [H, W] -> bool [size, size] in its image's eval view: the resize and centre crop that
+    ``preprocess`` (the model's, :func:`nclip.data.transforms.model_resize`) gives the image, the
+    same arithmetic (:func:`~nclip.data.transforms.eval_geometry`), nearest-neighbour."""
     h, w = mask.shape
-    if (h, w) == (size, size):
-        return mask
-    s = size / min(h, w)
-    img = Image.fromarray(mask.astype(np.uint8) * 255).resize((max(size, round(w * s)), max(size, round(h * s))),
-                                                              Image.NEAREST)
-    left, top = (img.width - size) // 2, (img.height - size) // 2
+    target, (left, top) = eval_geometry(h, w, size, preprocess.resize, preprocess.convention)
+    img = Image.fromarray(mask.astype(np.uint8) * 255)
+    if img.size != target:
+        img = img.resize(target, Image.NEAREST)
     return np.asarray(img.crop((left, top, left + size, top + size))) > 127
 
 
@@ -63,17 +63,19 @@ def extract(model, samples: Sequence[Sample], image_size: int, device,
     """{"attn": [N, heads, h, w], "masks": bool [N, S, S] (union of the object masks), "ignore": bool
     [N, S, S] (pixels left out of the Jaccard: a sample's ``ignore`` mask, none for built-in scenes)}."""
     model.eval()
+    preprocess = model_resize(model)  # the images' and their masks' geometry
     attn, masks, ignore = [], [], []
     for i in range(0, len(samples), batch_size):
         batch = [samples[j] for j in range(i, min(i + batch_size, len(samples)))]
-        pixels = torch.stack([eval_tensor(s.image, image_size) for s in batch]).to(device)
+        pixels = torch.stack([eval_tensor(s.image, image_size, preprocess) for s in batch]).to(device)
         attn.append(model.vision.attention_maps(pixels))
         for s in batch:
             if s.masks is None:
                 raise NclipError("mask probing needs samples with object masks")
-            masks.append(fit_mask(np.asarray(s.masks).any(axis=0), image_size))
+            masks.append(fit_mask(np.asarray(s.masks).any(axis=0), image_size, preprocess))
             void = getattr(s, "ignore", None)
-            ignore.append(np.zeros_like(masks[-1]) if void is None else fit_mask(np.asarray(void), image_size))
+            ignore.append(np.zeros_like(masks[-1]) if void is None
+                          else fit_mask(np.asarray(void), image_size, preprocess))
     return {"attn": torch.cat(attn), "masks": torch.from_numpy(np.stack(masks)),
             "ignore": torch.from_numpy(np.stack(ignore))}
 

@@ -1,10 +1,11 @@
 """The user's class names and prompt templates for zero-shot transfer (``nclip eval --classnames
-FILE --templates FILE|imagenet80``; CLIP Sec. 3.1.4, xCLIP Sec. 4.1).
+FILE --templates FILE|imagenet80|simple``; CLIP Sec. 3.1.4, xCLIP Sec. 4.1).
 
 Templates: a text file, one template per line with exactly one ``{}`` for the class name (``#``
 comments and blank lines skipped; the reader of :mod:`nclip.data.tagging`), or the name of a
 built-in set: ``imagenet80``, the 80 ImageNet prompts of CLIP's prompt-engineering study, which CLIP
-ensembles for its ImageNet zero-shot numbers. Each class is the ensemble of its prompts exactly as
+ensembles for its ImageNet zero-shot numbers; ``simple``, the one prompt "a photo of a {}." that
+GroupViT segments with (its ``template: simple``). Each class is the ensemble of its prompts exactly as
 for the built-in data (:func:`nclip.eval.features.ensemble`: CLIP head, mean of the normalised
 prompt embeddings renormalised; nCLIP head, mean of the prompts' distributions).
 
@@ -47,7 +48,8 @@ IMAGENET80 = (
     "itap of a {}.", "graffiti of the {}.", "a toy {}.", "itap of my {}.", "a photo of a cool {}.",
     "a photo of a small {}.", "a tattoo of the {}.",
 )
-BUILTIN_TEMPLATES = {"imagenet80": IMAGENET80}
+SIMPLE = ("a photo of a {}.",)  # GroupViT's "simple" template set, the one it segments with
+BUILTIN_TEMPLATES = {"imagenet80": IMAGENET80, "simple": SIMPLE}
 
 
 def templates(source: str | None, default: tuple[str, ...]) -> tuple[str, ...]:

@@ -50,8 +50,10 @@ _TASK_NOTES = {
     "masks": "Per head: mean Jaccard over scenes of the {mask_maps}'s top-60% mass vs the union of object "
              "masks; the best head is retained (as in the paper).",
     "segmentation": "Each pixel goes to its arg-max group of the multiplied grouping assignments; each group to its "
-                    "zero-shot class (CLIP head, prompt ensemble), or background below {segment_threshold} class "
-                    "probability; mIoU and mAcc over background and the classes, from one confusion matrix.",
+                    "zero-shot class among the image's top 5 (CLIP head, prompt ensemble; GroupViT's score: the "
+                    "softmax over those 5 times the full softmax), or background below min({segment_threshold}, "
+                    "the image's best group score); mIoU and mAcc over background and the classes, from one "
+                    "confusion matrix.",
     "diagnostics": "erank: effective rank (1 = collapsed); alignment (0 = paired embeddings coincide, lower is "
                    "better) and uniformity (more negative = more spread) of the CLIP-head embeddings; proto_*: "
                    "prototypes in use by the nCLIP head's argmax and the perplexity of that histogram; row/col "

@@ -76,9 +76,11 @@ Probe = Literal["lbfgs", "sgd"]
 SgdRecipeName = Literal[tuple(SGD_RECIPES)]  # type: ignore[valid-type]
 L2_GRID = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 1e-5, 1e-6)  # linear-probe L2 strengths (validated)
 MASK_THRESHOLD = 0.6  # DINO: keep the patches holding 60% of the [CLS] attention mass
-SEGMENT_THRESHOLD = 0.95  # GroupViT's bg_thresh on VOC: a group below it is background (nclip.eval.segmentation)
+SEGMENT_THRESHOLD = 0.95  # GroupViT's bg_thresh on VOC (its background cut: min(it, the image's best group score))
 MULTILABEL_TOPK = (3, 5, 10, 20)  # xCLIP Tab. 3: F1@3, F1@5 (NUS-WIDE), F1@10, F1@20 (OpenImages)
-PROMPT_SETS = ("imagenet80",)  # built-in template sets (nclip.eval.prompts.BUILTIN_TEMPLATES)
+PROMPT_SETS = ("imagenet80", "simple")  # built-in template sets (nclip.eval.prompts.BUILTIN_TEMPLATES)
+# whose names masks: data's VOC classes take in zero-shot segmentation (nclip.eval.mask_folder.VOC_NAMES)
+VocClassnames = Literal["voc", "groupvit"]
 
 
 class EvalSettings(BaseModel):
@@ -100,8 +102,11 @@ class EvalSettings(BaseModel):
     sts_pairs: int = Field(1000, ge=0, description="built-in STS pairs (with the synthetic dataset); 0 or >= 2")
     mask_samples: int = Field(500, ge=1, description="test scenes for mask probing")
     mask_threshold: float = Field(MASK_THRESHOLD, gt=0, le=1)
-    # zero-shot segmentation: a group whose best class probability is below it is background
+    # zero-shot segmentation: a group whose best class score is below min(it, the image's best group
+    # score) is background (GroupViT's rule, nclip.eval.segmentation)
     segment_threshold: float = Field(SEGMENT_THRESHOLD, ge=0, le=1)
+    # zero-shot segmentation of masks: data: VOC's class names, or GroupViT's ("table", "plant", "monitor")
+    voc_classnames: VocClassnames = "voc"
     knn_k: int = Field(20, ge=1)
     tsne_iters: int = Field(TSNE_ITERS, ge=250, description="t-SNE iterations of the report's figure (App. G: 5,000)")
     knn_temperature: float = Field(0.07, gt=0)
@@ -180,6 +185,14 @@ class EvalSettings(BaseModel):
         if value is None or value in PROMPT_SETS:
             return value
         return str(Path(os.fspath(value)).expanduser().absolute())
+
+    @field_validator("voc_classnames")
+    @classmethod
+    def _voc_data(cls, value: str, info: ValidationInfo) -> str:
+        kinds = {parse_spec(spec)[0] for spec in info.data.get("datasets", ())}
+        if value != "voc" and "datasets" in info.data and "masks" not in kinds:
+            raise ValueError("applies to masks: datasets (PASCAL VOC's classes) and none is selected")
+        return value
 
     @field_validator("classnames", "templates")
     @classmethod

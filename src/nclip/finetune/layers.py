@@ -26,13 +26,10 @@ units of resolution, as in ConvNeXt's and BEiT-style recipes for conv nets.
 Weight decay (0.05) is applied to matrices only; biases, norms, the [CLS] token, position
 embeddings and the logit scale get none (BEiT's exclusions).
 
-Drop path (stochastic depth, rate r = 0.1 in App. C): each residual branch is dropped per sample
-with a rate rising linearly from 0 at the first block to r at the last (timm's schedule), the kept
-ones scaled by 1/(1 − rate). The ViT's two branches per block (attention, MLP) and the ResNets'
-bottleneck branch (clip_resnet: each block's ``branch``) and GroupViT's attention and MLP branches of
-every stage's layers (not its grouping blocks, which are not residual) are dropped through forward hooks on the
-branch modules, so the towers stay the stock transformers modules. The convnet tower has no
-residual connections, so it has no drop path: the run records "none (convnet has no residual
+Drop path (stochastic depth, rate r = 0.1 in App. C): :func:`nclip.models.drop_path.add_drop_path`,
+each residual branch dropped per sample with a rate rising linearly from 0 at the first block to r
+at the last, in place of the pre-training's (``model.vision.drop_path_rate``). The convnet tower has
+no residual connections, so it has no drop path: the run records "none (convnet has no residual
 blocks)" rather than pretending.
 """
 
@@ -40,7 +37,6 @@ from __future__ import annotations
 
 import re
 
-import torch
 from torch import nn
 
 _VIT_BLOCK = re.compile(r"\.encoder\.layers\.(\d+)\.")
@@ -108,53 +104,3 @@ def param_groups(model: nn.Module, vision_cfg, decay: float, weight_decay: float
     return [{"params": params, "layer": layer, "lr_scale": lr_scale(layer, count, decay),
              "weight_decay": weight_decay if decayed else 0.0}
             for (layer, decayed), params in sorted(buckets.items())]
-
-
-# ---------------------------------------------------------------------------------------------
-# drop path
-# ---------------------------------------------------------------------------------------------
-
-
-def _drop(x: torch.Tensor, rate: float) -> torch.Tensor:
-    """x [B, ...] with each sample's branch zeroed with probability ``rate``, the rest scaled."""
-    keep = 1.0 - rate
-    mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
-    return x * mask / keep
-
-
-def _hook(rate: float):
-    def hook(module, inputs, output):
-        if not module.training or rate <= 0:
-            return None
-        if isinstance(output, tuple):  # the attention's (output, weights)
-            return (_drop(output[0], rate), *output[1:])
-        return _drop(output, rate)
-    return hook
-
-
-def add_drop_path(tower: nn.Module, rate: float) -> str:
-    """Drop the residual branches of ``tower`` (a VisionTower, ResNetTower, ClipResNetTower, GroupViTTower
-    or ConvNetTower) with a linear schedule up to ``rate`` while it trains; returns how (for results.json)."""
-    if rate <= 0:
-        return "none (drop_path 0)"
-    if tower.kind == "vit":
-        blocks = list(getattr(tower.model, "vision_model", tower.model).encoder.layers)  # transformers versions differ
-        branches = [[b.self_attn, b.mlp] for b in blocks]
-        how = "per transformer block, attention and MLP branches"
-    elif tower.kind == "resnet":
-        branches = [[block.layer] for stage in tower.model.encoder.stages for block in stage.layers]
-        how = "per bottleneck block"
-    elif tower.kind == "clip_resnet":
-        branches = [[block.branch] for stage in tower.stages for block in stage]
-        how = "per bottleneck block"
-    elif tower.kind == "groupvit":
-        branches = [[layer.self_attn, layer.mlp] for stage in tower.model.vision_model.encoder.stages
-                    for layer in stage.layers]
-        how = "per transformer layer of every stage, attention and MLP branches"
-    else:
-        return "none (convnet has no residual blocks)"
-    for i, modules in enumerate(branches):
-        r = rate * i / max(len(branches) - 1, 1)
-        for m in modules:
-            m.register_forward_hook(_hook(r))
-    return f"{rate} (linear 0 to {rate} over {len(branches)} blocks, {how})"

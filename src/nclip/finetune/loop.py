@@ -22,8 +22,9 @@ from torch.nn import functional as F
 
 from nclip.config import AugmentConfig
 from nclip.data.transforms import augment, to_tensor
-from nclip.finetune.layers import add_drop_path, param_groups
+from nclip.finetune.layers import param_groups
 from nclip.jsonio import writing
+from nclip.models.drop_path import add_drop_path
 from nclip.models.io import atomic_dir
 from nclip.train.checkpoint import newest_good_checkpoint, save_checkpoint
 

@@ -6,7 +6,8 @@ The patch tokens go through stages of transformer layers; each grouping stage ap
 tokens, and its grouping block assigns every input token to one group (Gumbel-softmax with a hard,
 straight-through assignment while training; the arg-max one at eval) and merges them into the groups.
 The last stage's group tokens, after the final LayerNorm, are the image's segments; their mean is
-GroupViT's pooled output, this tower's feature.
+GroupViT's pooled output, this tower's feature. ``model.vision.drop_path_rate`` adds GroupViT's drop
+path to the stages' layers (transformers' port has none; :mod:`nclip.models.drop_path`).
 
 :meth:`GroupViTTower.groups` returns the segments and where they lie, for zero-shot segmentation
 (:mod:`nclip.eval.segmentation`): each stage's soft assignment (transformers returns them with
@@ -22,6 +23,7 @@ from transformers import GroupViTVisionConfig, GroupViTVisionModel
 
 from nclip.config import VisionConfig
 from nclip.models import checkpointing
+from nclip.models.drop_path import add_drop_path
 
 
 def groupvit_config(cfg: VisionConfig, image_size: int) -> GroupViTVisionConfig:
@@ -54,10 +56,12 @@ class GroupViTTower(nn.Module):
     feature = "the mean of the last stage's group tokens (GroupViT's pooled output)"
     saliency = None  # no [CLS] or attention pool: its grouping is read by the segmentation task instead
 
-    def __init__(self, config: GroupViTVisionConfig):
+    def __init__(self, config: GroupViTVisionConfig, drop_path_rate: float = 0.0):
         super().__init__()
         self.model = GroupViTVisionModel(config)
         self.width = config.hidden_size
+        # transformers' port has no drop path: hooks on its layers' branches add GroupViT's
+        self.drop_path = add_drop_path(self, drop_path_rate)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         """pixels [B, 3, S, S] normalised → pooled feature [B, width]."""

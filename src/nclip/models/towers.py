@@ -295,7 +295,7 @@ _VISION_KINDS: dict[str, tuple[type, Callable[[VisionConfig, int], nn.Module]]] 
     "resnet": (ResNetTower, lambda cfg, size: set_tower_norm(ResNetTower(resnet_config(cfg)), cfg.norm)),
     "convnet": (ConvNetTower, lambda cfg, size: set_tower_norm(ConvNetTower(cfg, size), cfg.norm)),
     "clip_resnet": (ClipResNetTower, lambda cfg, size: set_tower_norm(ClipResNetTower(cfg, size), cfg.norm)),
-    "groupvit": (GroupViTTower, lambda cfg, size: GroupViTTower(groupvit_config(cfg, size))),
+    "groupvit": (GroupViTTower, lambda cfg, size: GroupViTTower(groupvit_config(cfg, size), cfg.drop_path_rate)),
 }
 if _VISION_KINDS.keys() != VISION_KINDS.keys():  # a kind added to the config needs its tower here
     raise ImportError(f"nclip.models.towers builds {sorted(_VISION_KINDS)}, model.vision.kind has "
