@@ -248,7 +248,7 @@ TOWERS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("tower", list(TOWERS))
 def test_eval_runs_every_task_on_every_tower(tower, tmp_path, capsys):
-    """The README's train-then-eval on a micro run of each tower: every task has results or a
+    """docs/evaluation.md's train-then-eval on a micro run of each tower: every task has results or a
     one-line reason it was skipped (mask probing needs an attention map; the ResNet has none)."""
     from nclip.train.loop import train
 

@@ -19,6 +19,7 @@ from nclip.models import build_model
 from nclip.models.io import save_model
 
 API_MD = Path(__file__).resolve().parents[2] / "docs" / "api.md"
+EXPORT_MD = API_MD.with_name("export.md")
 # what transformers' import of an installed torchao prints on a CPU-only torch
 SNIPPET_NOISE = ("torchao", "_pytree", "Failed to load", "register_constant")
 
@@ -70,20 +71,21 @@ def test_the_docs_transformers_snippet_runs_without_noise(tmp_path, micro_overri
 
 
 @pytest.mark.slow
-def test_the_readmes_snippet_runs_as_written_and_prints_nclips_embeddings(tmp_path, micro_overrides, capfd):
-    """Issue 36.8: the README's snippet runs as written, quietly, and prints the embeddings; the
-    cosine it prints is nclip.load's."""
+def test_the_export_docs_snippet_runs_as_written_and_prints_nclips_embeddings(tmp_path, micro_overrides, capfd):
+    """docs/export.md's check of an --hf export (the README's until the README became a front door)
+    runs as written, quietly, and prints the embeddings; the cosine it prints is nclip.load's."""
     from PIL import Image
 
     import nclip
 
     hf = _exported(tmp_path, micro_overrides, capfd)
-    readme = (API_MD.parents[1] / "README.md").read_text(encoding="utf-8")
-    code = WITHOUT_TORCHVISION + re.search(r"```python\n(.*?)```", readme[readme.index("nclip export --hf OUT"):],
+    page = EXPORT_MD.read_text(encoding="utf-8")
+    code = WITHOUT_TORCHVISION + re.search(r"```python\n(.*?)```",
+                                           page[page.index("### Check an export with transformers alone"):],
                                            re.S).group(1)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     (tmp_path / "runs").mkdir()
-    os.symlink(hf, tmp_path / "runs" / "micro-hf")  # the README's own path, as a user who ran its commands has it
+    os.symlink(hf, tmp_path / "runs" / "micro-hf")  # the page's own path, as a user who ran its commands has it
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
                           cwd=tmp_path)
     assert done.returncode == 0, done.stderr
