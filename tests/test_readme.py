@@ -100,8 +100,8 @@ def test_the_docs_index_links_every_page_once_with_a_line_on_what_it_holds():
     assert all(len(what.split()) >= 5 for _, _, what in entries)
 
 
-def test_every_relative_link_of_the_readme_and_the_docs_index_resolves():
-    for page in (README, DOCS / "README.md"):
+def test_every_relative_link_of_the_readme_the_docs_index_and_the_pages_it_fed_resolves():
+    for page in (README, DOCS / "README.md", DOCS / "training.md", DOCS / "evaluation.md"):
         for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
             if "://" not in target:
                 assert (page.parent / target).exists(), f"{page.relative_to(ROOT)} links {target}, which is not there"
