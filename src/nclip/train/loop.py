@@ -54,6 +54,7 @@ from nclip.models.hf_import import init_config, load_init_weights
 from nclip.models.locking import lock_towers
 from nclip.models.patch_dropout import patch_dropout_at, set_patch_dropout
 from nclip.objectives import build_objective, plan_for
+from nclip.objectives.contract import FirstStepCheck
 from nclip.precision import autocast_dtype
 from nclip.runlock import DirLock
 from nclip.train.accumulate import cached_step, online_towers
@@ -185,9 +186,10 @@ class _Run:
     ema: WeightEMA | None = None  # train.ema: the weights' moving average (nclip.train.ema)
     periodic: PeriodicEval | None = None  # evaluation while training (train.eval_every), else None
     save: bool = True  # False: no checkpoint, model/ or eval.json (train(save=False))
+    check: FirstStepCheck = None  # the objective's dict of terms, checked on the first step
 
     def __post_init__(self):
-        self.snapshot = BufferSnapshot(self.step_module)
+        self.snapshot, self.check = BufferSnapshot(self.step_module), FirstStepCheck(self.cfg.objective.name)
 
     def start_gate(self, state: dict | None = None) -> None:
         """The skip gate and fp16's loss scale, as restored (call after the optimizer state is loaded)."""
@@ -248,10 +250,7 @@ def _note_tower_statistics(run: _Run) -> None:
 
 
 def _open_data(run: _Run, data_source, data_state: dict | None) -> DeviceFeed:
-    """The run's batches from its start step, on the run's device (:class:`DeviceFeed`: pixels
-    normalised there, the next batch's copy overlapping the step on CUDA, the data wait measured):
-    :func:`train_loader`, or ``data_source`` (e.g. :class:`nclip.train.episodic.EpisodicData`: the
-    same interface, built with the run's objects)."""
+    """The run's batches from its start step, on its device (a DeviceFeed): train_loader's, or data_source's."""
     return DeviceFeed(_open_source(run, data_source, data_state), run.ctx.device)
 
 
@@ -327,7 +326,8 @@ def _step(run: _Run, step: int, batch: Batch) -> _StepResult:
     run.step_module.objective.before_step(step, t.steps)  # e.g. a loss weight scheduled by the step
     set_patch_dropout(run.model, patch_dropout_at(run.cfg, step))  # FLIP: 0 in train.unmasked_steps' tail
     if run.passes is not None:  # exact accumulation: the whole batch's objective in k tower passes
-        terms = cached_step(*run.passes, batch, t.accumulation, run.tower_buffers, device, run.gate.scaled)
+        terms = cached_step(*run.passes, batch, t.accumulation, run.tower_buffers, device, run.gate.scaled,
+                            run.check)
         keys = list(terms)
         vector = _term_vector(terms, keys)
         nonfinite_loss = (~torch.isfinite(terms["loss"].detach())).float()
@@ -360,7 +360,7 @@ def _independent_micro_batches(run: _Run, batch: Batch) -> tuple[list[str], torc
         # gradients are all-reduced on the last micro-batch only; a non-finite loss is still
         # back-propagated so that every rank runs the same collectives
         with no_grad_sync(module, skip=i < len(chunks) - 1):
-            terms = module(micro)
+            terms = run.check(module(micro))
             loss = terms["loss"]
             run.gate.scaled(loss / k).backward()  # fp16: times the loss scale
         nonfinite_loss += (~torch.isfinite(loss.detach())).float()

@@ -1,0 +1,92 @@
+"""An objective of the user's own that gets its contract wrong while training, one line each (exit 2
+unless said): a wrong dict from ``forward`` (checked on the first step), a loss that is never finite,
+heads that changed before a resume; and an edited plugin file, which a resume names in a warning."""
+
+import textwrap
+
+import pytest
+
+from nclip.cli import main
+
+# the objective returns what RETURNS[case] says, computed from a real CLIP loss
+SOURCE = """
+    from typing import ClassVar
+
+    import torch
+
+    from nclip.objectives import Objective, ObjectiveConfig
+    from nclip.objectives.functional import clip_terms
+
+
+    class Config(ObjectiveConfig):
+        pass
+
+
+    class Obj(Objective):
+        Config = Config
+        heads: ClassVar = frozenset({"clip"})
+        zero_shot_head: ClassVar = "clip"
+
+        def __init__(self, cfg):
+            super().__init__()
+            self.cfg, self.step = cfg, 0
+
+        def before_step(self, step, total):
+            self.step = step
+
+        def forward(self, out, batch=None):
+            loss = clip_terms(out.image["clip"], out.text["clip"], out.logit_scale, global_batch=False)["loss"]
+            return RETURNED
+"""
+
+RETURNS = {
+    "per_row_loss": ("loss * torch.ones(len(out.image['clip']))", "'loss' of shape [16]; expected a 0-d tensor"),
+    "float_loss": ("{'loss': 1.5}", "'loss' as a float; expected a 0-d tensor"),
+    "no_loss_key": ("{'total': loss}", "no 'loss' key (its keys: 'total', 'logit_scale'); expected a dict"),
+    "detached_loss": ("{'loss': loss.detach()}", "'loss' that carries no gradient"),
+    "non_tensor_term": ("{'loss': loss, 'acc': 0.5}", "'acc' as a float; expected a 0-d tensor"),
+    "mixed_shapes": ("{'loss': loss, 'per_row': loss.detach().expand(3)}", "'per_row' of shape [3]; expected a 0-d"),
+    "not_a_dict": ("loss", "returned a Tensor; expected a dict {'loss'"),
+}
+RETURNS["per_row_loss"] = ("{'loss': " + RETURNS["per_row_loss"][0] + "}", RETURNS["per_row_loss"][1])
+
+SHORT = ["train.steps=2", "train.log_every=1", "train.checkpoint_every=1", "data.train_length=64"]
+
+
+def _write(folder, module: str, returned: str) -> str:
+    text = textwrap.dedent(SOURCE).replace("RETURNED", returned)
+    (folder / f"{module}.py").write_text(text)
+    return text
+
+
+def _train_args(module: str, run, overrides=()) -> list[str]:
+    sets = [x for o in (*SHORT, *overrides, f"objective.name={module}:Obj") for x in ("--set", o)]
+    return ["train", "--preset", "micro", *sets, "--out", str(run), "--no-progress", "--no-eval"]
+
+
+def _one_line(code: int, capsys, expected: int = 2) -> str:
+    err = capsys.readouterr().err.strip()
+    assert code == expected, err[-600:]
+    lines = [x for x in err.splitlines() if x.startswith("nclip: error:")]
+    assert "Traceback" not in err and len(lines) == 1, err[-600:]
+    return lines[0]
+
+
+@pytest.mark.parametrize("case", list(RETURNS))
+def test_a_wrong_return_of_forward_is_one_line_on_the_first_step(case, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    module = f"plugin_returns_{case}"
+    returned, expected = RETURNS[case]
+    _write(tmp_path, module, returned)
+    line = _one_line(main(_train_args(module, tmp_path / "run")), capsys)
+    assert f"objective.name '{module}:Obj': forward returned" in line and expected in line, line
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_under_exact_accumulation_too(tmp_path, monkeypatch, capsys):
+    """The heads and the objective run once on the whole batch there (nclip.train.accumulate): the
+    dict is checked before that backward as well."""
+    monkeypatch.chdir(tmp_path)
+    _write(tmp_path, "plugin_returns_accumulated", RETURNS["detached_loss"][0])
+    args = _train_args("plugin_returns_accumulated", tmp_path / "run", ["train.accumulation=2"])
+    assert "'loss' that carries no gradient" in _one_line(main(args), capsys)
