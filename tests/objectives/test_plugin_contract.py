@@ -90,3 +90,24 @@ def test_under_exact_accumulation_too(tmp_path, monkeypatch, capsys):
     _write(tmp_path, "plugin_returns_accumulated", RETURNS["detached_loss"][0])
     args = _train_args("plugin_returns_accumulated", tmp_path / "run", ["train.accumulation=2"])
     assert "'loss' that carries no gradient" in _one_line(main(args), capsys)
+
+
+def test_a_loss_never_finite_in_a_short_run_writes_no_model_and_exits_2(tmp_path, monkeypatch, capsys):
+    """3 steps, fewer than train.max_nonfinite_steps (10): every one skipped, the weights untrained."""
+    monkeypatch.chdir(tmp_path)
+    _write(tmp_path, "plugin_nan_always", "{'loss': loss * float('nan')}")
+    line = _one_line(main(_train_args("plugin_nan_always", tmp_path / "run", ["train.steps=3"])), capsys)
+    assert "steps 1 to 3, every step of the run, had a non-finite loss or gradient, so not one was taken" in line
+    assert "neither model/ nor a checkpoint is written" in line and "'plugin_nan_always:Obj'" in line
+    assert not (tmp_path / "run" / "model").exists() and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_run_that_ends_in_a_short_streak_says_which_weights_it_saved(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    _write(tmp_path, "plugin_nan_late", "{'loss': loss * float('nan') if self.step >= 2 else loss}")
+    code = main(_train_args("plugin_nan_late", tmp_path / "run", ["train.steps=4"]))
+    err = capsys.readouterr().err
+    assert code == 0, err[-600:]
+    assert "nclip: warning: the last 2 of the run's 4 steps had a non-finite loss or gradient and were skipped: " \
+           "model/ holds the weights of step 2" in err
+    assert (tmp_path / "run" / "model" / "model.safetensors").is_file()

@@ -87,7 +87,7 @@ from nclip.train.launch import (
 )
 from nclip.train.logbook import METRICS, Log, startup_block
 from nclip.train.memory_check import check_step_memory, out_of_memory_message
-from nclip.train.monitors import nonfinite_stop_message
+from nclip.train.monitors import nonfinite_stop
 from nclip.train.optim import build_optimizer, lr_at, set_lr
 from nclip.train.periodic_eval import PeriodicEval
 from nclip.train.rundir import agree, plan_run, start_run
@@ -374,7 +374,7 @@ def _independent_micro_batches(run: _Run, batch: Batch) -> tuple[list[str], torc
 def _run_steps(run: _Run, progress: bool) -> dict:
     """Every step from ``run.start`` to ``train.steps``, with logging and checkpoints; returns the
     last logged row. Stops with an NclipError after ``train.max_nonfinite_steps`` skipped in a row,
-    noticed at a log or checkpoint step (the only steps that read the device)."""
+    noticed at a log or checkpoint step (the only steps that read the device), or at the end if none was taken."""
     t, counters = run.cfg.train, run.counters
     log = Log(run, progress)
     run.module.train()
@@ -388,14 +388,14 @@ def _run_steps(run: _Run, progress: bool) -> dict:
             logs = done % t.log_every == 0 or done == t.steps
             saves = done % t.checkpoint_every == 0 or done == t.steps
             evals = run.periodic is not None and run.periodic.due(done)  # its figures go on a row of their own step
-            stop = False
+            stop = None
             if logs or saves or evals:
                 counters.update(run.gate.counters())
-                stop = counters["nonfinite_row"] >= t.max_nonfinite_steps
+                stop = nonfinite_stop(run.cfg, run.run_dir, counters, done, run.ctx.is_main)  # the line to stop with
             read = _read(run, result) if logs or stop or evals else None
             log.step(done, read, run.periodic.at_step(run) if evals else None)  # before the checkpoint of `done`
             if stop:
-                raise NclipError(nonfinite_stop_message(run.cfg, run.run_dir, counters["nonfinite_row"], done))
+                raise NclipError(stop)
             if run.save and ((saves and counters["nonfinite_row"] == 0) or done == t.steps):
                 _save(run, done)
     finally:
