@@ -2,11 +2,15 @@
 unless said): a wrong dict from ``forward`` (checked on the first step), a loss that is never finite,
 heads that changed before a resume; and an edited plugin file, which a resume names in a warning."""
 
+import hashlib
+import sys
 import textwrap
 
 import pytest
 
 from nclip.cli import main
+from nclip.heads import base as head_registry
+from nclip.objectives import registry
 
 # the objective returns what RETURNS[case] says, computed from a real CLIP loss
 SOURCE = """
@@ -111,3 +115,92 @@ def test_a_run_that_ends_in_a_short_streak_says_which_weights_it_saved(tmp_path,
     assert "nclip: warning: the last 2 of the run's 4 steps had a non-finite loss or gradient and were skipped: " \
            "model/ holds the weights of step 2" in err
     assert (tmp_path / "run" / "model" / "model.safetensors").is_file()
+
+
+@pytest.fixture
+def registries():
+    """The objective and head registries as before the test afterwards (a test here re-imports an
+    edited plugin, as a new process would)."""
+    objectives, sources, heads = dict(registry.REGISTRY), dict(registry.SOURCES), dict(head_registry._HEADS)
+    yield
+    for table, saved in ((registry.REGISTRY, objectives), (registry.SOURCES, sources), (head_registry._HEADS, heads)):
+        table.clear()
+        table.update(saved)
+
+
+def _forget(module: str, name: str, heads=()) -> None:
+    """As a new process: the edited file is imported again."""
+    sys.modules.pop(module, None)
+    registry.REGISTRY.pop(name, None)
+    registry.SOURCES.pop(name, None)
+    for head in heads:
+        head_registry._HEADS.pop(head, None)
+
+
+HEADED = SOURCE.replace('heads: ClassVar = frozenset({"clip"})', 'heads: ClassVar = frozenset({"clip", "tiny"})') + """
+
+    @register_head
+    class Tiny(TwoSidedHead):
+        name = "tiny"
+
+        @classmethod
+        def build(cls, ctx):
+            return cls(torch.nn.Linear(ctx.vision.width, WIDTH), torch.nn.Linear(ctx.text.width, WIDTH))
+"""
+HEADED = HEADED.replace("import torch\n", "import torch\n\n    from nclip.heads import TwoSidedHead, register_head\n")
+
+
+def test_a_resume_after_the_plugins_heads_changed_is_one_line(tmp_path, monkeypatch, capsys, registries):
+    monkeypatch.chdir(tmp_path)
+    run, module = tmp_path / "run", "plugin_heads_changed"
+    plugin = tmp_path / f"{module}.py"
+    returned = "{'loss': loss + 0 * (out.image['tiny'].sum() + out.text['tiny'].sum())}"
+    plugin.write_text(textwrap.dedent(HEADED).replace("RETURNED", returned).replace("WIDTH", "8"))
+    assert main(_train_args(module, run)) == 0, capsys.readouterr().err[-600:]
+    capsys.readouterr()
+    plugin.write_text(textwrap.dedent(HEADED).replace("RETURNED", returned).replace("WIDTH", "12"))
+    _forget(module, f"{module}:Obj", ["tiny"])
+    line = _one_line(main(["train", "--out", str(run), "--extend-to", "3", "--trust-plugin", "--no-progress",
+                           "--no-eval"]), capsys)
+    assert f"checkpoint {run / 'checkpoints' / 'step_00000002'} was made with other heads than objective " \
+           f"'{module}:Obj' builds now" in line, line
+    assert "heads.tiny.image.weight is [8, 32] there, [12, 32] now" in line
+    assert f"the plugin file {plugin} of objective '{module}:Obj' changed since the checkpoint" in line
+    # a head of another name: the one it had is named as missing, the new one as not in the checkpoint
+    plugin.write_text(textwrap.dedent(HEADED).replace("RETURNED", returned.replace("tiny", "small"))
+                      .replace("WIDTH", "8").replace('"tiny"', '"small"'))
+    _forget(module, f"{module}:Obj", ["tiny"])
+    line = _one_line(main(["train", "--out", str(run), "--extend-to", "3", "--trust-plugin", "--no-progress",
+                           "--no-eval"]), capsys)
+    assert "(heads.small not in the checkpoint; heads.tiny only in the checkpoint)" in line, line
+    # the heads as they were, but the objective now holds a buffer (a queue, say)
+    plugin.write_text(textwrap.dedent(HEADED).replace("RETURNED", returned).replace("WIDTH", "8")
+                      .replace("self.cfg, self.step = cfg, 0", "self.cfg, self.step = cfg, 0\n"
+                               "        self.register_buffer('queue', torch.zeros(4))"))
+    _forget(module, f"{module}:Obj", ["small"])
+    line = _one_line(main(["train", "--out", str(run), "--extend-to", "3", "--trust-plugin", "--no-progress",
+                           "--no-eval"]), capsys)
+    assert f"was made with another state than objective '{module}:Obj' holds now" in line
+    assert "(objective.queue not in the checkpoint)" in line, line
+
+
+def test_a_resume_after_the_plugin_file_changed_names_it_and_both_hashes(tmp_path, monkeypatch, capsys, registries):
+    monkeypatch.chdir(tmp_path)
+    run, module = tmp_path / "run", "plugin_edited"
+    before = _write(tmp_path, module, "{'loss': loss}")
+    assert main(_train_args(module, run)) == 0, capsys.readouterr().err[-600:]
+    capsys.readouterr()
+    after = _write(tmp_path, module, "{'loss': 100 * loss}")  # the edit that took a loss from 2.8 to 287
+    _forget(module, f"{module}:Obj")
+    resume = ["train", "--out", str(run), "--trust-plugin", "--no-progress", "--no-eval", "--extend-to"]
+    assert main([*resume, "3"]) == 0
+    err = capsys.readouterr().err
+    sha = [hashlib.sha256(text.encode()).hexdigest()[:12] for text in (before, after)]
+    warnings = [x for x in err.splitlines() if x.startswith("nclip: warning: the plugin file")]
+    assert warnings == [f"nclip: warning: the plugin file {tmp_path / module}.py of objective '{module}:Obj' changed "
+                        f"since the checkpoint (sha256 {sha[0]} then, {sha[1]} now); the run continues with the file "
+                        "as it is now, so its numbers after step_00000002 come from the edited code "
+                        "(docs/plugins.md)"], err[-800:]
+    # step 3's checkpoint was made with the edited file: resuming from it says nothing
+    assert main([*resume, "4"]) == 0
+    assert "plugin file" not in capsys.readouterr().err

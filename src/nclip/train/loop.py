@@ -90,6 +90,7 @@ from nclip.train.memory_check import check_step_memory, out_of_memory_message
 from nclip.train.monitors import nonfinite_stop
 from nclip.train.optim import build_optimizer, lr_at, set_lr
 from nclip.train.periodic_eval import PeriodicEval
+from nclip.train.resume_fit import plugin_source_state, restore_weights
 from nclip.train.rundir import agree, plan_run, start_run
 from nclip.train.snapshot import BufferSnapshot
 from nclip.train.threads import set_threads
@@ -209,9 +210,8 @@ def _restore(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool) -> t
     start, state = 0, None
     if resume:
         start, weights, state = _find_resume_point(run_dir, ctx)
-        if state is not None:
-            model.load_state_dict(weights)
-            objective.load_state_dict(state["objective"])
+        if state is not None:  # one line where they do not fit; a warning when the plugin's file changed
+            restore_weights(model, objective, weights, state, cfg, checkpoint_dir(run_dir, start), ctx.is_main)
     if state is None and cfg.model.init is not None:  # a new run from a pretrained model's weights
         with source_named("model.init"):
             line = load_init_weights(model, cfg.model.init, cfg.model.init_arch)
@@ -485,7 +485,7 @@ def _save(run: _Run, step: int) -> None:
         "objective": _strip(full, "objective."),
         "rng": [e["rng"] for e in everyone],
         "data": [e["data"] for e in everyone],
-        "world_size": ctx.world_size,
+        "world_size": ctx.world_size, **plugin_source_state(run.cfg),  # a plugin's file, compared on resume
         "counters": dict(run.counters),
         **ema_state(run.ema), **run.gate.checkpoint_state(),  # the EMA; fp16's loss scale
     }
