@@ -7,10 +7,13 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 from nclip.cli import main
+from nclip.errors import NclipError
 from nclip.heads import base as head_registry
 from nclip.objectives import registry
+from nclip.objectives.contract import FirstStepCheck
 
 # the objective returns what RETURNS[case] says, computed from a real CLIP loss
 SOURCE = """
@@ -94,6 +97,23 @@ def test_under_exact_accumulation_too(tmp_path, monkeypatch, capsys):
     _write(tmp_path, "plugin_returns_accumulated", RETURNS["detached_loss"][0])
     args = _train_args("plugin_returns_accumulated", tmp_path / "run", ["train.accumulation=2"])
     assert "'loss' that carries no gradient" in _one_line(main(args), capsys)
+
+
+def test_the_check_reads_no_value_and_runs_once():
+    """On a GPU, reading a tensor's value waits for every kernel queued before it: the check reads
+    what the host knows (type, shape, device, requires_grad) and runs on the first step only."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from host_syncs import SYNC_OPS
+
+    loss = torch.ones(3, requires_grad=True).sum()
+    check = FirstStepCheck("x:Obj")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        check({"loss": loss, "acc": loss.detach() / 2})
+    assert not [e.name for e in prof.events() if e.name in SYNC_OPS]
+    assert check("anything at all") == "anything at all"  # later steps are not checked
+    with pytest.raises(NclipError, match="'x:Obj': forward returned 'acc' of shape"):
+        FirstStepCheck("x:Obj")({"loss": loss, "acc": torch.ones(2)})
 
 
 def test_a_loss_never_finite_in_a_short_run_writes_no_model_and_exits_2(tmp_path, monkeypatch, capsys):
