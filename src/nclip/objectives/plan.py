@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nclip.objectives.base import CollapseWatch, LabelRequest, LabelSpace, Objective, ObjectiveConfig
-from nclip.objectives.registry import objective_class
+from nclip.objectives.registry import objective_class, plugin_source
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,8 @@ class ObjectivePlan:
     collapse_watch: CollapseWatch | None  # what the collapse monitor reads (App. B.1)
     needs_label_space: bool  # built with the run's classes
     run_cfg: Any = None  # the RunConfig the plan was made for (None: the objective section alone)
+    # a plugin's (path, sha256) of the file defining its class, as imported; None for a built-in
+    source_file: tuple[str, str] | None = None
 
     def label_request(self) -> LabelRequest | None:
         """The per-row labels the training batches carry (None: none)."""
@@ -77,4 +79,5 @@ def plan_of(config: ObjectiveConfig, run_cfg=None) -> ObjectivePlan:
         collapse_watch=cls.collapse_watch(config),
         needs_label_space=bool(cls.needs_label_space),
         run_cfg=run_cfg,
+        source_file=plugin_source(config.name),
     )

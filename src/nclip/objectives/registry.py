@@ -9,11 +9,13 @@ the rest of nclip asks the plan.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
 import sys
 from importlib.machinery import PathFinder
 from importlib.metadata import entry_points
+from pathlib import Path
 
 from nclip import plugin_consent
 from nclip.objectives.base import Objective, ObjectiveConfig
@@ -65,6 +67,10 @@ REGISTRY: dict[str, tuple[type[ObjectiveConfig], type[Objective]]] = {
 
 ENTRY_POINT_GROUP = "nclip.objectives"
 
+# plugin name -> (path, sha256) of the file that defines its objective class, read when the plugin was
+# imported: the code the run trains with (a resumed run compares it with its checkpoint's record)
+SOURCES: dict[str, tuple[str, str]] = {}
+
 
 def objective_class(name: str) -> type[Objective]:
     """The objective module registered as ``name`` (loading a plugin on first use)."""
@@ -105,6 +111,25 @@ def load_plugin(name: str) -> None:
         return
     cls = _import_class(name) if ":" in name else _entry_point_class(name)
     REGISTRY[name] = (_named_config(name, cls), cls)
+    source = _source_file(cls)
+    if source is not None:
+        SOURCES[name] = source
+
+
+def plugin_source(name: str) -> tuple[str, str] | None:
+    """(path, sha256) of the file that defines plugin ``name``'s objective class, as imported;
+    None for a built-in objective or a class without a readable file."""
+    return SOURCES.get(name)
+
+
+def _source_file(cls) -> tuple[str, str] | None:
+    path = getattr(sys.modules.get(cls.__module__), "__file__", None)
+    if not path:
+        return None
+    try:
+        return os.path.abspath(path), hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def _import_class(name: str):

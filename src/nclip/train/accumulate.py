@@ -53,12 +53,13 @@ def _set_rng_state(state: tuple, device: torch.device) -> None:
 
 
 def cached_step(towers: nn.Module, heads: nn.Module, batch: Batch, k: int, tower_buffers: BufferSnapshot,
-                device: torch.device, scaled=lambda loss: loss) -> dict[str, torch.Tensor]:
+                device: torch.device, scaled=lambda loss: loss, check=lambda terms: terms) -> dict[str, torch.Tensor]:
     """One step's forward and backward on this rank's ``batch`` in ``k`` micro-batches; returns the
     objective's terms on the whole batch. ``towers``/``heads``: the
     :class:`nclip.train.launch.TowerPass`/``HeadPass`` (in DDP under torchrun); ``tower_buffers``:
     a snapshot of :func:`online_towers`; ``scaled``: the loss as back-propagated (fp16: times the loss
-    scale, :mod:`nclip.train.loss_scale`; pass 2 then carries the scaled feature gradients)."""
+    scale, :mod:`nclip.train.loss_scale`; pass 2 then carries the scaled feature gradients); ``check``:
+    sees the objective's dict before its backward (:class:`nclip.objectives.contract.FirstStepCheck`)."""
     chunks = batch.chunk(k)
     tower_buffers.take()
     states, cached = [], []
@@ -69,7 +70,7 @@ def cached_step(towers: nn.Module, heads: nn.Module, batch: Batch, k: int, tower
     tower_buffers.restore()  # pass 2 updates the towers' running statistics, once per micro-batch
     feats = {key: torch.cat([c[key] for c in cached]) for key in cached[0]}
     leaves = {key: f.requires_grad_() for key, f in feats.items() if key != "image_target"}
-    terms = heads(feats, batch)  # the whole batch: DDP averages the heads' gradients after this backward
+    terms = check(heads(feats, batch))  # the whole batch: DDP averages the heads' gradients after this backward
     scaled(terms["loss"]).backward()
     after_heads = _rng_state(device)
     sizes = [len(micro) for micro in chunks]

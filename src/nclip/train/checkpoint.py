@@ -7,8 +7,9 @@ Layout: ``RUN/checkpoints/step_XXXXXXXX/`` holding
   position of the learning-rate schedule and of the step-indexed data), the optimizer state, the
   objective's state (queues, centers, prototypes, learnable biases), every rank's RNG states
   (torch, CUDA, NumPy, Python), every rank's data position (for streamed shards: records consumed
-  and bad samples skipped per loader worker), the loop's counters and, under ``train.precision:
-  fp16``, the loss scale and its growth count (:mod:`nclip.train.loss_scale`; bf16 needs none).
+  and bad samples skipped per loader worker), the loop's counters, under ``train.precision:
+  fp16``, the loss scale and its growth count (:mod:`nclip.train.loss_scale`; bf16 needs none) and,
+  for a plugin objective, the path and sha256 of its file (:mod:`nclip.train.resume_fit`).
 
 ``state.pt`` carries :data:`FORMAT`, and the weights the model format of :mod:`nclip.models.io`: a
 checkpoint of another version is refused in one line, naming the file and both versions (it is not

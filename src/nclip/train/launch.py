@@ -154,7 +154,7 @@ class TrainStep(nn.Module):
 
 def _objective_terms(objective: nn.Module, out, batch: Batch) -> dict[str, torch.Tensor]:
     terms = objective(to_float32(out), batch)
-    if "logit_scale" not in terms:
+    if isinstance(terms, dict) and "logit_scale" not in terms:  # anything else: refused on the first step (contract.py)
         terms["logit_scale"] = out.logit_scale.detach()
     return terms
 

@@ -54,6 +54,7 @@ from nclip.models.hf_import import init_config, load_init_weights
 from nclip.models.locking import lock_towers
 from nclip.models.patch_dropout import patch_dropout_at, set_patch_dropout
 from nclip.objectives import build_objective, plan_for
+from nclip.objectives.contract import FirstStepCheck
 from nclip.precision import autocast_dtype
 from nclip.runlock import DirLock
 from nclip.train.accumulate import cached_step, online_towers
@@ -86,9 +87,10 @@ from nclip.train.launch import (
 )
 from nclip.train.logbook import METRICS, Log, startup_block
 from nclip.train.memory_check import check_step_memory, out_of_memory_message
-from nclip.train.monitors import nonfinite_stop_message
+from nclip.train.monitors import nonfinite_stop
 from nclip.train.optim import build_optimizer, lr_at, set_lr
 from nclip.train.periodic_eval import PeriodicEval
+from nclip.train.resume_fit import plugin_source_state, restore_weights
 from nclip.train.rundir import agree, plan_run, start_run
 from nclip.train.snapshot import BufferSnapshot
 from nclip.train.threads import set_threads
@@ -185,9 +187,10 @@ class _Run:
     ema: WeightEMA | None = None  # train.ema: the weights' moving average (nclip.train.ema)
     periodic: PeriodicEval | None = None  # evaluation while training (train.eval_every), else None
     save: bool = True  # False: no checkpoint, model/ or eval.json (train(save=False))
+    check: FirstStepCheck = None  # the objective's dict of terms, checked on the first step
 
     def __post_init__(self):
-        self.snapshot = BufferSnapshot(self.step_module)
+        self.snapshot, self.check = BufferSnapshot(self.step_module), FirstStepCheck(self.cfg.objective.name)
 
     def start_gate(self, state: dict | None = None) -> None:
         """The skip gate and fp16's loss scale, as restored (call after the optimizer state is loaded)."""
@@ -207,9 +210,8 @@ def _restore(cfg: RunConfig, run_dir: Path, ctx: DistContext, resume: bool) -> t
     start, state = 0, None
     if resume:
         start, weights, state = _find_resume_point(run_dir, ctx)
-        if state is not None:
-            model.load_state_dict(weights)
-            objective.load_state_dict(state["objective"])
+        if state is not None:  # one line where they do not fit; a warning when the plugin's file changed
+            restore_weights(model, objective, weights, state, cfg, checkpoint_dir(run_dir, start), ctx.is_main)
     if state is None and cfg.model.init is not None:  # a new run from a pretrained model's weights
         with source_named("model.init"):
             line = load_init_weights(model, cfg.model.init, cfg.model.init_arch)
@@ -248,10 +250,7 @@ def _note_tower_statistics(run: _Run) -> None:
 
 
 def _open_data(run: _Run, data_source, data_state: dict | None) -> DeviceFeed:
-    """The run's batches from its start step, on the run's device (:class:`DeviceFeed`: pixels
-    normalised there, the next batch's copy overlapping the step on CUDA, the data wait measured):
-    :func:`train_loader`, or ``data_source`` (e.g. :class:`nclip.train.episodic.EpisodicData`: the
-    same interface, built with the run's objects)."""
+    """The run's batches from its start step, on its device (a DeviceFeed): train_loader's, or data_source's."""
     return DeviceFeed(_open_source(run, data_source, data_state), run.ctx.device)
 
 
@@ -327,7 +326,8 @@ def _step(run: _Run, step: int, batch: Batch) -> _StepResult:
     run.step_module.objective.before_step(step, t.steps)  # e.g. a loss weight scheduled by the step
     set_patch_dropout(run.model, patch_dropout_at(run.cfg, step))  # FLIP: 0 in train.unmasked_steps' tail
     if run.passes is not None:  # exact accumulation: the whole batch's objective in k tower passes
-        terms = cached_step(*run.passes, batch, t.accumulation, run.tower_buffers, device, run.gate.scaled)
+        terms = cached_step(*run.passes, batch, t.accumulation, run.tower_buffers, device, run.gate.scaled,
+                            run.check)
         keys = list(terms)
         vector = _term_vector(terms, keys)
         nonfinite_loss = (~torch.isfinite(terms["loss"].detach())).float()
@@ -360,7 +360,7 @@ def _independent_micro_batches(run: _Run, batch: Batch) -> tuple[list[str], torc
         # gradients are all-reduced on the last micro-batch only; a non-finite loss is still
         # back-propagated so that every rank runs the same collectives
         with no_grad_sync(module, skip=i < len(chunks) - 1):
-            terms = module(micro)
+            terms = run.check(module(micro))
             loss = terms["loss"]
             run.gate.scaled(loss / k).backward()  # fp16: times the loss scale
         nonfinite_loss += (~torch.isfinite(loss.detach())).float()
@@ -374,7 +374,7 @@ def _independent_micro_batches(run: _Run, batch: Batch) -> tuple[list[str], torc
 def _run_steps(run: _Run, progress: bool) -> dict:
     """Every step from ``run.start`` to ``train.steps``, with logging and checkpoints; returns the
     last logged row. Stops with an NclipError after ``train.max_nonfinite_steps`` skipped in a row,
-    noticed at a log or checkpoint step (the only steps that read the device)."""
+    noticed at a log or checkpoint step (the only steps that read the device), or at the end if none was taken."""
     t, counters = run.cfg.train, run.counters
     log = Log(run, progress)
     run.module.train()
@@ -388,14 +388,14 @@ def _run_steps(run: _Run, progress: bool) -> dict:
             logs = done % t.log_every == 0 or done == t.steps
             saves = done % t.checkpoint_every == 0 or done == t.steps
             evals = run.periodic is not None and run.periodic.due(done)  # its figures go on a row of their own step
-            stop = False
+            stop = None
             if logs or saves or evals:
                 counters.update(run.gate.counters())
-                stop = counters["nonfinite_row"] >= t.max_nonfinite_steps
+                stop = nonfinite_stop(run.cfg, run.run_dir, counters, done, run.ctx.is_main)  # the line to stop with
             read = _read(run, result) if logs or stop or evals else None
             log.step(done, read, run.periodic.at_step(run) if evals else None)  # before the checkpoint of `done`
             if stop:
-                raise NclipError(nonfinite_stop_message(run.cfg, run.run_dir, counters["nonfinite_row"], done))
+                raise NclipError(stop)
             if run.save and ((saves and counters["nonfinite_row"] == 0) or done == t.steps):
                 _save(run, done)
     finally:
@@ -485,7 +485,7 @@ def _save(run: _Run, step: int) -> None:
         "objective": _strip(full, "objective."),
         "rng": [e["rng"] for e in everyone],
         "data": [e["data"] for e in everyone],
-        "world_size": ctx.world_size,
+        "world_size": ctx.world_size, **plugin_source_state(run.cfg),  # a plugin's file, compared on resume
         "counters": dict(run.counters),
         **ema_state(run.ema), **run.gate.checkpoint_state(),  # the EMA; fp16's loss scale
     }

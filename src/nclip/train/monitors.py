@@ -23,6 +23,7 @@ after it has cleared and come back.
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 from nclip.objectives import plan_for
@@ -239,9 +240,34 @@ def nonfinite_fix(lambda1: float | None, lambda2: float | None, cfg=None) -> str
     return f"lower train.lr (now {t.lr:g}){clip}"
 
 
+def nonfinite_stop(cfg, run_dir: Path, counters: dict[str, int], step: int, main: bool) -> str | None:
+    """The line with which the run stops after ``step`` (the counters as just read from the device:
+    call at log and checkpoint steps, which include the last), or None to go on.
+
+    It stops after ``train.max_nonfinite_steps`` skipped steps in a row, and at its last step when
+    no step of the run was taken (all skipped, however few: the weights are still those it started
+    with, and model/ and a last checkpoint would pass them off as trained). A run that ends in a
+    shorter streak after taken steps ends as usual, its model that of the last taken step, after a
+    warning on rank 0 (``main``) that says so."""
+    row, last = counters["nonfinite_row"], step == cfg.train.steps
+    if row >= cfg.train.max_nonfinite_steps or (last and row >= step):
+        return nonfinite_stop_message(cfg, run_dir, row, step)
+    if last and row and main:
+        print(f"nclip: warning: the last {row} of the run's {step} steps had a non-finite loss or gradient and were "
+              f"skipped: model/ holds the weights of step {step - row}", file=sys.stderr, flush=True)
+    return None
+
+
 def nonfinite_stop_message(cfg, run_dir: Path, in_a_row: int, step: int) -> str:
     """The one line with which a run stops after ``in_a_row`` non-finite steps (last: ``step``):
     the checkpoint that exists, and the setting that applies to the objective being trained."""
+    if in_a_row >= step:  # not one step taken: every loss was computed at the starting weights
+        fp16 = ("; under train.precision fp16, a longer run lets the loss scale halve past its overflows"
+                if cfg.train.precision == "fp16" else "")
+        return (f"steps 1 to {step}, every step of the run, had a non-finite loss or gradient, so not one was taken: "
+                f"the weights are those it started with, and neither model/ nor a checkpoint is written. The loss "
+                f"or gradient is not finite at those weights, so the learning rate is not the cause: check objective "
+                f"{cfg.objective.name!r} and the data{fp16}; then train in a new --out (or with --force)")
     watch = plan_for(cfg).collapse_watch
     fix = nonfinite_fix(watch.lambda1 if watch else None, watch.lambda2 if watch else None, cfg)
     kept = list_checkpoints(run_dir)
