@@ -174,9 +174,9 @@ def export_hf(checkpoint: Path, out: Path) -> str:
     its tokenizer and image processor (``nclip export`` first refuses targets that would overwrite
     a run: :func:`nclip.train.rundir.check_export_target`)."""
     model, cfg = load_model(model_dir(checkpoint))
-    _own_tokenizer(cfg)  # a tokenizer the files cannot carry: refused before anything is written
     with torch.no_grad():
-        hf = to_hf(model)
+        hf = to_hf(model)  # a model a CLIPModel cannot hold is refused first
+    _own_tokenizer(cfg)  # a tokenizer the files cannot carry: refused before anything is written
     with atomic_export(out, "hf") as tmp, _no_progress_bars():  # a full disk: one line naming OUT
         hf.save_pretrained(str(tmp), safe_serialization=True)
         save_tokenizer(cfg, tmp)
