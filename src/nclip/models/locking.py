@@ -95,7 +95,13 @@ def lock_tower(tower: nn.Module, unlocked_layers: int | None = None, name: str =
     for p in params:
         if id(p) not in trained:
             p.requires_grad_(False)
-    for module in tower.modules():  # a locked BatchNorm keeps its statistics too
+    hold_frozen_batchnorm(tower)
+
+
+def hold_frozen_batchnorm(tower: nn.Module) -> None:
+    """Every BatchNorm of ``tower`` whose parameters are all frozen held in eval mode: a frozen
+    layer keeps its statistics too (a partly locked tower, a LoRA-adapted one)."""
+    for module in tower.modules():
         own = list(module.parameters(recurse=False))
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and own and not any(p.requires_grad for p in own):
             _eval_only(module)
