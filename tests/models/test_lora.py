@@ -208,3 +208,57 @@ def test_peft_is_not_imported_without_lora():
             "print('peft' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr[-500:]
+
+
+def test_the_hf_export_of_a_lora_model_is_the_merged_model(tmp_path):
+    """--open-clip and --onnx: tests/models/test_lora_doc.py (a run with CLIP's tokenizer, which --hf refuses)."""
+    import torch.nn.functional as F
+
+    import nclip
+    from nclip.cli import main
+    from nclip.models.io import save_model
+
+    cfg, model = _model(*LORA)
+    _trained_a_little(model)
+    save_model(model, cfg, tmp_path / "run" / "model")
+    assert main(["export", "--checkpoint", str(tmp_path / "run"), "--hf", str(tmp_path / "hf")]) == 0
+    exported = nclip.load(tmp_path / "hf", device="cpu")
+    pixels, ids = torch.randn(3, 3, 16, 16), torch.randint(5, 90, (3, 16))
+    with torch.no_grad():
+        want = F.normalize(model.encode_image(pixels)["clip"], dim=-1)
+        torch.testing.assert_close(exported.encode_image(pixels), want, rtol=0, atol=1e-5)
+        want = F.normalize(model.encode_text(ids, torch.ones_like(ids))["clip"], dim=-1)
+        got = F.normalize(exported.model.encode_text(ids, torch.ones_like(ids))["clip"], dim=-1)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["vit", "resnet"])
+def test_model_init_loads_into_the_wrapped_layers(tmp_path, arch):
+    """An open_clip directory (a ViT, or a modified ResNet whose attention pool is adapted) loads into
+    a LoRA model as into a plain one: with B = 0 both embed alike, and the base weights are the file's."""
+    import torch.nn.functional as F
+
+    import nclip
+    from nclip.models.hf_import import init_config, load_init_weights
+
+    from openclip_refs import build, resnet_cfg, save_hub, vit_cfg
+
+    pytest.importorskip("open_clip")
+    oc = (vit_cfg(image=16, patch=4, width=32, layers=1, head_width=16, text_width=32, text_layers=1, embed=32)
+          if arch == "vit" else resnet_cfg(layers=(1, 1, 1, 1), width=16, image=64, embed=32, head_width=32))
+    save_hub(build(oc), oc, tmp_path / "oc")
+    cfg = init_config(resolve("micro", ["model.lora.rank=4", "objective.name=clip", f"model.init={tmp_path / 'oc'}"]),
+                      note=lambda line: None)
+    model = build_model(cfg, pretrained_text=False)
+    if arch == "resnet":  # its convolutions stay as they are
+        assert model.lora_targets["vision"] == ("pool.query", "pool.key", "pool.value", "pool.proj")
+    load_init_weights(model, cfg.model.init)
+    reference = nclip.load(tmp_path / "oc", device="cpu")
+    size = cfg.data.image_size
+    pixels = torch.randn(2, 3, size, size)
+    with torch.no_grad():
+        got = F.normalize(model.eval().encode_image(pixels)["clip"], dim=-1)
+    torch.testing.assert_close(got, reference.encode_image(pixels), rtol=0, atol=1e-5)
+    with base_layers(model):
+        plain = model.state_dict()
+    assert all(torch.equal(v, plain[k]) for k, v in reference.model.state_dict().items() if k.startswith("vision."))
