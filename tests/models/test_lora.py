@@ -262,3 +262,22 @@ def test_model_init_loads_into_the_wrapped_layers(tmp_path, arch):
     with base_layers(model):
         plain = model.state_dict()
     assert all(torch.equal(v, plain[k]) for k, v in reference.model.state_dict().items() if k.startswith("vision."))
+
+
+def test_gradient_checkpointing_gives_the_factors_the_same_gradients():
+    def grads(*extra):
+        _, model = _model(*LORA, *extra)
+        with torch.no_grad():  # B away from zero, so that A gets a gradient too
+            for name, p in model.named_parameters():
+                if ".lora_B." in name:
+                    p.normal_(0, 0.1)
+        torch.manual_seed(3)
+        pixels, ids = torch.randn(4, 3, 16, 16), torch.randint(5, 90, (4, 16))
+        out = model.train()(pixels, ids, torch.ones_like(ids))
+        (out.image["clip"] @ out.text["clip"].T).logsumexp(-1).mean().backward()
+        return {n: p.grad for n, p in model.named_parameters() if ".lora_" in n}
+
+    plain, checkpointed = grads(), grads("model.grad_checkpointing=true")
+    assert plain.keys() == checkpointed.keys() and all(g is not None and g.abs().sum() > 0 for g in plain.values())
+    for name, g in plain.items():
+        torch.testing.assert_close(checkpointed[name], g, rtol=1e-5, atol=1e-7, msg=name)
