@@ -42,6 +42,34 @@ def test_a_skipped_row_has_no_value_and_says_why():
 
 
 @pytest.mark.slow
+def test_the_lora_row_measures_lora_against_full_training_in_one_run():
+    """Both sides measured in this run, each in its own subprocess: CLIP trained whole (here, with no
+    CLIP row before it, the row's own) and with rank-8 LoRA; the adapter trains a few of the weights
+    and, at micro sizes on the CPU, needs less memory (no gradient or AdamW moments for the towers)."""
+    import torch
+
+    from nclip.bench.budget import Budget
+    from nclip.bench.context import Bench
+
+    pytest.importorskip("peft")
+    overrides = ["train.threads=1"]
+    b = Bench("micro", overrides, resolve("micro", overrides), torch.device("cpu"), Sizes.pick(True, False),
+              Budget(None), lambda msg: None)
+    stages._stage_lora(b)
+    rows = {r.what: r for r in b.rep.rows}
+    assert set(rows) == set(stages.LORA_ROWS) and b.child_models["builds"] == 2
+    full, lora = b.details["lora"]["full"], b.details["lora"]["lora"]
+    assert full["trained_m"] == full["params_m"] and lora["trained_m"] < full["params_m"] / 20
+    assert rows["lora / full step time"].value == pytest.approx(lora["step_s"] / full["step_s"])
+    assert 0 < rows["lora / full peak memory"].value < 1 and "rank 8" in rows["lora / full step time"].detail
+    resnet = resolve("micro", [*overrides, "model.vision.kind=resnet", "model.vision.depths=[1]",
+                               "model.vision.hidden_sizes=[32]", "model.vision.embedding_size=16"])
+    with pytest.raises(stages.OutOfBudget, match="skipped: LoRA has no default targets in a resnet image tower"):
+        stages._stage_lora(Bench("micro", overrides, resnet, torch.device("cpu"), Sizes.pick(True, False),
+                                 Budget(None), lambda msg: None))
+
+
+@pytest.mark.slow
 def test_the_trainer_row_builds_each_model_once_whatever_the_repeats(monkeypatch):
     builds = count_builds(monkeypatch)
     cfg = resolve("micro", ["train.threads=1"])
@@ -92,7 +120,7 @@ def test_quick_bench_writes_positive_finite_ratios_builds_each_model_once_and_wr
     written = scratch["written"]() - before
     doc = json.loads(out.read_text())
     for key in ("trainer_over_hand_loop", "xclip_over_clip_time", "xclip_over_clip_memory", "mfu",
-                "train_path_over_hand_loop"):
+                "train_path_over_hand_loop", "lora_over_full_time", "lora_over_full_memory"):
         assert isinstance(doc[key], float) and math.isfinite(doc[key]) and doc[key] > 0, key
     assert doc["device"].startswith("cpu")
     measured = [r for r in doc["rows"] if r["value"] is not None]
@@ -113,14 +141,15 @@ def test_quick_bench_writes_positive_finite_ratios_builds_each_model_once_and_wr
 
 def _check_builds_and_writes(doc: dict, build_calls: list, written: int, weights: int, scratch: dict) -> None:
     """One build per model config and process: here the run's model (and with open_clip installed
-    the CLIP model of its row), one in each objective subprocess, two in the largest-batch
-    subprocess (plain, checkpointed); fewer bytes written than one model's weights (every model
+    the CLIP model of its row), one in each objective subprocess and in the LoRA row's, two in the
+    largest-batch subprocess (plain, checkpointed); fewer bytes written than one model's weights (every model
     save or checkpoint writes them all: 13 of them before issue 32), and nothing left behind."""
     here = 1 + (doc["open_clip"] is not None)
     assert len(build_calls) == here
     stages = {s["stage"]: s for s in doc["stages"]}
     assert stages["objectives"]["builds"] == 2 and stages["batch_memory"]["builds"] == 2
-    assert doc["models"]["builds"] == here + 4 == sum(s["builds"] for s in doc["stages"])
+    assert stages["lora"]["builds"] == 1  # the full side is the CLIP row's
+    assert doc["models"]["builds"] == here + 5 == sum(s["builds"] for s in doc["stages"])
     assert doc["models"]["copies"] > doc["models"]["builds"]  # the rows got copies
     assert 0 < written < weights and 0 < doc["written_bytes"] <= written
     assert not any(any(scratch[d].iterdir()) for d in ("cwd", "home", "tmp"))

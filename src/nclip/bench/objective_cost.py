@@ -99,7 +99,8 @@ def measure(preset: str, overrides: list[str], objective: str, steps: int, warmu
         peak = (_peak_rss_kib() - base_rss) / 1024  # KiB -> MiB
     return {"objective": objective, "step_s": statistics.median(windows), "windows_s": windows,
             "steps": steps, "peak_mib": peak, "build_s": build_s, "first_step_s": first_step_s,
-            "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "device": device.type,
+            "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+            "trained_m": sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6, "device": device.type,
             "copy_s": models.copy_s[0], **models.counts(), "run_s": time.perf_counter() - t_start}
 
 

@@ -4,6 +4,9 @@ Rows (every figure is measured in this run; a ratio's two sides are measured sid
 
 - xCLIP over CLIP: step time and peak memory, each objective in its own subprocess (one per
   objective: build, warm-up and every repeat; :mod:`nclip.bench.objective_cost`);
+- LoRA over full training: CLIP's step time and peak memory with ``model.lora`` (the run's, else
+  rank 8 on the default targets, :mod:`nclip.models.lora`) over those of the same model trained
+  whole (the CLIP row's), the LoRA step in a subprocess of its own;
 - trainer over hand loop: the real training loop's speed as a share of a minimal hand-written
   loop's, each built once, their windows alternating in this process (:mod:`nclip.bench.loop_overhead`);
 - MFU: the FLOPs of one training step (``FlopCounterMode``) per trainer step time, over the
@@ -120,7 +123,8 @@ def run_bench(preset: str, overrides: list[str], quick: bool = False, compare: l
         "models": {k: models.counts()[k] + b.child_models[k] for k in b.child_models},
         "written_bytes": None if written is None else _written_bytes() - written,
         **{k: b.headline.get(k) for k in ("trainer_over_hand_loop", "xclip_over_clip_time", "xclip_over_clip_memory",
-                                          "mfu", "train_path_over_hand_loop")},
+                                          "lora_over_full_time", "lora_over_full_memory", "mfu",
+                                          "train_path_over_hand_loop")},
         "details": {**b.details, "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},
         "stages": records,
         "skipped": [{"stage": r["stage"], "rows": r["rows"], "reason": r["skipped"]} for r in skipped],

@@ -17,27 +17,33 @@ from nclip.bench.context import Bench, OutOfBudget, Stage, models_seconds
 from nclip.errors import NclipError
 
 
+def _objective_step(b: Bench, name: str, extra: tuple[str, ...] = (), what: str | None = None) -> dict:
+    """One objective's step time and peak memory (with ``extra`` overrides), measured in a subprocess
+    of its own (:mod:`nclip.bench.objective_cost`); ``what`` names it in messages."""
+    what = what or name
+    arg = json.dumps({"preset": b.preset, "overrides": [*b.overrides, *extra], "objective": name,
+                      "steps": b.sizes.objective_steps, "warmup": b.sizes.objective_warmup,
+                      "repeats": b.sizes.objective_repeats, "deadline": b.budget.wall_deadline()})
+    left, t0 = b.budget.left(), time.perf_counter()
+    try:
+        out = subprocess.run([sys.executable, "-m", "nclip.bench.objective_cost", arg], capture_output=True,
+                             text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                             timeout=left if math.isfinite(left) else None)
+    except subprocess.TimeoutExpired:
+        raise OutOfBudget(f"skipped: the {b.budget.limit_s:.0f} s budget ran out in the {what} step") from None
+    if out.returncode:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise NclipError(f"bench: the {what} step failed: {last}")
+    run = json.loads(out.stdout.strip().splitlines()[-1])
+    run["process_s"] = time.perf_counter() - t0 - run["run_s"]  # start and imports
+    b.add_child_models(run)
+    b.log(f"bench: {what} step {run['step_s']:.4f} s ({len(run['windows_s'])} windows)")
+    return run
+
+
 def _stage_objectives(b: Bench) -> None:
     """Each objective's step time and peak memory: one subprocess per objective."""
-    runs = {}
-    for name in ("clip", "xclip"):
-        arg = json.dumps({"preset": b.preset, "overrides": b.overrides, "objective": name,
-                          "steps": b.sizes.objective_steps, "warmup": b.sizes.objective_warmup,
-                          "repeats": b.sizes.objective_repeats, "deadline": b.budget.wall_deadline()})
-        left, t0 = b.budget.left(), time.perf_counter()
-        try:
-            out = subprocess.run([sys.executable, "-m", "nclip.bench.objective_cost", arg], capture_output=True,
-                                 text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-                                 timeout=left if math.isfinite(left) else None)
-        except subprocess.TimeoutExpired:
-            raise OutOfBudget(f"skipped: the {b.budget.limit_s:.0f} s budget ran out in the {name} step") from None
-        if out.returncode:
-            last = (out.stderr.strip().splitlines() or ["no output"])[-1]
-            raise NclipError(f"bench: the {name} step failed: {last}")
-        runs[name] = json.loads(out.stdout.strip().splitlines()[-1])
-        runs[name]["process_s"] = time.perf_counter() - t0 - runs[name]["run_s"]  # start and imports
-        b.add_child_models(runs[name])
-        b.log(f"bench: {name} step {runs[name]['step_s']:.4f} s ({len(runs[name]['windows_s'])} windows)")
+    runs = {name: _objective_step(b, name) for name in ("clip", "xclip")}
     b.costs = runs
     clip, xclip = runs["clip"], runs["xclip"]
     b.headline["xclip_over_clip_time"] = xclip["step_s"] / clip["step_s"]
@@ -47,6 +53,43 @@ def _stage_objectives(b: Bench) -> None:
     b.rep.add("xclip / clip peak memory", b.headline["xclip_over_clip_memory"],
               f"clip {clip['peak_mib']:.1f} MiB, xclip {xclip['peak_mib']:.1f} MiB (paper: 1.27x)")
     b.details["objectives"] = runs
+
+
+LORA_ROWS = ("lora / full step time", "lora / full peak memory")
+LORA_RANK = 8  # the bench's adapter where the run sets none (peft's default rank)
+
+
+def _stage_lora(b: Bench) -> None:
+    """CLIP's step with LoRA on the towers (the run's model.lora, else rank 8 on the default targets)
+    against full training of the same model, each in its own subprocess; the full side is the CLIP
+    objective row's where the run has no LoRA of its own."""
+    import importlib.util
+
+    from nclip.models.lora import DEFAULT_TARGETS
+
+    lora = b.cfg.model.lora
+    if importlib.util.find_spec("peft") is None:
+        raise OutOfBudget("skipped: peft is not installed (pip install 'nclip[lora]')")
+    if lora is None and not DEFAULT_TARGETS[b.cfg.model.vision.kind]:
+        raise OutOfBudget(f"skipped: LoRA has no default targets in a {b.cfg.model.vision.kind} image tower")
+    full = b.costs.get("clip") if b.costs and lora is None else None
+    if full is None:
+        full = _objective_step(b, "clip", ("model.lora=null",), "clip (full)")
+    adapted = _objective_step(b, "clip", () if lora else (f"model.lora.rank={LORA_RANK}",), "clip (LoRA)")
+    rank = lora.rank if lora else LORA_RANK
+    time_ratio, memory_ratio = adapted["step_s"] / full["step_s"], adapted["peak_mib"] / max(full["peak_mib"], 1e-9)
+    b.headline.update(lora_over_full_time=time_ratio, lora_over_full_memory=memory_ratio)
+    trained = f"{adapted['trained_m']:.3f}M of {adapted['params_m']:.2f}M params trained, rank {rank}"
+    b.rep.add(LORA_ROWS[0], time_ratio, f"full {full['step_s']:.4f} s, lora {adapted['step_s']:.4f} s; {trained}")
+    b.rep.add(LORA_ROWS[1], memory_ratio, f"full {full['peak_mib']:.1f} MiB, lora {adapted['peak_mib']:.1f} MiB "
+              f"({'allocated' if adapted['device'] == 'cuda' else 'peak RSS growth'})")
+    b.details["lora"] = {"full": full, "lora": adapted}
+
+
+def _lora_estimate(b: Bench) -> float | None:
+    """One CLIP subprocess (two where the run has LoRA of its own), as long as the CLIP row's took."""
+    clip = (b.costs or {}).get("clip")
+    return None if clip is None else (1 + (b.cfg.model.lora is not None)) * (clip["process_s"] + clip["run_s"])
 
 
 def _stage_loop(b: Bench) -> None:
@@ -253,6 +296,7 @@ def _memory_estimate(b: Bench) -> float | None:
 
 STAGES = [
     Stage("objectives", ("xclip / clip step time", "xclip / clip peak memory"), _stage_objectives),
+    Stage("lora", LORA_ROWS, _stage_lora, _lora_estimate),
     Stage("loop", ("trainer / hand loop speed",), _stage_loop, lambda b: models_seconds(b, 2, 2)),
     Stage("mfu", ("MFU",), _stage_mfu),
     Stage("train_path", ("nclip train path / hand loop samples/s",), _stage_train_path,

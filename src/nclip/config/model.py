@@ -9,7 +9,7 @@ from typing import Literal, get_args
 
 from pydantic import Field, model_validator
 
-from nclip.config.section import Section
+from nclip.config.section import Section, require_package
 
 # the image tower kinds, model.vision.kind: what each is and reads (nclip.models.towers builds each)
 VISION_KINDS = {
@@ -213,6 +213,39 @@ class TextConfig(Section):
         return self
 
 
+class LoraConfig(Section):
+    """``model.lora``: peft's LoRA (Hu et al. 2021) on the towers' linear layers, their base weights
+    frozen, the heads trained whole (nclip.models.lora, docs/transfer.md). peft's defaults: rank 8,
+    alpha 8 (the update scaled by alpha / rank), no dropout."""
+
+    rank: int = Field(8, ge=1, description="r: the rank of each layer's update B·A")
+    alpha: float = Field(8.0, gt=0, description="the update is scaled by alpha / rank")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the input of the update's A")
+    # module-name patterns (a name or its dotted tail, * and ? as wildcards: q_proj, mlp.fc*, layers.1?.*)
+    # matched against the linear layers of each adapted tower; None: the tower kind's attention and MLP
+    # projections (nclip.models.lora.DEFAULT_TARGETS)
+    targets: tuple[str, ...] | None = None
+
+    @model_validator(mode="after")
+    def _targets(self):
+        if self.targets is not None and (not self.targets or not all(t.strip() for t in self.targets)):
+            raise ValueError("model.lora.targets: give module-name patterns (e.g. [q_proj, v_proj]), or leave it out "
+                             "for the tower kinds' defaults")
+        return self
+
+
+def lora_problem(cfg: ModelConfig) -> None:
+    """``model.lora`` against the towers' locks; raises a one-line ValueError. LoRA adapts every tower
+    that is not locked whole; a tower locked whole stays locked, without an adapter."""
+    for tower in ("vision", "text"):
+        if getattr(cfg, tower).unlocked_layers is not None:
+            raise ValueError(f"model.lora adapts whole towers: give model.{tower}.lock: true (no adapter there) "
+                             f"or leave out model.{tower}.unlocked_layers")
+    if cfg.vision.lock and cfg.text.lock:
+        raise ValueError("model.lora: both towers are locked (model.vision.lock, model.text.lock): nothing to adapt")
+    require_package("peft", "model.lora needs the peft package: pip install 'nclip[lora]'")
+
+
 class ModelConfig(Section):
     # start from a pretrained model: a local transformers CLIPModel directory, an nclip run/model
     # directory, an open_clip directory (open_clip_config.json), an open_clip/OpenAI state-dict file with
@@ -253,6 +286,7 @@ class ModelConfig(Section):
     sync_batchnorm: bool = True  # under DDP, BatchNorm statistics over the global batch
     # recompute the towers' activations in the backward (nclip.models.checkpointing): less memory
     grad_checkpointing: bool = False
+    lora: LoraConfig | None = None  # peft's LoRA on the towers (LoraConfig; None: every weight trained)
 
     @model_validator(mode="after")
     def _shared(self):
@@ -260,6 +294,8 @@ class ModelConfig(Section):
             raise ValueError(f"nclip_shared_layers {self.nclip_shared_layers} exceeds nclip_layers {self.nclip_layers}")
         if self.init_arch is not None and self.init is None:
             raise ValueError("init_arch names the open_clip config of model.init's weights file: give model.init")
+        if self.lora is not None:
+            lora_problem(self)
         return self
 
 

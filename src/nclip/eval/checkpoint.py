@@ -46,6 +46,12 @@ class Checkpoint:
         if missing or unexpected:
             raise NclipError(f"{self.weights} does not match its config: missing {missing[:3]}, "
                              f"unexpected {unexpected[:3]}")
+        if self.cfg.model.lora is not None:  # a LoRA run's step_N: merged, as its RUN/model (nclip.models.lora)
+            from nclip.models.lora import merged_state_dict, without_lora
+
+            merged = build_model(without_lora(self.cfg), pretrained_text=False)
+            merged.load_state_dict(merged_state_dict(model))
+            model = merged
         return model.to(device).eval()
 
     @property

@@ -65,6 +65,10 @@ class DualEncoder(nn.Module):
         if not self.uses_text:
             self.text.requires_grad_(False)
             self.logit_scale.requires_grad_(False)
+        if m.lora is not None:  # peft's LoRA in the towers, their base weights frozen (nclip.models.lora)
+            from nclip.models.lora import adapt_towers
+
+            adapt_towers(self, cfg)
 
     def scale(self) -> torch.Tensor:
         return self.logit_scale.clamp(max=self.LOGIT_SCALE_MAX).exp()

@@ -42,6 +42,7 @@ from nclip.models.hf_weights import (  # noqa: F401 (PT_WEIGHTS, hf_weights_file
     transformer_sizes,
 )
 from nclip.models.io import CONFIG, WEIGHTS, read_config, read_weights
+from nclip.models.lora import base_layers
 
 ACTIVATIONS = ("gelu", "quick_gelu")  # the ones nclip's config offers
 
@@ -217,7 +218,13 @@ def _nclip_architecture(path: Path):
 
 def load_init_weights(model, init: str | Path, arch: str | None = None) -> str:
     """Copy the towers and, where the shapes match, the CLIP head and logit scale of ``init`` into
-    ``model`` (built from :func:`init_config`'s config); returns one line saying what was loaded."""
+    ``model`` (built from :func:`init_config`'s config); returns one line saying what was loaded.
+    A model with LoRA gets them in the layers its adapters wrap."""
+    with base_layers(model):
+        return _load_init_weights(model, init, arch)
+
+
+def _load_init_weights(model, init: str | Path, arch: str | None) -> str:
     path = init_dir(init, arch)
     hf = True
     if siglip_import.is_siglip_dir(path):

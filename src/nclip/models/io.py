@@ -127,12 +127,18 @@ class _AtomicDir:
 
 
 def save_model(model, cfg: RunConfig, directory: str | Path) -> Path:
-    """Write ``directory``/model.safetensors and config.json atomically."""
+    """Write ``directory``/model.safetensors and config.json atomically (a LoRA model merged, its
+    adapter beside them: :mod:`nclip.models.lora`)."""
     directory = Path(directory)
     with atomic_dir(directory) as tmp:
-        state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        weights, saved = model.state_dict(), cfg
+        if cfg.model.lora is not None:
+            from nclip.models.lora import merged_for_saving
+
+            weights, saved = merged_for_saving(model, cfg, tmp, weights_metadata())
+        state = {k: v.detach().contiguous().cpu() for k, v in weights.items()}
         save_file(state, str(tmp / WEIGHTS), metadata=weights_metadata())
-        (tmp / CONFIG).write_text(json.dumps(cfg.model_dump(mode="json"), indent=2))
+        (tmp / CONFIG).write_text(json.dumps(saved.model_dump(mode="json"), indent=2))
         if cfg.model.text.tokenizer is not None:
             copy_tokenizer(Path(cfg.model.text.tokenizer).expanduser(), tmp / TOKENIZER_DIR)
     return directory

@@ -95,10 +95,16 @@ def lock_tower(tower: nn.Module, unlocked_layers: int | None = None, name: str =
     for p in params:
         if id(p) not in trained:
             p.requires_grad_(False)
-    for module in tower.modules():  # a locked BatchNorm keeps its statistics too
+    hold_frozen_batchnorm(tower)
+
+
+def hold_frozen_batchnorm(tower: nn.Module) -> None:
+    """Every BatchNorm of ``tower`` whose parameters are all frozen held in eval mode: a frozen
+    layer keeps its statistics too (a partly locked tower, a LoRA-adapted one)."""
+    for module in tower.modules():
         own = list(module.parameters(recurse=False))
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and own and not any(p.requires_grad for p in own):
-            _eval_only(module)
+            hold_in_eval(module)
 
 
 def lock_towers(model: nn.Module, model_cfg) -> None:
@@ -135,14 +141,20 @@ def _lock_whole(tower: nn.Module) -> None:
             return forward(*args, **kwargs)
 
     tower.forward = locked_forward
-    _eval_only(tower)
+    hold_in_eval(tower)
     tower._nclip_locked = True
 
 
-def _eval_only(module: nn.Module) -> None:
+def hold_in_eval(module: nn.Module) -> None:
     """``module`` and everything in it in eval mode from now on, whatever ``train()`` is asked."""
     def train(self, mode: bool = True):
         return nn.Module.train(self, False)
 
     module.train = types.MethodType(train, module)
     module.train(False)
+    module._nclip_held_in_eval = True
+
+
+def is_held_in_eval(module: nn.Module) -> bool:
+    """Whether :func:`hold_in_eval` holds ``module`` (a layer replacing it must be held too)."""
+    return bool(getattr(module, "_nclip_held_in_eval", False))

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from nclip import distributed as collectives
+from nclip.models.locking import hold_in_eval, is_held_in_eval
 
 __all__ = ["GlobalBatchNorm1d", "GlobalBatchNorm2d", "convert_sync_batchnorm"]
 
@@ -97,6 +98,8 @@ def convert_sync_batchnorm(module: nn.Module) -> nn.Module:
             new.weight.requires_grad_(module.weight.requires_grad)
             new.bias.requires_grad_(module.bias.requires_grad)
         new.train(module.training)
+        if is_held_in_eval(module):  # a frozen layer's statistics stay frozen (a locked or LoRA-adapted tower)
+            hold_in_eval(new)
         return new
     for name, child in module.named_children():
         setattr(module, name, convert_sync_batchnorm(child))

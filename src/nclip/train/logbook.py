@@ -86,6 +86,7 @@ def startup_block(run, preset: str | None) -> str:
         ("objective", f"{cfg.objective.name}{_weights(cfg.objective)}"),
         ("image tower", _tower(m.vision.kind, m.vision, model.vision)),
         ("text tower", _tower(m.text.kind, m.text, text) if text is not None else "none (no text-side head)"),
+        *_lora(cfg, model),
         ("heads", f"{', '.join(sorted(model.heads))} ({heads / 1e6:.2f}M params)"),
         ("data", _data(cfg, getattr(run.data, "size", None)) + _gave_way(preset, cfg)),
         ("device", f"{ctx.device}, {ctx.world_size} rank{'s' * (ctx.world_size > 1)}, {precision}"),
@@ -99,6 +100,15 @@ def startup_block(run, preset: str | None) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(["nclip train"] + [f"  {k:<{width}}  {v}" for k, v in rows])
+
+
+def _lora(cfg, model) -> list[tuple[str, str]]:
+    """The LoRA row of the start-up block, when the run has one (nclip.models.lora)."""
+    if cfg.model.lora is None:
+        return []
+    from nclip.models.lora import describe
+
+    return [("lora", describe(model, cfg))]
 
 
 def _gave_way(preset: str | None, cfg) -> str:
