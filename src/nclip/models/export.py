@@ -26,6 +26,7 @@ from transformers import CLIPConfig, CLIPModel
 
 from nclip.errors import NclipError
 from nclip.jsonio import writing
+from nclip.models.exporters import check_clip_score
 from nclip.models.io import CONFIG, atomic_dir, load_model
 from nclip.models.siglip_towers import SiglipTextTower, SiglipVisionTower
 from nclip.overwrite import EXPORT
@@ -177,6 +178,7 @@ def export_hf(checkpoint: Path, out: Path) -> str:
     _own_tokenizer(cfg)  # a tokenizer the files cannot carry: refused before anything is written
     with torch.no_grad():
         hf = to_hf(model)
+    check_clip_score(cfg, "--hf")
     with atomic_export(out, "hf") as tmp, _no_progress_bars():  # a full disk: one line naming OUT
         hf.save_pretrained(str(tmp), safe_serialization=True)
         save_tokenizer(cfg, tmp)
