@@ -26,7 +26,6 @@ from transformers import CLIPConfig, CLIPModel
 
 from nclip.errors import NclipError
 from nclip.jsonio import writing
-from nclip.models.exporters import check_clip_score
 from nclip.models.io import CONFIG, atomic_dir, load_model
 from nclip.models.siglip_towers import SiglipTextTower, SiglipVisionTower
 from nclip.overwrite import EXPORT
@@ -41,6 +40,20 @@ def model_dir(path: Path) -> Path:
     if (path / "model" / CONFIG).is_file():
         return path / "model"
     raise NclipError(f"no nclip model found in {path} (expected {CONFIG} or model/{CONFIG})")
+
+
+def check_clip_score(cfg, option: str) -> None:
+    """Refuse, in one line, to write a CLIPModel or an open_clip model (``option``) of a run whose
+    zero-shot score (its plan's ``zero_shot``) is not a cosine of the CLIP head's projections: that
+    is the one score those formats compute, so the export would not predict as ``nclip eval`` does."""
+    from nclip.objectives import plan_for
+    from nclip.objectives.scores import CosineScore
+
+    score = plan_for(cfg).zero_shot
+    if score is None or score.head != "clip" or not isinstance(score, CosineScore):
+        what = "no zero-shot score (image-only)" if score is None else f"the {score.name!r} score ({score.head} head)"
+        raise NclipError(f"export {option}: the format scores by the cosine of the CLIP head's projections; objective "
+                         f"{cfg.objective.name!r} transfers zero-shot with {what}")
 
 
 def to_hf(model) -> CLIPModel:

@@ -30,8 +30,7 @@ from nclip.config.model import clip_resnet_grid
 from nclip.data import clip_bpe
 from nclip.errors import NclipError
 from nclip.models import openclip_import as reader
-from nclip.models.export import atomic_export, clip_model_names, model_dir
-from nclip.models.exporters import check_clip_score
+from nclip.models.export import atomic_export, check_clip_score, clip_model_names, model_dir
 from nclip.models.io import load_model
 from nclip.models.openclip_files import HUB_CONFIG, HUB_WEIGHTS
 

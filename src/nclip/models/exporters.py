@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nclip.errors import NclipError
-
 FORMATS = {"hf": "--hf", "open_clip": "--open-clip", "onnx": "--onnx"}  # export's argparse dests → options
 
 
@@ -25,17 +23,3 @@ def export(fmt: str, checkpoint: Path, out: Path) -> str:
     from nclip.models.export import export_hf
 
     return export_hf(checkpoint, out)
-
-
-def check_clip_score(cfg, option: str) -> None:
-    """Refuse, in one line, to write a CLIPModel or an open_clip model (``option``) of a run whose
-    zero-shot score (its plan's ``zero_shot``) is not a cosine of the CLIP head's projections: that
-    is the one score those formats compute, so the export would not predict as ``nclip eval`` does."""
-    from nclip.objectives import plan_for
-    from nclip.objectives.scores import CosineScore
-
-    score = plan_for(cfg).zero_shot
-    if score is None or score.head != "clip" or not isinstance(score, CosineScore):
-        what = "no zero-shot score (image-only)" if score is None else f"the {score.name!r} score ({score.head} head)"
-        raise NclipError(f"export {option}: the format scores by the cosine of the CLIP head's projections; objective "
-                         f"{cfg.objective.name!r} transfers zero-shot with {what}")
