@@ -36,6 +36,20 @@ GOOD = """
 """
 
 
+@pytest.fixture(autouse=True)
+def _registries_as_they_were():
+    """The objective, head and score registries as before each test: a refused plugin stays registered
+    in the process that refused it, and other tests list the registered ones."""
+    from nclip.heads import base as heads
+    from nclip.objectives import registry, scores
+
+    saved = [(table, dict(table)) for table in (registry.REGISTRY, heads._HEADS, scores._SCORES)]
+    yield
+    for table, entries in saved:
+        table.clear()
+        table.update(entries)
+
+
 def _write(folder, module: str, source: str) -> None:
     (folder / f"{module}.py").write_text(textwrap.dedent(source))
 
