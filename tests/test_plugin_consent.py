@@ -41,7 +41,7 @@ class ObjConfig(ObjectiveConfig):
 class Obj(Objective):
     Config = ObjConfig
     heads: ClassVar = frozenset({{"clip"}})
-    zero_shot_head: ClassVar = "clip"
+    zero_shot: ClassVar = "clip"
 
     def __init__(self, cfg):
         super().__init__()

@@ -1,6 +1,7 @@
-"""docs/plugins.md: its example file, an objective with a head of its own, trains, resumes and evaluates
-with the commands the page shows, as written there; resumed and accumulated, it gives the numbers of an
-uninterrupted, whole-batch run, as a built-in objective does."""
+"""docs/plugins.md: its example files, an objective with a head of its own and one that also scores
+zero-shot with its own head, train, resume, evaluate, embed and export with the commands the page shows,
+as written there; resumed and accumulated, the first gives the numbers of an uninterrupted, whole-batch
+run, as a built-in objective does."""
 
 import json
 import os
@@ -15,7 +16,7 @@ from safetensors import safe_open
 
 from nclip.config import resolve
 from nclip.heads import base as head_registry
-from nclip.objectives import registry
+from nclip.objectives import registry, scores
 from nclip.train.loop import train
 
 from conftest import metrics_then_resumed, micro_sizes
@@ -24,37 +25,50 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 PLUGIN = "barlow_clip:BarlowClip"
 
 
-def _example() -> tuple[str, list[list[str]]]:
-    """(the page's example file, its commands as argument lists)."""
+# each example file of the page and the heading above its commands
+EXAMPLES = {"barlow_clip": "## Train, resume, evaluate", "mlp_clip": "From the folder that holds `mlp_clip.py`:"}
+
+
+def _example(module: str = "barlow_clip") -> tuple[str, list[list[str]]]:
+    """(the page's example file ``module``.py, its commands as argument lists)."""
     text = DOC.read_text(encoding="utf-8")
-    code = re.search(r"Save this as `barlow_clip.py`:\n\n```python\n(.*?)```", text, re.S)
-    commands = re.search(r"## Train, resume, evaluate\n.*?```bash\n(.*?)```", text, re.S)
-    assert code and commands, "docs/plugins.md lost its example file or its commands"
+    code = re.search(rf"Save this as `{module}.py`:\n\n```python\n(.*?)```", text, re.S)
+    commands = re.search(rf"{re.escape(EXAMPLES[module])}\n.*?```bash\n(.*?)```", text, re.S)
+    assert code and commands, f"docs/plugins.md lost its example file {module}.py or its commands"
     return code.group(1), [shlex.split(line) for line in commands.group(1).splitlines() if line.strip()]
 
 
 @pytest.fixture
 def plugin_folder(tmp_path, monkeypatch):
-    """The working directory holds the example file; the objective and head registries, and the
-    module, are as before the test afterwards (other tests list the registered ones)."""
-    (tmp_path / "barlow_clip.py").write_text(_example()[0])
+    """The working directory holds the example files; the objective, head and score registries, and
+    the modules, are as before the test afterwards (other tests list the registered ones)."""
+    for module in EXAMPLES:
+        (tmp_path / f"{module}.py").write_text(_example(module)[0])
     monkeypatch.chdir(tmp_path)
-    objectives, heads = dict(registry.REGISTRY), dict(head_registry._HEADS)
+    objectives, heads, kinds = dict(registry.REGISTRY), dict(head_registry._HEADS), dict(scores._SCORES)
     yield tmp_path
     registry.REGISTRY.clear()
     registry.REGISTRY.update(objectives)
     head_registry._HEADS.clear()
     head_registry._HEADS.update(heads)
-    sys.modules.pop("barlow_clip", None)
+    scores._SCORES.clear()
+    scores._SCORES.update(kinds)
+    for module in EXAMPLES:
+        sys.modules.pop(module, None)
+
+
+def _run_commands(module: str, folder: Path) -> None:
+    """The page's commands for ``module``, each a fresh ``nclip`` process in ``folder``: no traceback."""
+    for args in _example(module)[1]:
+        assert args[0] == "nclip"
+        done = subprocess.run([sys.executable, "-m", "nclip", *args[1:]], cwd=folder, capture_output=True,
+                              text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert done.returncode == 0 and "Traceback" not in done.stderr, f"{shlex.join(args)}: {done.stderr[-800:]}"
 
 
 @pytest.mark.slow
 def test_the_pages_commands_train_resume_and_evaluate_its_file(plugin_folder):
-    for args in _example()[1]:
-        assert args[0] == "nclip"
-        done = subprocess.run([sys.executable, "-m", "nclip", *args[1:]], cwd=plugin_folder, capture_output=True,
-                              text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        assert done.returncode == 0, f"{shlex.join(args)}: {done.stderr[-800:]}"
+    _run_commands("barlow_clip", plugin_folder)
     rows = [json.loads(x) for x in (plugin_folder / "runs/barlow/metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["step"] == 40 and all("barlow/L_BT" in r and "clip/loss" in r for r in rows)
     with safe_open(plugin_folder / "runs/barlow/model/model.safetensors", "pt") as weights:
@@ -63,6 +77,37 @@ def test_the_pages_commands_train_resume_and_evaluate_its_file(plugin_folder):
     results = json.loads((plugin_folder / "runs/barlow-eval/results.json").read_text())
     assert any(key.startswith("zeroshot/") for key in results["results"]), sorted(results["results"])[:5]
     assert results["checkpoint"]["zero_shot_head"] == "clip"  # as the objective declared
+
+
+@pytest.mark.slow
+def test_a_plugin_that_scores_with_its_own_head_evaluates_embeds_and_exports(plugin_folder):
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    import nclip
+
+    _run_commands("mlp_clip", plugin_folder)
+    runs = plugin_folder / "runs"
+    end_of_run = json.loads((runs / "mlp/eval.json").read_text())  # evaluated at the end of the run
+    assert end_of_run["eval/head"] == "mlp" and any(k.startswith("zeroshot/") for k in end_of_run)
+    results = json.loads((runs / "mlp-eval/results.json").read_text())
+    assert results["checkpoint"]["zero_shot_head"] == results["checkpoint"]["head"] == "mlp"
+    assert any(k.startswith("zeroshot/") for k in results["results"]) and "retrieval" not in results["skipped"]
+    manifest = json.loads((runs / "mlp-embed/manifest.json").read_text())
+    assert manifest["settings"]["embedding"] == "mlp head" and manifest["settings"]["texts"]
+    config = json.loads((runs / "mlp-onnx/onnx_config.json").read_text())
+    assert config["embedding"]["score"] == config["embedding"]["output"] == "mlp"
+    assert config["image_encoder"]["outputs"]["embedding"]["l2_normalised"]
+    # the graph computes the score's embedding of the model nclip.load loads
+    model = nclip.load(runs / "mlp", device="cpu", trust_plugin=True)
+    assert model.head == "mlp"
+    pixels = torch.randn(3, 3, model.image_size, model.image_size, generator=torch.Generator().manual_seed(0))
+    graph = ort.InferenceSession(str(runs / "mlp-onnx" / config["image_encoder"]["file"]))
+    got = graph.run(None, {"pixels": pixels.numpy()})[0]
+    np.testing.assert_allclose(got, model.encode_image(pixels).numpy(), rtol=0, atol=1e-5)
+    stored = np.load(runs / "mlp-embed/texts-00000.npy")
+    assert np.allclose(np.linalg.norm(stored.astype(np.float32), axis=1), 1, atol=1e-2)  # the score's ℓ2 norm
 
 
 SHORT = ["train.steps=4", "train.batch_size=16", "train.log_every=1", "train.checkpoint_every=2",

@@ -28,8 +28,7 @@ from nclip.defaults import EVAL_BATCH_SIZE
 from nclip.errors import NclipError
 from nclip.eval import zeroshot
 from nclip.eval.checkpoint import resolve_checkpoint
-from nclip.eval.features import HEAD_KEY, _cat, encode_texts, ensemble, similarity, zero_shot_embedding
-from nclip.eval.settings import MODEL_HEAD
+from nclip.eval.features import _cat, encode_texts, ensemble, zero_shot_embedding
 from nclip.plugin_consent import consent
 
 
@@ -37,10 +36,10 @@ class LoadedModel(nn.Module):
     """A trained nclip model for inference (see :func:`load`), in eval mode.
 
     Attributes: ``model`` (the :class:`~nclip.models.dual_encoder.DualEncoder`), ``cfg`` (its run
-    config), ``tokenizer`` (list of captions → (ids, mask) [N, L]), ``head`` (the objective's
-    zero-shot score: ``clip``, ``nclip``, ``yclip``, or None for an image-only objective),
-    ``nclip_score`` (the direction of nCLIP's −L_CE, the run's ``eval.nclip_score``), ``device``,
-    ``logit_bias`` (a transformers SiglipModel's b, else None).
+    config), ``tokenizer`` (list of captions → (ids, mask) [N, L]), ``score`` (the objective's
+    zero-shot score, :class:`nclip.objectives.scores.Score`, with the run's options such as
+    ``eval.nclip_score``; None for an image-only objective), ``head`` (its name: ``clip``, ``nclip``,
+    ``yclip``, a plugin's, or None), ``device``, ``logit_bias`` (a transformers SiglipModel's b, else None).
     """
 
     def __init__(self, model, cfg, device: torch.device, path: Path | None = None, logit_bias: float | None = None):
@@ -54,10 +53,15 @@ class LoadedModel(nn.Module):
         self.tokenizer = model.tokenizer
         self.image_size = cfg.data.image_size
         objective = plan_for(cfg)
-        self.head = objective.zero_shot_head
+        self.score = objective.zero_shot
         self.probe_features = objective.probe_features
-        self.nclip_score = cfg.eval.nclip_score
         self._logit_bias = logit_bias  # a SiglipModel's b (load): its logits exp(s)·cos + b
+
+    @property
+    def head(self) -> str | None:
+        """The name of the zero-shot score (``clip``, ``nclip``, ``yclip``, a plugin's), None for an
+        image-only objective."""
+        return self.score.name if self.score is not None else None
 
     @property
     def logit_scale(self) -> float:
@@ -152,12 +156,11 @@ class LoadedModel(nn.Module):
         return self._embedding(self.text_outputs(texts, batch_size))
 
     def similarity(self, image_emb: torch.Tensor, text_emb: torch.Tensor) -> torch.Tensor:
-        """[N, M] zero-shot scores of :meth:`encode_image` against :meth:`encode_text` outputs
-        (:func:`nclip.eval.features.similarity`): the cosine for the CLIP head, −L_CE (xCLIP Eq. 2)
-        for nCLIP, yCLIP's S (App. B.2 Eq. 2)."""
+        """[N, M] zero-shot scores of :meth:`encode_image` against :meth:`encode_text` outputs by
+        :attr:`score` (:meth:`nclip.objectives.scores.Score.compare`): the cosine for the CLIP head,
+        −L_CE (xCLIP Eq. 2) for nCLIP, yCLIP's S (App. B.2 Eq. 2)."""
         self._need_text("similarity")
-        key = HEAD_KEY[MODEL_HEAD[self.head]]
-        return similarity({key: image_emb}, {key: text_emb}, self.head, self.nclip_score)
+        return self.score.compare(image_emb, text_emb)
 
     @torch.no_grad()
     def zero_shot(self, images, classnames: Sequence[str], templates: Sequence[str] | None = None,
@@ -177,8 +180,8 @@ class LoadedModel(nn.Module):
         space = LabelKind(tuple(names), templates)
         prompts = encode_texts(self.model, [p for c in range(len(space)) for p in space.prompts(c)],
                                self.device, batch_size)
-        classes = ensemble(prompts, len(space))
-        scores = zeroshot.scores(self.image_outputs(images, batch_size), classes, self.head, self.nclip_score)
+        classes = ensemble(prompts, len(space), self.score)
+        scores = zeroshot.scores(self.image_outputs(images, batch_size), classes, self.score)
         # SigLIP's own logits exp(s)·cos + b (a monotone map: the same ranking; sigmoid: its probabilities)
         return self._scaled(scores) if self.logit_bias is not None else scores
 
@@ -186,10 +189,10 @@ class LoadedModel(nn.Module):
         """The zero-shot head's output (:func:`nclip.eval.features.zero_shot_embedding`): the CLIP
         head's embedding ℓ2-normalised (cosine = dot product); the nCLIP head's logits h as they are
         (compare them with :meth:`similarity`); an image-only objective's probe features, ℓ2-normalised."""
-        return zero_shot_embedding(outputs, self.head, self.probe_features)
+        return zero_shot_embedding(outputs, self.score, self.probe_features)
 
     def _need_text(self, what: str) -> None:
-        if self.head is None:
+        if self.score is None:
             raise NclipError(f"{what}: objective {self.cfg.objective.name!r} trains no text-aligned head "
                              "(image-only: use encode_image features with a k-NN or linear probe)")
 

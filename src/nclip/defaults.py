@@ -37,18 +37,6 @@ def unlabelled_reason(data) -> str:
 # float rounding.
 EVAL_BATCH_SIZE = 256
 
-# The image features the probes (linear, k-NN, clustering, realms) can read, by the head that makes
-# them: name -> key of DualEncoder.encode_image's outputs. "backbone" is the tower's own feature
-# ([CLS] / pooled, before any head); the others need the objective to train that head. Each
-# objective's paper default is its class attribute ``Objective.probe_features``.
-PROBE_FEATURES = {"backbone": "features", "clip": "clip", "nclip": "nclip", "proto": "proto"}
-PROBE_FEATURES_DETAIL = {
-    "backbone": "image backbone features ({tower}, no projection)",
-    "clip": "CLIP-head embeddings z, not normalised (k-NN and clustering L2-normalise)",
-    "nclip": "nCLIP-head logits, not normalised (k-NN and clustering L2-normalise)",
-    "proto": "ProtoCLIP-head projections h = g(z), not normalised (k-NN and clustering L2-normalise)",
-}
-
 # The directions of the nCLIP head's zero-shot score −L_CE (xCLIP Eq. 2): "symmetric", −(CE(p, q) +
 # CE(q, p)) / 2 as in Sec. 3.1, or "image_to_text", −CE(p_image, q_text): the run config's
 # eval.nclip_score, `nclip eval --nclip-score` and nclip.objectives.functional.nclip_similarity

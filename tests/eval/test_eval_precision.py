@@ -17,6 +17,7 @@ from nclip.eval import retrieval, zeroshot
 from nclip.eval.features import class_text_outputs, extract, similarity
 from nclip.models import build_model
 from nclip.models.dual_encoder import DualEncoder
+from nclip.objectives.scores import score_named
 
 from conftest import micro_sizes
 
@@ -69,7 +70,7 @@ def test_bf16_autocast_scores_match_float32_within_the_rounding_bound():
             assert 0 < (y - x).abs().max() <= 8 * U * x.abs().max(), (side, key)  # bf16 ran; measured ≤ 3u
     tol = _tolerances(outs)
     for head in ("clip", "nclip"):
-        s32, s16 = similarity(f32.image, f32.text, head), similarity(f16.image, f16.text, head)
+        s32, s16 = (similarity(f.image, f.text, score_named(head)) for f in (f32, f16))
         assert (s16 - s32).abs().max() <= tol[head], head
         r32, r16 = (retrieval.evaluate(s, f32.text_to_image, ks=(1, 5)) for s in (s32, s16))
         for k in (1, 5):  # recall@k changes only through rows whose top-k set may change
@@ -77,10 +78,14 @@ def test_bf16_autocast_scores_match_float32_within_the_rounding_bound():
             assert abs(r16[f"i2t@{k}"] - r32[f"i2t@{k}"]) <= i2t.float().mean() + 1e-9, (head, k)
             assert abs(r16[f"t2i@{k}"] - r32[f"t2i@{k}"]) <= t2i.float().mean() + 1e-9, (head, k)
     for kind, space in data.label_kinds.items():
-        classes = [class_text_outputs(model, space, "cpu", a) for a in (None, torch.bfloat16)]
-        ztol = _tolerances(outs, ({"classes": classes[0]}, {"classes": classes[1]}))
+        def classes(score):
+            return [class_text_outputs(model, space, "cpu", score, a) for a in (None, torch.bfloat16)]
+
+        nclip32, nclip16 = classes(score_named("nclip"))
+        ztol = _tolerances(outs, ({"classes": nclip32}, {"classes": nclip16}))
         for head in ("clip", "nclip"):
-            z32, z16 = (zeroshot.scores(f.image, c, head, "symmetric") for f, c in zip((f32, f16), classes))
+            score = score_named(head)
+            z32, z16 = (zeroshot.scores(f.image, c, score) for f, c in zip((f32, f16), classes(score)))
             assert (z16 - z32).abs().max() <= ztol[head], (head, kind)
             unstable = _unstable(z32, z16, ztol[head], 1)
             top1 = [zeroshot.evaluate(z, f32.labels[kind])[0]["top1"] for z in (z32, z16)]

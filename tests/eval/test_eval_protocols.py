@@ -10,6 +10,8 @@ import torch.nn.functional as F
 
 from nclip.eval import diagnostics, masks, multilabel, probe, realms, retrieval, sts, zeroshot
 from nclip.eval.features import ensemble, similarity
+from nclip.eval.settings import EvalSettings
+from nclip.objectives.scores import ClipScore, NclipScore, YclipScore, score_named
 
 
 def _blobs(n_per, centres, noise=0.05, seed=0):
@@ -31,7 +33,7 @@ def test_zeroshot_known_answer_and_sklearn():
     labels = torch.tensor([0, 1, 2, 0, 1, 2])
     dirs = torch.tensor([0, 1, 2, 0, 1, 0])
     image = {"clip": torch.eye(3, 8)[dirs] * 3.0 + 0.01}
-    s = zeroshot.scores(image, classes, "clip")
+    s = zeroshot.scores(image, classes, ClipScore())
     m, pred = zeroshot.evaluate(s, labels)
     assert pred.tolist() == dirs.tolist()
     assert m["top1"] == pytest.approx(5 / 6)
@@ -57,14 +59,16 @@ def test_prompt_ensemble_clip_and_nclip():
     emb = torch.randn(n_cls * n_tpl, 6, generator=g)
     logits = torch.randn(n_cls * n_tpl, 10, generator=g)
     feats = torch.randn(n_cls * n_tpl, 5, generator=g)
-    out = ensemble({"clip": emb, "nclip": logits, "features": feats}, n_cls)
+    prompts = {"clip": emb, "nclip": logits, "features": feats}
+    clip, nclip, yclip = (ensemble(prompts, n_cls, score) for score in (ClipScore(), NclipScore(), YclipScore()))
+    assert list(clip) == ["clip"] and list(nclip) == list(yclip) == ["nclip"]  # the score's head alone
+    assert torch.equal(nclip["nclip"], yclip["nclip"])  # both read the nCLIP head's distributions
     for c in range(n_cls):
         rows = slice(c * n_tpl, (c + 1) * n_tpl)
         ref = F.normalize(F.normalize(emb[rows], dim=1).mean(0), dim=0)  # CLIP: mean of unit vectors, renormalised
-        assert torch.allclose(out["clip"][c], ref, atol=1e-6)
+        assert torch.allclose(clip["clip"][c], ref, atol=1e-6)
         p = F.softmax(logits[rows], dim=1).mean(0)  # nCLIP: mean of the prompts' distributions
-        assert torch.allclose(F.softmax(out["nclip"][c], dim=0), p, atol=1e-6)
-        assert torch.allclose(out["features"][c], feats[rows].mean(0), atol=1e-6)
+        assert torch.allclose(F.softmax(nclip["nclip"][c], dim=0), p, atol=1e-6)
 
 
 def _minus_ce_loops(img, cls, symmetric):
@@ -78,28 +82,31 @@ def test_zeroshot_nclip_head_scores_are_minus_cross_entropy():
     g = torch.Generator().manual_seed(2)
     img, cls = 2 * torch.randn(30, 7, generator=g), 2 * torch.randn(4, 7, generator=g)
     # default: −L_CE symmetrised (xCLIP Sec. 3.1, Eq. 2); image_to_text: the one direction
-    s = zeroshot.scores({"nclip": img}, {"nclip": cls}, "nclip")
+    s = zeroshot.scores({"nclip": img}, {"nclip": cls}, score_named("nclip"))
     assert s.dtype == torch.float32
     assert torch.allclose(s.double(), _minus_ce_loops(img, cls, True), atol=1e-5)
-    one = zeroshot.scores({"nclip": img}, {"nclip": cls}, "nclip", "image_to_text")
+    image_to_text = score_named("nclip").configured(EvalSettings(nclip_score="image_to_text"))
+    assert image_to_text.options() == {"nclip_score": "image_to_text"}
+    one = zeroshot.scores({"nclip": img}, {"nclip": cls}, image_to_text)
     assert torch.allclose(one.double(), _minus_ce_loops(img, cls, False), atol=1e-5)
     assert (s.argmax(1) != one.argmax(1)).any()
     # retrieval scores the same way
-    assert torch.equal(similarity({"nclip": img}, {"nclip": cls}, "nclip"), s)
+    assert torch.equal(similarity({"nclip": img}, {"nclip": cls}, NclipScore()), s)
 
 
 def test_yclip_is_scored_with_its_own_s():
-    from nclip.eval.settings import HEADS, MODEL_HEAD
-    from nclip.objectives import REGISTRY
+    from nclip.config import resolve
+    from nclip.objectives import plan_for
 
     g = torch.Generator().manual_seed(3)
     img, txt = 2 * torch.randn(6, 9, generator=g), 2 * torch.randn(5, 9, generator=g)
-    head = REGISTRY["yclip"][1].zero_shot_head
-    assert head in HEADS and MODEL_HEAD[head] == "nclip"  # S reads the nCLIP head's logits
+    score = plan_for(resolve("micro", ["objective.name=yclip", "eval.nclip_score=image_to_text"])).zero_shot
+    assert score.name == "yclip" and score.head == "nclip"  # S reads the nCLIP head's logits
+    assert score.options() == {} and not score.normalised  # nclip_score is nCLIP's, not yCLIP's
     p, q = F.softmax(img.double(), 1), F.softmax(txt.double(), 1)
     s_ref = p @ q.log().T + p.log() @ q.T  # App. B.2 Eq. 2: S_ij = p_i·log q_j + log p_i·q_j
-    for sim in (similarity({"nclip": img}, {"nclip": txt}, head),
-                zeroshot.scores({"nclip": img}, {"nclip": txt}, head, "image_to_text")):  # nclip_score ignored
+    image, text = {"nclip": img}, {"nclip": txt}
+    for sim in (similarity(image, text, score), zeroshot.scores(image, text, score)):
         assert torch.allclose(sim.double(), s_ref, atol=1e-5)
 
 

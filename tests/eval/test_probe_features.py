@@ -13,8 +13,8 @@ import torch
 
 from nclip.cli import main
 from nclip.config import resolve
-from nclip.defaults import PROBE_FEATURES
-from nclip.objectives import REGISTRY
+from nclip.heads import head_class
+from nclip.objectives import REGISTRY, plan_of
 
 MICRO = [
     "data.image_size=16", "data.text_length=16",
@@ -53,9 +53,10 @@ def _ablation():
 
 
 def test_paper_defaults_per_objective():
-    for name, (_, objective) in REGISTRY.items():
+    for name, (config, objective) in REGISTRY.items():
         f = objective.probe_features
-        assert f in PROBE_FEATURES and (f == "backbone" or f in objective.heads), name
+        assert f == "backbone" or (f in objective.heads and head_class(f).probe), name
+        assert plan_of(config()).probe_problem(f) is None, name
     # ProtoCLIP App. B: z (the CLIP-head embedding); xCLIP Sec. 4.2.1 ([CLS] of the frozen backbone) for
     # CLIP, nCLIP and xCLIP; CMSF: the frozen backbone
     assert REGISTRY["protoclip"][1].probe_features == "clip"
@@ -112,9 +113,11 @@ def test_default_recorded_and_bad_choices(proto_model, tmp_path, capsys):
     doc = json.loads((out / "results.json").read_text())
     assert doc["config"]["features"] == "backbone" and doc["config"]["probe_features"].startswith("backbone: image")
     capsys.readouterr()
+    cmsf_model = _untrained(tmp_path, "cmsf", "objective.bank_size=64", "model.cmsf_hidden=32", "model.cmsf_dim=16")
     for model, features, needle in ((clip_model, "proto", "objective 'clip' trains no 'proto' head"),
                                     (proto_model, "nclip", "objective 'protoclip' trains no 'nclip' head"),
-                                    (proto_model, "pooled", "--features: Input should be")):
+                                    (proto_model, "pooled", "objective 'protoclip' trains no 'pooled' head"),
+                                    (cmsf_model, "cmsf", "its 'cmsf' head offers no probe features (choose backbone)")):
         code = main(["eval", "--checkpoint", str(model), "--out", str(tmp_path / "bad"), "--tasks", "knn",
                      "--features", features] + SMALL)
         err = capsys.readouterr().err.strip()

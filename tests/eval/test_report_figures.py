@@ -14,6 +14,7 @@ from nclip.cli import main
 from nclip.eval import figures
 from nclip.eval.curve_panels import curve_panels
 from nclip.eval.report import _page
+from nclip.objectives.scores import ClipScore
 
 matplotlib.use("Agg", force=True)
 
@@ -49,7 +50,7 @@ def test_tsne_names_classes_in_a_legend_not_over_the_points(captured):
     names = [f"class {i}" for i in range(5)]
     g = torch.Generator().manual_seed(0)
     labels = torch.arange(5).repeat(6)  # 30 images
-    t = {"head": "clip", "names": names, "labels": labels, "dataset": "synthetic", "kind": "shape",
+    t = {"score": ClipScore(), "names": names, "labels": labels, "dataset": "synthetic", "kind": "shape",
          "image": {"clip": torch.randn(30, 8, generator=g)}, "prompts": {"clip": torch.randn(15, 8, generator=g)},
          "classes": {"clip": torch.randn(5, 8, generator=g)}}
     figures.tsne_figure(t)

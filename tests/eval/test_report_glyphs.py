@@ -12,6 +12,7 @@ import torch
 
 from nclip.eval import glyphs
 from nclip.eval.report import render
+from nclip.objectives.scores import ClipScore
 
 matplotlib.use("Agg", force=True)
 
@@ -23,7 +24,7 @@ def _report(names, capsys) -> tuple[str, list[str], list[str]]:
     """(page, stderr lines, warnings) of a report with a confusion matrix and a t-SNE of ``names``."""
     n = len(names)
     g = torch.Generator().manual_seed(0)
-    t = {"head": "clip", "names": names, "labels": torch.arange(n).repeat(6), "dataset": "pets", "kind": "class",
+    t = {"score": ClipScore(), "names": names, "labels": torch.arange(n).repeat(6), "dataset": "pets", "kind": "class",
          "image": {"clip": torch.randn(6 * n, 8, generator=g)}, "prompts": {"clip": torch.randn(2 * n, 8, generator=g)},
          "classes": {"clip": torch.randn(n, 8, generator=g)}}
     doc = {"results": {"zeroshot/pets-class/top1": 0.5}, "config": {"tsne_iters": 250}, "cache": {}, "timing": {},

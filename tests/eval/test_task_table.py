@@ -17,7 +17,7 @@ def test_task_lists_are_views_of_the_table():
 
 
 def test_a_task_without_results_is_skipped_with_what_it_needs():
-    state = EvalState(ck=None, settings=EvalSettings(tasks=("sts", "masks", "knn")), head=None, cache=None,
+    state = EvalState(ck=None, settings=EvalSettings(tasks=("sts", "masks", "knn")), score=None, cache=None,
                       device=None, log=print)
     state.results["knn/digits-digit/top1"] = 0.5
     state.skipped["masks"] = "a reason of its own"

@@ -136,12 +136,14 @@ def test_cosine_classifier_at_step_0_is_zero_shot(tmp_path):
     from nclip.eval import zeroshot
     from nclip.eval.datasets import digits
     from nclip.eval.features import class_text_outputs, encode_images
+    from nclip.objectives.scores import score_named
 
     model = ck.load("cpu")
     test = digits(16, ck.cfg.seed).splits["test"]  # the test split nclip eval reads
     images = [test[i].image for i in range(len(test))]
-    scores = zeroshot.scores(encode_images(model, images, 16, "cpu"), class_text_outputs(model, prep.space, "cpu"),
-                             "clip")
+    clip = score_named("clip")
+    classes = class_text_outputs(model, prep.space, "cpu", clip)
+    scores = zeroshot.scores(encode_images(model, images, 16, "cpu"), classes, clip)
     assert torch.equal(logits.argmax(1), scores.argmax(1))
     torch.testing.assert_close(logits, scores * model.scale().item(), rtol=1e-4, atol=1e-4)
 

@@ -53,6 +53,25 @@ def test_export_refuses_models_without_clip_head(tmp_path, micro_overrides, caps
     assert "CLIP head" in capsys.readouterr().err
 
 
+def test_hf_export_asks_the_zero_shot_score(tmp_path, micro_overrides, monkeypatch, capsys):
+    """A CLIPModel scores by the cosine of the CLIP head: a model that nclip scores zero-shot
+    otherwise (a plugin's own score beside a CLIP head) is refused in one line, as its export would
+    not predict as nclip eval does."""
+    from dataclasses import replace
+
+    import nclip.objectives
+    from nclip.objectives.scores import NclipScore
+
+    cfg = resolve("micro", micro_overrides)  # xclip: CLIP and nCLIP heads, scored by CLIP's cosine
+    save_model(build_model(cfg), cfg, tmp_path / "m")
+    plan = nclip.objectives.plan_for
+    monkeypatch.setattr(nclip.objectives, "plan_for", lambda run_cfg: replace(plan(run_cfg), zero_shot=NclipScore()))
+    assert main(["export", "--checkpoint", str(tmp_path / "m"), "--hf", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "transfers zero-shot with the 'nclip' score (nclip head)" in err, err
+    assert not (tmp_path / "hf").exists()
+
+
 def test_hf_export_with_auto_classes_matches_nclip_load(tmp_path, micro_overrides):
     """AutoTokenizer + AutoImageProcessor + CLIPModel alone, from the exported directory, give
     nclip.load's CLIP-head embeddings for the same images and captions."""

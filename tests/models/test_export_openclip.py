@@ -140,6 +140,23 @@ REFUSED = [
 ]
 
 
+def test_open_clip_export_asks_the_zero_shot_score(tmp_path, micro_overrides, vocabulary, monkeypatch, capsys):
+    """open_clip scores by the cosine of the CLIP head: a model that nclip scores zero-shot otherwise
+    (a plugin's own score beside a CLIP head) is refused in one line."""
+    from dataclasses import replace
+
+    import nclip.objectives
+    from nclip.objectives.scores import YclipScore
+
+    run, _ = saved(tmp_path, micro_overrides, vocabulary, ["objective.name=xclip"])
+    plan = nclip.objectives.plan_for
+    monkeypatch.setattr(nclip.objectives, "plan_for", lambda run_cfg: replace(plan(run_cfg), zero_shot=YclipScore()))
+    assert export(run, tmp_path / "oc") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "transfers zero-shot with the 'yclip' score (nclip head)" in err[0], err
+    assert not (tmp_path / "oc").exists()
+
+
 @pytest.mark.parametrize("extra, why", REFUSED, ids=[w for _, w in REFUSED])
 def test_what_open_clip_cannot_express_is_one_line(tmp_path, micro_overrides, vocabulary, capsys, extra, why):
     run, _ = saved(tmp_path, micro_overrides, vocabulary, extra)

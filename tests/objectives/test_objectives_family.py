@@ -231,7 +231,7 @@ def test_yclip_matches_eq2_eq3(seed, b, k, lam1, lam2):
 def test_yclip_module_terms():
     h_i, h_t = leaves((6, 10), (6, 10), seed=6)
     obj = build_objective(YclipConfig(lambda1=0.5, lambda2=1.5))
-    assert obj.heads == frozenset({"nclip"}) and obj.zero_shot_head == "yclip"  # scored with its S
+    assert obj.heads == frozenset({"nclip"}) and obj.zero_shot == "yclip"  # scored with its S
     t = obj(encoder_output(h_i, h_t, scale=5.0))
     p, q = torch.softmax(h_i, 1), torch.softmax(h_t, 1)
     ce = -((p * q.log()).sum(1) + (q * p.log()).sum(1)).mean() / 2
@@ -262,7 +262,7 @@ def test_siglip_and_xsiglip_modules():
     t["loss"].backward()
     assert sig.logit_bias.grad is not None
     x = build_objective(XsiglipConfig(w_clip=0.3, w_nclip=0.9, lambda1=0.2, lambda2=1.2))
-    assert x.heads == frozenset({"clip", "nclip"}) and x.zero_shot_head == "clip"
+    assert x.heads == frozenset({"clip", "nclip"}) and x.zero_shot == "clip"
     ref = (0.3 * ref_siglip(g_i, g_t, torch.tensor(14.0, dtype=torch.float64), -10.0)
            + 0.9 * functional.nclip_terms(h_i, h_t, 0.2, 1.2)["loss"])
     torch.testing.assert_close(x(out)["loss"], ref)

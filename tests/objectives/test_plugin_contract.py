@@ -32,7 +32,7 @@ SOURCE = """
     class Obj(Objective):
         Config = Config
         heads: ClassVar = frozenset({"clip"})
-        zero_shot_head: ClassVar = "clip"
+        zero_shot: ClassVar = "clip"
 
         def __init__(self, cfg):
             super().__init__()

@@ -25,7 +25,7 @@ GOOD = """
     class ScaledClip(Objective):
         Config = ScaledClipConfig
         heads: ClassVar = frozenset({"clip"})
-        zero_shot_head: ClassVar = "clip"
+        zero_shot: ClassVar = "clip"
 
         def __init__(self, cfg):
             super().__init__()
@@ -34,6 +34,20 @@ GOOD = """
         def forward(self, out, batch=None):
             return {"loss": self.cfg.weight * clip_terms(out.image["clip"], out.text["clip"], out.logit_scale)["loss"]}
 """
+
+
+@pytest.fixture(autouse=True)
+def _registries_as_they_were():
+    """The objective, head and score registries as before each test: a refused plugin stays registered
+    in the process that refused it, and other tests list the registered ones."""
+    from nclip.heads import base as heads
+    from nclip.objectives import registry, scores
+
+    saved = [(table, dict(table)) for table in (registry.REGISTRY, heads._HEADS, scores._SCORES)]
+    yield
+    for table, entries in saved:
+        table.clear()
+        table.update(entries)
 
 
 def _write(folder, module: str, source: str) -> None:
@@ -53,7 +67,7 @@ def test_a_plugin_from_the_working_directory_validates_its_options(tmp_path, mon
     cfg = resolve("micro", ["objective.name=plugin_good_a:ScaledClip", "objective.weight=0.5"])
     assert cfg.objective.weight == 0.5 and cfg.objective.name == "plugin_good_a:ScaledClip"
     plan = plan_for(cfg)
-    assert plan.heads == {"clip"} and plan.zero_shot_head == "clip"
+    assert plan.heads == {"clip"} and plan.zero_shot.name == "clip"
     assert resolve("micro", ["objective.name=xclip"]).objective.name == "xclip"  # the built-ins still validate
 
 
@@ -72,10 +86,20 @@ def test_a_plugin_from_an_entry_point(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("case, source, needle", [
     ("import_error", "import does_not_exist_anywhere\n", "does not import (ModuleNotFoundError"),
-    ("missing_method", GOOD.replace('zero_shot_head: ClassVar = "clip"', ""), "does not define zero_shot_head"),
+    ("missing_method", GOOD.replace('zero_shot: ClassVar = "clip"', ""), "does not define zero_shot"),
     ("no_config", GOOD.replace("Config = ScaledClipConfig", ""), "does not define Config"),
     ("not_an_objective", "class ScaledClip:\n    pass\n", "not a subclass of nclip.objectives.Objective"),
     ("bad_config", GOOD.replace("Config = ScaledClipConfig", "Config = dict"), "Config is not a subclass"),
+    # what evaluation will ask for is checked when the config is resolved, not after training
+    ("unknown_score", GOOD.replace('zero_shot: ClassVar = "clip"', 'zero_shot: ClassVar = "mine"'),
+     "its zero_shot: unknown zero-shot score 'mine'; registered: clip, nclip, yclip"),
+    ("unbuilt_head", GOOD.replace('zero_shot: ClassVar = "clip"', 'zero_shot: ClassVar = "nclip"'),
+     "its zero-shot score 'nclip' reads the 'nclip' head, which it does not build (it has clip)"),
+    ("unknown_head", GOOD.replace('frozenset({"clip"})', 'frozenset({"clip", "mine"})'),
+     "names the head 'mine', which is not registered"),
+    ("unknown_probe", GOOD.replace('zero_shot: ClassVar = "clip"', 'zero_shot: ClassVar = "clip"\n'
+                                   '        probe_features: ClassVar = "proto"'),
+     "ScaledClip.probe_features 'proto': objective"),
 ])
 def test_a_wrong_plugin_is_one_line(case, source, needle, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)

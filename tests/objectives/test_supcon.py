@@ -376,7 +376,7 @@ def test_paco_needs_a_class_count():
 def test_registered():
     for name in ("supcon", "paco", "reco", "clip_supcon"):
         assert name in REGISTRY
-        assert REGISTRY[name][1].zero_shot_head == ("clip" if name == "clip_supcon" else None)
+        assert REGISTRY[name][1].zero_shot == ("clip" if name == "clip_supcon" else None)
 
 
 # ---- 2 ranks against 1 process --------------------------------------------------------------------

@@ -17,7 +17,7 @@ from pydantic import Field
 
 from nclip.config.section import Section
 from nclip.dataset_specs import checked_spec
-from nclip.defaults import EVAL_BATCH_SIZE, NCLIP_SCORES, PROBE_FEATURES
+from nclip.defaults import EVAL_BATCH_SIZE, NCLIP_SCORES
 
 DEFAULT_EVAL_EVERY = 200  # steps; see docs/runs.md for its cost on the tiny preset (≤ 5 % of the run)
 DEFAULT_EVAL_SAMPLES = 500  # held-out images per dataset (and k-NN reference images)
@@ -26,9 +26,11 @@ DEFAULT_EVAL_SAMPLES = 500  # held-out images per dataset (and k-NN reference im
 class EvalConfig(Section):
     samples: int = Field(1000, ge=10, description="held-out synthetic pairs for the end-of-run eval")
     batch_size: int = Field(EVAL_BATCH_SIZE, ge=1)  # the same default as `nclip eval --batch-size`
-    # the image features the end-of-run probes read (objectives without a zero-shot head): None = the
-    # objective's paper default (Objective.probe_features); as `nclip eval --features`
-    probe_features: Literal[tuple(PROBE_FEATURES)] | None = None  # type: ignore[valid-type]
+    # the image features the end-of-run probes read (objectives without a zero-shot head): backbone or
+    # a head of the objective that offers probe features (nclip.heads.Head.probe), checked against the
+    # objective's heads with the whole config; None = the objective's paper default
+    # (Objective.probe_features); as `nclip eval --features`
+    probe_features: str | None = None
     # nCLIP head's −L_CE (xCLIP Eq. 2): symmetrised (Sec. 3.1) or image→text only; `nclip eval --nclip-score`
     nclip_score: Literal[NCLIP_SCORES] = "symmetric"  # type: ignore[valid-type]
 

@@ -86,9 +86,8 @@ class RunConfig(Section):
         if self.model.nclip_shared_layers and not {"clip", "nclip"} <= heads:
             raise ValueError(f"model.nclip_shared_layers {self.model.nclip_shared_layers}: objective "
                              f"{self.objective.name!r} has no CLIP and nCLIP heads to share layers (xclip has)")
-        if self.eval.probe_features not in (None, "backbone") and self.eval.probe_features not in heads:
-            raise ValueError(f"eval.probe_features {self.eval.probe_features}: objective {self.objective.name!r} "
-                             f"trains no {self.eval.probe_features!r} head (it has {', '.join(sorted(heads))})")
+        if self.eval.probe_features is not None and (problem := plan.probe_problem(self.eval.probe_features)):
+            raise ValueError(f"eval.probe_features {self.eval.probe_features}: {problem}")
         return self
 
 

@@ -37,14 +37,14 @@ def describe(ck) -> dict:
             "arch": ck.arch, "objective": ck.cfg.objective.name}
 
 
-def zero_shot_space(cfg) -> tuple[str | None, str, str]:
-    """(zero-shot head or None, probe features, a description) of a run config's objective: what its
-    embeddings are, known before the model loads."""
+def zero_shot_space(cfg):
+    """(the zero-shot score (:class:`nclip.objectives.scores.Score`) or None, probe features, a
+    description) of a run config's objective: what its embeddings are, known before the model loads."""
     from nclip.objectives import plan_for
 
     objective = plan_for(cfg)
-    head, features = objective.zero_shot_head, objective.probe_features
-    return head, features, f"{head} head" if head else f"{features} features (image-only objective)"
+    score, features = objective.zero_shot, objective.probe_features
+    return score, features, f"{score.name} head" if score else f"{features} features (image-only objective)"
 
 
 class Encoder:
@@ -54,7 +54,7 @@ class Encoder:
         from nclip.data.transforms import model_resize
 
         self.model, self.device = model.eval(), device
-        self.head, self.probe_features, self.embedding = zero_shot_space(cfg)
+        self.score, self.probe_features, self.embedding = zero_shot_space(cfg)
         self.image_size = cfg.data.image_size
         self.resize = model_resize(model)
 
@@ -79,7 +79,7 @@ class Encoder:
         """[b, D] float32 on the CPU from pre-processed pixels [b, 3, S, S]."""
         from nclip.eval.features import _cat, zero_shot_embedding
 
-        return zero_shot_embedding(_cat([self.model.encode_image(pixels.to(self.device))]), self.head,
+        return zero_shot_embedding(_cat([self.model.encode_image(pixels.to(self.device))]), self.score,
                                    self.probe_features)
 
     @torch.no_grad()
@@ -87,7 +87,7 @@ class Encoder:
         """[M, D] float32 on the CPU; one line for an image-only objective."""
         from nclip.eval.features import encode_texts, zero_shot_embedding
 
-        if self.head is None:
+        if self.score is None:
             raise NclipError("this model's objective trains no text-aligned head (image-only): it embeds no text")
-        return zero_shot_embedding(encode_texts(self.model, captions, self.device, batch_size), self.head,
+        return zero_shot_embedding(encode_texts(self.model, captions, self.device, batch_size), self.score,
                                    self.probe_features)

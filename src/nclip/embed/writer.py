@@ -50,10 +50,10 @@ def embed(spec: str, checkpoint: str | Path, out: str | Path, *, arch: str | Non
                      samples=samples, image_key=image_key, caption_key=caption_key,
                      run_keys=(cfg.data.csv_image_key, cfg.data.csv_caption_key))
     model = embed_model.describe(ck)
-    head, _, embedding = embed_model.zero_shot_space(cfg)
+    score, _, embedding = embed_model.zero_shot_space(cfg)
     settings = {"data": rows.identity, "embedding": embedding, "image_size": cfg.data.image_size,
                 "batch_size": batch_size, "shard_size": shard_size, "dtype": "float16", "compute_dtype": "float32",
-                "texts": rows.captions and head is not None}
+                "texts": rows.captions and score is not None}
     with DirLock(out, "nclip embed"):
         doc = mf.resume_point(out, model, settings, force)  # before the model loads: a refusal is quick
         if doc is not None and doc.get("complete"):

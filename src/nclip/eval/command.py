@@ -1,8 +1,8 @@
 """The ``nclip eval`` subcommand (registered by :mod:`nclip.cli`).
 
     nclip eval --checkpoint RUN_DIR --out DIR [--tasks zeroshot,linear,...] [--dataset SPEC ... | --suite FILE.yaml]
-               [--head clip|nclip|yclip] [--nclip-score symmetric|image_to_text]
-               [--features backbone|clip|nclip|proto] [--baseline RUN_DIR] [--hierarchy FILE|builtin]
+               [--head SCORE] [--nclip-score symmetric|image_to_text]
+               [--features backbone|HEAD] [--baseline RUN_DIR] [--hierarchy FILE|builtin]
                [--cache-dir DIR | --no-cache]
                [--classnames FILE] [--templates FILE|imagenet80|simple] [--topk 3,5,10,20] [--no-report]
                [--segment-threshold T] [--voc-classnames voc|groupvit]
@@ -26,8 +26,8 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
     """The ``nclip eval`` parser; its choices and help are made from the tables of dataset kinds
     (:mod:`nclip.dataset_specs`), tasks and SGD recipes (:mod:`nclip.eval.settings`)."""
     from nclip.dataset_specs import CLASSNAMES, TEMPLATES, kinds_taking, spec_help
-    from nclip.defaults import DEVICES, NCLIP_SCORES, PROBE_FEATURES
-    from nclip.eval.settings import HEADS, TASK_TABLE, TASKS, EvalSettings, Probe, VocClassnames
+    from nclip.defaults import DEVICES, NCLIP_SCORES
+    from nclip.eval.settings import TASK_TABLE, TASKS, EvalSettings, Probe, VocClassnames
     from nclip.eval.sgd_recipes import SGD_RECIPES, recipes_help
 
     d = EvalSettings()
@@ -48,13 +48,16 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
                    help="a benchmark suite: datasets with their tasks (and prompts) in one YAML file; one "
                         "results.json and report with a table across the datasets and their mean "
                         "(docs/eval-data.md); instead of --dataset/--tasks/--classnames/--templates")
-    p.add_argument("--head", choices=HEADS,
-                   help="zero-shot score: clip cosine, nclip −L_CE, yclip S (default: the objective's)")
+    # the scores and heads are registered kinds (a plugin adds its own): checked against the checkpoint
+    p.add_argument("--head", metavar="SCORE",
+                   help="zero-shot score, a registered one: clip cosine, nclip −L_CE, yclip S, or a plugin's "
+                        "(default: the objective's)")
     p.add_argument("--nclip-score", choices=NCLIP_SCORES,
                    help="nCLIP's −L_CE: symmetrised as Eq. 2 (default) or image→text only")
-    p.add_argument("--features", help="image features of the linear, k-NN, clustering and realm probes: "
-                                      f"{' | '.join(PROBE_FEATURES)} (default: the objective's paper protocol, "
-                                      "ProtoCLIP: clip = z, App. B; the others: backbone)")
+    p.add_argument("--features", metavar="backbone|HEAD",
+                   help="image features of the linear, k-NN, clustering and realm probes: backbone or a head "
+                        "of the checkpoint that offers them, clip | nclip | proto or a plugin's (default: the "
+                        "objective's paper protocol, ProtoCLIP: clip = z, App. B; the others: backbone)")
     p.add_argument("--probe", choices=get_args(Probe), default=d.probe,
                    help="linear probe: lbfgs (CLIP App. A.3, L2 chosen on a validation split; default) or sgd "
                         "(the papers' SGD recipes, see --probe-recipe)")

@@ -15,7 +15,6 @@ from typing import Callable, NamedTuple
 import torch
 
 from nclip.data.transforms import model_resize
-from nclip.defaults import PROBE_FEATURES
 from nclip.errors import NclipError
 from nclip.eval import classifier, diagnostics, masks, multilabel, probe, realms, retrieval, segmentation, sts, zeroshot
 from nclip.eval.cache import FeatureCache
@@ -23,7 +22,9 @@ from nclip.eval.checkpoint import Checkpoint
 from nclip.eval.datasets import EvalData
 from nclip.eval.features import encode_texts, ensemble, extract, prompt_outputs, similarity
 from nclip.eval.probe import threads as _threads
-from nclip.eval.settings import MODEL_HEAD, TASK_TABLE, EvalSettings
+from nclip.eval.settings import TASK_TABLE, EvalSettings
+from nclip.heads import probe_output
+from nclip.objectives.scores import ClipScore, Score
 from nclip.precision import autocast_dtype
 
 
@@ -33,7 +34,7 @@ class EvalState:
 
     ck: Checkpoint
     settings: EvalSettings
-    head: str
+    score: Score | None  # the zero-shot score; None: an image-only objective (no text task runs)
     cache: FeatureCache
     device: torch.device
     log: Callable[[str], None]
@@ -79,7 +80,7 @@ class EvalState:
     @property
     def probe_key(self) -> str:
         """The key of the probed image features in the extracted outputs (settings.features)."""
-        return PROBE_FEATURES[self.settings.features or "backbone"]
+        return probe_output(self.settings.features or "backbone")
 
     def put(self, task: str, dataset: str, metrics: dict) -> None:
         for k, v in metrics.items():
@@ -130,10 +131,10 @@ def _check_head(st: EvalState, outputs: dict[str, torch.Tensor]) -> None:
     if st.probe_key not in outputs:
         raise NclipError(f"features {st.settings.features!r} are not in this checkpoint's outputs "
                          f"(objective {st.ck.cfg.objective.name})")
-    if st.head is None:  # image-only objective: no head is scored
+    if st.score is None:  # image-only objective: no head is scored
         return
-    if MODEL_HEAD[st.head] not in outputs:
-        raise NclipError(f"head {st.head!r} is not in this checkpoint (objective {st.ck.cfg.objective.name})")
+    if st.score.head not in outputs:
+        raise NclipError(f"head {st.score.head!r} is not in this checkpoint (objective {st.ck.cfg.objective.name})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,7 +159,7 @@ def eval_dataset(st: EvalState, data: EvalData) -> None:
             if task in tasks:
                 runner(st, data)
         return
-    needs_text = data.retrieval and st.head is not None  # always: one cache entry serves every task list
+    needs_text = data.retrieval and st.score is not None  # always: one cache entry serves every task list
     flat = _features(st, data, "test", texts=needs_text)
     test = _Test(flat, _group(flat, "image"), _group(flat, "text"))
     _check_head(st, test.image)
@@ -177,10 +178,10 @@ def _eval_zero_shot(st: EvalState, data: EvalData, t: _Test, tasks: set[str]) ->
     class_scores: dict[str, torch.Tensor] = {}
     for kind in scored:
         prompts = _prompts(st, data, kind)
-        classes = ensemble(prompts, len(data.label_kinds[kind]))
-        class_scores[kind] = zeroshot.scores(image, classes, st.head, st.settings.nclip_score)
+        classes = ensemble(prompts, len(data.label_kinds[kind]), st.score)
+        class_scores[kind] = zeroshot.scores(image, classes, st.score)
         if kind == realms.class_kind(data.label_kinds) and kind in kinds:
-            st.artifacts.setdefault("tsne", {"dataset": data.name, "kind": kind, "head": st.head,
+            st.artifacts.setdefault("tsne", {"dataset": data.name, "kind": kind, "score": st.score,
                                              "image": image, "labels": test[f"label.{kind}"],
                                              "prompts": prompts, "classes": classes,
                                              "names": data.label_kinds[kind].names,
@@ -210,7 +211,7 @@ def _single_label_kinds(data: EvalData, test: dict) -> list[str]:
 def _eval_retrieval(st: EvalState, data: EvalData, t: _Test, tasks: set[str]) -> None:
     if not (data.retrieval and t.text):
         return
-    sim = similarity(t.image, t.text, st.head, st.settings.nclip_score)
+    sim = similarity(t.image, t.text, st.score)
     st.put("retrieval", data.name, retrieval.evaluate(sim, t.flat["text_to_image"]))
     fails = retrieval.failure_cases(sim, t.flat["text_to_image"], n=6)
     if fails:
@@ -366,7 +367,7 @@ def _eval_segmentation(st: EvalState, data: EvalData, t: _Test, tasks: set[str])
     identity = st.identity(names=space.names, templates=space.templates, text_length=st.ck.cfg.data.text_length)
     prompts = st.cache.get(f"{data.name}-prompts-segmentation", identity,
                            lambda: prompt_outputs(st.model, space, st.device, st.autocast))
-    classes = ensemble(prompts, len(space))["clip"]
+    classes = ensemble(prompts, len(space), ClipScore())["clip"]  # GroupViT's readout: CLIP's cosine
     r = segmentation.evaluate(f, classes, float(st.model.scale().detach()), st.settings.segment_threshold)
     st.put("segmentation", data.name, {"miou": r["miou"], "macc": r["macc"]})
     st.artifacts.setdefault("segmentation", {})[data.name] = {

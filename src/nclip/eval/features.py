@@ -19,8 +19,9 @@ import torch.nn.functional as F
 
 from nclip.data.transforms import eval_tensor, model_resize
 from nclip.data.types import LabelKind, Sample
-from nclip.defaults import EVAL_BATCH_SIZE, PROBE_FEATURES
-from nclip.objectives.functional import nclip_similarity, yclip_similarity
+from nclip.defaults import EVAL_BATCH_SIZE
+from nclip.heads import probe_output
+from nclip.objectives.scores import Score
 from nclip.precision import to_float32, tower_autocast
 
 
@@ -133,38 +134,22 @@ def _decoded_batches(pool: ThreadPoolExecutor, samples: Sequence[Sample], size: 
 _NO_IMAGE = np.zeros((0, 0, 3), np.uint8)  # a sample's image once it is encoded: not kept in memory
 
 
-def similarity(image: dict[str, torch.Tensor], text: dict[str, torch.Tensor], head: str,
-               nclip_score: str = "symmetric") -> torch.Tensor:
-    """[N_img, N_txt] scores with the zero-shot score ``head`` (:data:`nclip.eval.settings.HEADS`):
-    ``clip``: cosine of the CLIP-head embeddings; ``nclip``: nCLIP's −L_CE on the nCLIP head (Sec. 3.1,
-    Eq. 2), symmetrised by default or one-directional (``nclip_score``, see
-    :func:`~nclip.objectives.functional.nclip_similarity`); ``yclip``: yCLIP's own score S on the
-    nCLIP head (App. B.2 Eq. 2, :func:`~nclip.objectives.functional.yclip_similarity`)."""
-    if head == "clip":
-        return F.normalize(image["clip"], dim=-1) @ F.normalize(text["clip"], dim=-1).T
-    if head == "nclip":
-        return nclip_similarity(image["nclip"], text["nclip"], nclip_score)
-    if head == "yclip":
-        return yclip_similarity(image["nclip"], text["nclip"])
-    raise ValueError(f"unknown head {head!r}")
+def similarity(image: dict[str, torch.Tensor], text: dict[str, torch.Tensor], score: Score) -> torch.Tensor:
+    """[N_img, N_txt] zero-shot scores of image against text (or class) outputs, both keyed by head
+    name, by ``score`` (:class:`nclip.objectives.scores.Score`: it reads its head's outputs and
+    compares them: CLIP's cosine, nCLIP's −L_CE, yCLIP's S, or a plugin's own)."""
+    return score.compare(image[score.head], text[score.head])
 
 
-# the output of DualEncoder.encode_image / encode_text (keyed by head name) that each zero-shot score reads
-HEAD_KEY = {"clip": "clip", "nclip": "nclip"}
-
-
-def zero_shot_embedding(outputs: dict[str, torch.Tensor], head: str | None, probe_features: str) -> torch.Tensor:
-    """[N, D] the embedding of the zero-shot score ``head`` (an objective's ``zero_shot_head``) from a
-    batch's head outputs: the CLIP head's embedding ℓ2-normalised (cosine = dot product); the nCLIP
-    head's logits h as they are (nCLIP's −L_CE reads their softmax, which normalising would change).
-    An image-only objective (``head`` None) gives its ``probe_features``, ℓ2-normalised. What
+def zero_shot_embedding(outputs: dict[str, torch.Tensor], score: Score | None, probe_features: str) -> torch.Tensor:
+    """[N, D] the embedding of the zero-shot ``score`` (the plan's ``zero_shot``) from a batch's head
+    outputs (:meth:`Score.embed`: the CLIP head's embedding ℓ2-normalised, so that the cosine is the
+    dot product; the nCLIP head's logits h as they are, since nCLIP's −L_CE reads their softmax). An
+    image-only objective (``score`` None) gives its ``probe_features``, ℓ2-normalised. What
     ``nclip.load(...).encode_image`` / ``encode_text`` return and ``nclip embed`` stores."""
-    from nclip.eval.settings import MODEL_HEAD
-
-    if head is None:
-        return F.normalize(outputs[PROBE_FEATURES[probe_features]], dim=-1)
-    key = HEAD_KEY[MODEL_HEAD[head]]
-    return F.normalize(outputs[key], dim=-1) if key == "clip" else outputs[key]
+    if score is None:
+        return F.normalize(outputs[probe_output(probe_features)], dim=-1)
+    return score.embed(outputs[score.head])
 
 
 @torch.no_grad()
@@ -174,31 +159,17 @@ def prompt_outputs(model, space: LabelKind, device, autocast: torch.dtype | None
     return encode_texts(model, prompts, device, autocast=autocast)
 
 
-def ensemble(prompts: dict[str, torch.Tensor], num_classes: int) -> dict[str, torch.Tensor]:
-    """One output per class from its prompts' outputs ``prompts[key]`` [C * T, ...] (class-major).
-
-    CLIP head ("clip"): each prompt embedding normalised, averaged per class, renormalised (CLIP's
-    ensemble, :func:`metrics.zero_shot_classifier`). nCLIP head ("nclip"): the class distribution
-    is the mean of its prompts' distributions, whose log is returned as logits (a log-distribution
-    is a valid logit vector: softmax(log p̄) = p̄). Backbone "features" are averaged.
-    """
-    from nclip.eval.metrics import zero_shot_classifier
-
-    classes = {}
-    for key, value in prompts.items():
-        v = value.view(num_classes, -1, *value.shape[1:])  # [C, T, ...]
-        if key == "clip":
-            classes[key] = zero_shot_classifier(v)
-        elif key == "nclip":
-            p = F.softmax(v, dim=-1).mean(1)
-            classes[key] = p.clamp_min(1e-30).log()
-        else:
-            classes[key] = v.mean(1)
-    return classes
+def ensemble(prompts: dict[str, torch.Tensor], num_classes: int, score: Score) -> dict[str, torch.Tensor]:
+    """One output per class, ``{score.head: [C, ...]}``, from its prompts' outputs ``prompts[head]``
+    [C * T, ...] (class-major), ensembled as ``score`` does (:meth:`Score.ensemble`: CLIP's
+    normalised mean of normalised prompt embeddings; for the nCLIP head the log of the mean of the
+    prompts' distributions)."""
+    value = prompts[score.head]
+    return {score.head: score.ensemble(value.view(num_classes, -1, *value.shape[1:]))}  # [C, T, ...] in
 
 
 @torch.no_grad()
-def class_text_outputs(model, space: LabelKind, device,
+def class_text_outputs(model, space: LabelKind, device, score: Score,
                        autocast: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """One text output per class from its prompt ensemble (see :func:`ensemble`), in float32."""
-    return ensemble(prompt_outputs(model, space, device, autocast), len(space))
+    """One text output per class from its prompt ensemble by ``score`` (see :func:`ensemble`), in float32."""
+    return ensemble(prompt_outputs(model, space, device, autocast), len(space), score)

@@ -1,6 +1,7 @@
 """The figures of report.html, each a base64 PNG (or, for retrieval failures, HTML cards of images):
-the zero-shot confusion matrix; t-SNE of image and text class embeddings (xCLIP Figs. G3-G6:
-cosine distance for the CLIP head, symmetrised cross-entropy -- i.e. KL -- for the nCLIP head);
+the zero-shot confusion matrix; t-SNE of image and text class embeddings (xCLIP Figs. G3-G6, by the
+zero-shot score's distance: cosine distance for the CLIP head, symmetrised cross-entropy -- i.e. KL --
+for the nCLIP head);
 retrieval failure cases (Fig. 5 / D2); mask probing examples; realm-wise accuracies; and the
 training curves of a run's metrics.jsonl, one unit per panel (:mod:`nclip.eval.curve_panels`).
 :mod:`nclip.eval.report` lays them out on the page.
@@ -18,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from nclip.eval.settings import TSNE_ITERS
+from nclip.objectives.scores import Score
 
 DPI = 110  # of every PNG
 
@@ -96,19 +98,11 @@ def confusion_figure(cm: torch.Tensor, names) -> str:
     return png(fig)
 
 
-def pairwise_distance(x: torch.Tensor, head: str) -> np.ndarray:
-    """[N, N] distances for t-SNE: cosine distance (CLIP head, features) or symmetrised KL
-    between the softmax distributions (nCLIP head: CE minus the self-entropy, made symmetric)."""
-    x = x.double()
-    if head in ("nclip", "yclip"):  # distributions of the nCLIP head
-        logp = F.log_softmax(x, dim=1)
-        p = logp.exp()
-        kl = (p * logp).sum(1, keepdim=True) - p @ logp.T  # KL(p_i || p_j)
-        d = 0.5 * (kl + kl.T)
-    else:
-        xn = F.normalize(x, dim=1)
-        d = 1.0 - xn @ xn.T
-    d = d.clamp_min(0)
+def pairwise_distance(x: torch.Tensor, score: Score) -> np.ndarray:
+    """[N, N] distances for t-SNE by the zero-shot score's own (:meth:`Score.distance`: cosine
+    distance for the CLIP head, the symmetrised KL between the softmax distributions for the nCLIP
+    head), clamped at 0 with a zero diagonal."""
+    d = score.distance(x).double().clamp_min(0)
     d.fill_diagonal_(0)
     return d.numpy()
 
@@ -128,8 +122,8 @@ def tsne_2d(dist: np.ndarray, seed: int = 0, max_iter: int = TSNE_ITERS) -> np.n
 def tsne_figure(t: dict, max_images: int = 500, max_iter: int = TSNE_ITERS) -> str:
     import matplotlib.pyplot as plt
 
-    head = t["head"]
-    key = "clip" if head == "clip" else "nclip"  # the head's output: yclip scores the nCLIP head
+    score = t["score"]
+    key = score.head
     names = list(t["names"])
     n_cls = len(names)
     g = torch.Generator().manual_seed(0)
@@ -142,7 +136,7 @@ def tsne_figure(t: dict, max_images: int = 500, max_iter: int = TSNE_ITERS) -> s
     colour = [cmap(c % cmap.N) for c in range(n_cls)]
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 5.6))
-    pts = tsne_2d(pairwise_distance(img, head), max_iter=max_iter)
+    pts = tsne_2d(pairwise_distance(img, score), max_iter=max_iter)
     ax = axes[0]
     for c in range(n_cls):
         m = (lab == c).numpy()
@@ -152,7 +146,8 @@ def tsne_figure(t: dict, max_images: int = 500, max_iter: int = TSNE_ITERS) -> s
             ax.scatter(*cen, s=80, color=colour[c], edgecolor="black", linewidths=1.0, zorder=3)
     ax.set_title(f"image embeddings ({len(idx)} test images; ● centre of each class)", fontsize=10)
 
-    xy = tsne_2d(pairwise_distance(torch.cat([prompts.double(), t["classes"][key].double()]), head), max_iter=max_iter)
+    xy = tsne_2d(pairwise_distance(torch.cat([prompts.double(), t["classes"][key].double()]), score),
+                 max_iter=max_iter)
     pts, cen = xy[: prompts.shape[0]], xy[prompts.shape[0]:]
     ax = axes[1]
     for c in range(n_cls):
@@ -169,8 +164,8 @@ def tsne_figure(t: dict, max_images: int = 500, max_iter: int = TSNE_ITERS) -> s
     if n_cls <= 40:  # class names in one legend beside the maps, not at the centroids where they overlap
         fig.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, title="class (colour)",
                    title_fontsize=8, ncols=1 + n_cls // 20, frameon=False)
-    metric = "cosine distance" if head == "clip" else "symmetrised KL of the nCLIP distributions"
-    fig.suptitle(f"t-SNE of {t['dataset']} {t['kind']} classes, {head} head ({metric})", fontsize=11)
+    fig.suptitle(f"t-SNE of {t['dataset']} {t['kind']} classes, {score.name} head ({score.distance_name})",
+                 fontsize=11)
     fig.tight_layout()
     return png(fig)
 

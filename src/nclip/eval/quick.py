@@ -1,11 +1,12 @@
 """The end-of-training evaluation written to RUN/eval.json: zero-shot classification and retrieval
-on held-out synthetic pairs (or digits), scored with the objective's zero-shot head.
+on held-out synthetic pairs (or digits), scored with the objective's zero-shot score (the plan's
+``zero_shot``, with the run's ``eval.nclip_score``).
 
 A small, uncached subset of ``nclip eval`` (protocols 1 and 2 of :mod:`nclip.eval.zeroshot` and
 :mod:`nclip.eval.retrieval`) on ``eval.samples`` held-out pairs; keys are ``zeroshot/<kind>/top1``,
 ``zeroshot/<kind>/chance`` and ``retrieval/{i2t,t2i}@{1,5}`` plus ``retrieval/mean_recall``.
 
-An objective without a text-aligned head (``zero_shot_head = None``: CMSF, the cross-entropy
+An objective without a text-aligned head (``zero_shot = None``: CMSF, the cross-entropy
 baseline) is scored instead by the probes of :mod:`nclip.eval.probe` (protocols 4 and 5): weighted
 k-NN and the L-BFGS linear probe, trained on ``eval.samples`` training images (digits: the whole
 train split) and tested on ``eval.samples`` held-out ones, against the *clean* labels of the run's
@@ -23,9 +24,9 @@ import torch
 
 from nclip.config import RunConfig
 from nclip.data.sources import MAIN_LABEL, build_dataset
-from nclip.defaults import PROBE_FEATURES
 from nclip.eval import probe, retrieval, zeroshot
 from nclip.eval.features import class_text_outputs, extract, similarity
+from nclip.heads import probe_output
 from nclip.objectives import plan_for
 from nclip.objectives.base import LabelRequest
 from nclip.precision import autocast_dtype
@@ -34,25 +35,23 @@ from nclip.precision import autocast_dtype
 @torch.no_grad()
 def evaluate_run(model, cfg: RunConfig, device) -> dict[str, float]:
     objective = plan_for(cfg)
-    head = objective.zero_shot_head
+    score = objective.zero_shot
     split = "test"
     data = build_dataset(cfg, split, length=cfg.eval.samples)
     amp = autocast_dtype(cfg.train.precision, torch.device(device))  # the towers' precision in training
-    if head is None:
+    if score is None:
         return _probe_run(model, cfg, device, data, objective, amp)
     feats = extract(model, data, cfg.data.image_size, device, cfg.eval.batch_size, autocast=amp)
-    score = cfg.eval.nclip_score
-    results: dict[str, float] = {"eval/samples": float(len(data)), "eval/head": head}
-    if head == "nclip":
-        results["eval/nclip_score"] = score
+    results: dict = {"eval/samples": float(len(data)), "eval/head": score.name}
+    results.update({f"eval/{option}": value for option, value in score.options().items()})  # nCLIP's direction
     for kind, space in data.label_kinds.items():
         if kind not in feats.labels:
             continue
-        scores = zeroshot.scores(feats.image, class_text_outputs(model, space, device, amp), head, score)
+        scores = zeroshot.scores(feats.image, class_text_outputs(model, space, device, score, amp), score)
         m, _ = zeroshot.evaluate(scores, feats.labels[kind])
         results[f"zeroshot/{kind}/top1"] = m["top1"]
         results[f"zeroshot/{kind}/chance"] = m["chance"]
-    sim = similarity(feats.image, feats.text, head, score)
+    sim = similarity(feats.image, feats.text, score)
     for k, v in retrieval.evaluate(sim, feats.text_to_image, ks=(1, 5)).items():
         results[f"retrieval/{k}"] = v
     return results
@@ -63,7 +62,7 @@ def _probe_run(model, cfg: RunConfig, device, test_data, objective, amp: torch.d
     from nclip.eval.runner import probe_features
 
     features = probe_features(cfg.eval.probe_features, cfg.objective)
-    key = PROBE_FEATURES[features]
+    key = probe_output(features)
     kind = (objective.label_request() or LabelRequest()).key or MAIN_LABEL[cfg.data.source]
     # the probe's training images come from the training split (synthetic: its first eval.samples
     # scenes), its test images from the held-out split, as nclip eval's linear and k-NN protocols

@@ -25,7 +25,6 @@ from typing import Callable
 
 import torch
 
-from nclip.defaults import PROBE_FEATURES_DETAIL
 from nclip.errors import NclipError
 from nclip.eval import datasets as eval_data
 from nclip.eval import realms
@@ -33,8 +32,10 @@ from nclip.eval.cache import FeatureCache
 from nclip.eval.checkpoint import resolve_checkpoint
 from nclip.eval.dispatch import EvalState, eval_dataset, explain_missing
 from nclip.eval.probe import threads as _threads
-from nclip.eval.settings import HEADS, MODEL_HEAD, TASKS, TEXT_TASKS, EvalSettings
+from nclip.eval.settings import TASKS, TEXT_TASKS, EvalSettings
+from nclip.heads import probe_description
 from nclip.jsonio import jsonable, read_json, write_text_atomic
+from nclip.objectives.scores import Score, score_named
 
 RESULTS_VERSION = 1
 
@@ -76,8 +77,8 @@ def run_eval(checkpoint: str | Path, out: str | Path | None = None, *, tasks=Non
 
 
 def start(checkpoint: str | Path, settings: EvalSettings, log: Callable[[str], None] | None = None):
-    """(the evaluation state, the objective class) of ``checkpoint`` under resolved ``settings``: the
-    zero-shot head chosen and checked, the text tasks of an image-only objective skipped with their
+    """(the evaluation state, the objective's plan) of ``checkpoint`` under resolved ``settings``: the
+    zero-shot score chosen and checked, the text tasks of an image-only objective skipped with their
     reason, the probe features and SGD recipe resolved (the model loads on first use)."""
     ck = resolve_checkpoint(checkpoint, settings.arch)
     if log and Path(ck.path) != Path(checkpoint).expanduser():  # a run without model/: its newest checkpoint
@@ -85,19 +86,16 @@ def start(checkpoint: str | Path, settings: EvalSettings, log: Callable[[str], N
     from nclip.objectives import plan_for
 
     objective = plan_for(ck.cfg)
-    head_name = settings.head or objective.zero_shot_head
+    score = zero_shot_score(settings, objective)
     text_skipped = {}
-    if head_name is None:  # no text-aligned head (CMSF, xent): the image-only protocols alone
+    if score is None:  # no text-aligned head (CMSF, xent): the image-only protocols alone
         why = f"objective {ck.cfg.objective.name!r} trains no text-aligned head (image-only: see linear, knn)"
         text_skipped = {t: why for t in settings.tasks if t in TEXT_TASKS}
         settings = settings.updated(tasks=tuple(t for t in settings.tasks if t not in TEXT_TASKS))
-    elif MODEL_HEAD[head_name] not in objective.heads:
-        raise NclipError(f"head {head_name!r} is not in this checkpoint: objective {ck.cfg.objective.name!r} "
-                         f"has {', '.join(sorted(objective.heads))}")
     settings = settings.updated(features=probe_features(settings.features, ck.cfg.objective))
     if settings.probe == "sgd" and settings.probe_recipe is None:  # the objective's paper recipe
         settings = settings.updated(probe_recipe=objective.sgd_probe_recipe)
-    st = EvalState(ck, settings, head_name, FeatureCache(settings.cache_dir, ck.sha256), _device(settings.device),
+    st = EvalState(ck, settings, score, FeatureCache(settings.cache_dir, ck.sha256), _device(settings.device),
                    log or (lambda msg: None))
     st.skipped.update(text_skipped)
     st.extract_threads = torch.get_num_threads()
@@ -127,18 +125,35 @@ def finish(st: EvalState, objective, out, report: bool, t0: float, extra: dict |
     return doc
 
 
+def zero_shot_score(settings: EvalSettings, objective) -> Score | None:
+    """The score of an evaluation: the one ``settings.head`` names (``nclip eval --head``), or (None)
+    the objective's plan's, with the evaluation's options (``--nclip-score``); None for an image-only
+    objective. A one-line error for an unknown score, or one whose head the checkpoint lacks."""
+    score = objective.zero_shot
+    if settings.head is not None:
+        try:
+            score = score_named(settings.head)
+        except ValueError as e:
+            raise NclipError(f"--head: {e}") from None
+    if score is None:
+        return None
+    if score.head not in objective.heads:
+        raise NclipError(f"head {score.head!r} is not in this checkpoint (the {score.name!r} score reads it): "
+                         f"objective {objective.name!r} has {', '.join(sorted(objective.heads))}")
+    return score.configured(settings)
+
+
 def probe_features(features: str | None, objective_cfg) -> str:
     """The image features the probes read: ``features``, or (None) the objective's paper default
     (``Objective.probe_features``: ProtoCLIP's z per its App. B, the backbone for the others);
-    a one-line error when the objective (config ``objective_cfg``) trains no such head."""
+    a one-line error when the objective (config ``objective_cfg``) has no such features (no such
+    head, or a head that offers none)."""
     from nclip.objectives import plan_of
 
     objective = plan_of(objective_cfg)
     features = features or objective.probe_features
-    heads = objective.heads
-    if features != "backbone" and features not in heads:
-        raise NclipError(f"features {features!r}: objective {objective_cfg.name!r} trains no {features!r} head "
-                         f"(it has {', '.join(sorted(heads))}; backbone features always exist)")
+    if problem := objective.probe_problem(features):
+        raise NclipError(f"features {features!r}: {problem}")
     return features
 
 
@@ -216,10 +231,10 @@ def _document(st: EvalState, objective) -> dict:
     tower = st.ck.vision_tower
     return {
         "version": RESULTS_VERSION,
-        "checkpoint": checkpoint_info(st.ck, objective, st.head),
+        "checkpoint": checkpoint_info(st.ck, objective, st.score.name if st.score is not None else None),
         "config": {**st.settings.model_dump(),
                    "probe_features": f"{st.settings.features}: "
-                                     + PROBE_FEATURES_DETAIL[st.settings.features].format(tower=tower.feature),
+                                     + probe_description(st.settings.features, tower.feature),
                    "linear_probe": linear_protocol(st.settings),
                    "mask_maps": tower.saliency,
                    "sts_features": "text backbone features ([EOS]/pooled, no projection)"},
@@ -241,12 +256,14 @@ def linear_protocol(settings: EvalSettings) -> dict:
 
 
 def checkpoint_info(ck, objective, head: str | None) -> dict:
-    """The ``checkpoint`` section of a results document (also ``nclip finetune``'s)."""
+    """The ``checkpoint`` section of a results document (also ``nclip finetune``'s): ``head`` the name
+    of the score evaluated, ``zero_shot_head`` the objective's (the plan's ``zero_shot``)."""
     cfg = ck.cfg
+    own = objective.zero_shot
     return {"path": str(ck.path), "format": ck.format, "weights": str(ck.weights),
             "weights_sha256": ck.sha256, "objective": cfg.objective.name,
             "heads": sorted(objective.heads), "head": head or "none",
-            "zero_shot_head": objective.zero_shot_head, "image_size": cfg.data.image_size,
+            "zero_shot_head": own.name if own is not None else None, "image_size": cfg.data.image_size,
             "vision_tower": cfg.model.vision.kind, "text_tower": cfg.model.text.kind,
             "train_steps": _trained_steps(ck), "data_source": cfg.data.source,
             "run_dir": str(ck.run_dir) if ck.run_dir else None}
@@ -302,4 +319,4 @@ def load_results(path: str | Path) -> dict:
     return doc
 
 
-__all__ = ["run_eval", "EvalSettings", "TASKS", "HEADS", "resolve_checkpoint", "load_results"]
+__all__ = ["run_eval", "EvalSettings", "TASKS", "resolve_checkpoint", "load_results"]

@@ -12,12 +12,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal, get_args
+from typing import Annotated, Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from nclip.dataset_specs import checked_spec, kinds_taking, parse_spec
-from nclip.defaults import DEVICES, EVAL_BATCH_SIZE, NCLIP_SCORES, PROBE_FEATURES
+from nclip.defaults import DEVICES, EVAL_BATCH_SIZE, NCLIP_SCORES
 from nclip.errors import NclipError
 from nclip.eval.sgd_recipes import SGD_RECIPES
 
@@ -62,14 +62,6 @@ TASK_TABLE: dict[str, Task] = {task.name: task for task in (
 TASKS = tuple(name for name, task in TASK_TABLE.items() if not task.optional)  # the default selection
 OPTIONAL_TASKS = tuple(name for name, task in TASK_TABLE.items() if task.optional)
 TEXT_TASKS = tuple(name for name, task in TASK_TABLE.items() if task.text)  # need a text-aligned head
-# the zero-shot scores: "clip" (cosine of the CLIP head), "nclip" (nCLIP's −L_CE on the nCLIP head,
-# direction set by ``nclip_score``), "yclip" (yCLIP's S of App. B.2 Eq. 2 on the nCLIP head)
-# and the projection head each reads
-MODEL_HEAD = {"clip": "clip", "nclip": "nclip", "yclip": "nclip"}
-Head = Literal[tuple(MODEL_HEAD)]  # type: ignore[valid-type]
-HEADS = get_args(Head)
-Features = Literal[tuple(PROBE_FEATURES)]  # type: ignore[valid-type]  # the probed image features
-FEATURES = get_args(Features)
 NclipScore = Literal[NCLIP_SCORES]  # type: ignore[valid-type]
 # the linear probe's optimiser: "lbfgs" (CLIP App. A.3, validated L2) or "sgd" (a paper's SGD recipe)
 Probe = Literal["lbfgs", "sgd"]
@@ -90,10 +82,13 @@ class EvalSettings(BaseModel):
 
     tasks: tuple[str, ...] = TASKS
     datasets: tuple[str, ...] = ("synthetic", "digits")
-    head: Head | None = None  # None: the objective's zero_shot_head
-    # image features of the linear, k-NN, clustering and realm probes; None: the objective's
-    # Objective.probe_features (its paper's protocol; results.json records the one used)
-    features: Features | None = None
+    # the zero-shot score, a registered score's name (nclip.objectives.scores: clip, nclip, yclip or a
+    # plugin's), checked against the checkpoint's heads when the evaluation starts; None: the objective's
+    head: str | None = None
+    # image features of the linear, k-NN, clustering and realm probes: backbone or a head that offers
+    # them (nclip.heads.Head.probe), checked against the checkpoint's heads when the evaluation starts;
+    # None: the objective's Objective.probe_features (its paper's protocol; results.json records the one used)
+    features: str | None = None
     # nCLIP head's −L_CE: "symmetric" = −(CE(p, q) + CE(q, p)) / 2, Eq. 2 symmetrised as in Sec. 3.1;
     # "image_to_text" = −CE(p_image, q_text), one direction only
     nclip_score: NclipScore = "symmetric"

@@ -2,10 +2,10 @@
 
 Every class is represented by the ensemble of its prompts (``LabelKind.templates`` filled with the
 class name, see :func:`nclip.eval.features.class_text_outputs`), every image is scored against every
-class with the selected score (CLIP: cosine; nCLIP: −L_CE, Sec. 3.1, symmetrised by default; yCLIP:
-its S, App. B.2 Eq. 2), and the top-scoring class is
-the prediction. Reported: top-1, top-5 (when there are more than 5 classes), mean per-class recall
-and the chance level 1 / C.
+class with the selected score (:mod:`nclip.objectives.scores`; CLIP: cosine; nCLIP: −L_CE, Sec. 3.1,
+symmetrised by default; yCLIP: its S, App. B.2 Eq. 2), and the top-scoring class is the prediction.
+Reported: top-1, top-5 (when there are more than 5 classes), mean per-class recall and the chance
+level 1 / C.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import torch
 
 from nclip.eval.features import similarity
 from nclip.eval.metrics import confusion_matrix, mean_per_class_recall, topk_accuracy
+from nclip.objectives.scores import Score
 
 
-def scores(image: dict[str, torch.Tensor], classes: dict[str, torch.Tensor], head: str,
-           nclip_score: str = "symmetric") -> torch.Tensor:
-    """[N, C] class scores of N images (head outputs) against C ensembled class outputs
+def scores(image: dict[str, torch.Tensor], classes: dict[str, torch.Tensor], score: Score) -> torch.Tensor:
+    """[N, C] class scores of N images (head outputs) against C ensembled class outputs by ``score``
     (:func:`nclip.eval.features.similarity`)."""
-    return similarity(image, classes, head, nclip_score)
+    return similarity(image, classes, score)
 
 
 def evaluate(class_scores: torch.Tensor, labels: torch.Tensor) -> tuple[dict[str, float], torch.Tensor]:

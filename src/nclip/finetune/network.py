@@ -84,7 +84,9 @@ def build_net(ck, classifier: str, space, device) -> FinetuneNet:
     learning rate of the sweep starts from the same pre-trained weights) for the classes of
     ``space`` (a LabelKind: names and prompt templates)."""
     from nclip.eval.features import class_text_outputs
+    from nclip.objectives.scores import ClipScore
 
     model = ck.load(device)
-    emb = class_text_outputs(model, space, device)["clip"] if classifier == "cosine" else None
+    # the cosine classifier is CLIP's zero-shot one, whatever score the objective transfers with
+    emb = class_text_outputs(model, space, device, ClipScore())["clip"] if classifier == "cosine" else None
     return FinetuneNet(model, classifier, len(space), emb).to(device)

@@ -4,6 +4,7 @@ built from the run config, with its forward and its outputs keyed by its name; t
 
 from nclip.heads import builtin  # noqa: F401  (registers the built-in head kinds, in build order)
 from nclip.heads.base import (
+    BACKBONE,
     SIDES,
     Head,
     HeadContext,
@@ -12,9 +13,12 @@ from nclip.heads.base import (
     build_heads,
     head_class,
     param_side,
+    probe_description,
+    probe_output,
+    probe_problem,
     register_head,
     registered_heads,
 )
 
-__all__ = ["SIDES", "Head", "HeadContext", "ImageHead", "TwoSidedHead", "build_heads", "head_class", "param_side",
-           "register_head", "registered_heads"]
+__all__ = ["BACKBONE", "SIDES", "Head", "HeadContext", "ImageHead", "TwoSidedHead", "build_heads", "head_class",
+           "param_side", "probe_description", "probe_output", "probe_problem", "register_head", "registered_heads"]

@@ -61,6 +61,9 @@ class Head(nn.Module):
     # "every" (each view through the tower and the head: SupCon's 2N batch) or "target" (the first
     # view online, the second through a momentum copy of the tower: CMSF)
     two_views: ClassVar[str | None] = None
+    # what its image output is as the features of the linear, k-NN, clustering and realm probes
+    # (`nclip eval --features <name>`, results.json's config.probe_features); None: it offers none
+    probe: ClassVar[str | None] = None
 
     @classmethod
     def wanted(cls, ctx: HeadContext) -> bool:
@@ -168,6 +171,40 @@ def build_heads(ctx: HeadContext) -> nn.ModuleDict:
                 raise ValueError(f"the {cls.name} head reads the {', '.join(missing)} head: heads must include it")
             heads[cls.name] = cls.build(ctx)
     return heads
+
+
+# the probes' features besides the heads' outputs: the image tower's own ([CLS] / pooled, before
+# any head), encode_image(x)["features"]
+BACKBONE = "backbone"
+_BACKBONE_OUTPUT = "features"
+_BACKBONE_PROBE = "image backbone features ({tower}, no projection)"
+
+
+def probe_output(features: str) -> str:
+    """The key of ``encode_image``'s outputs that the probe features ``features`` (``backbone`` or a
+    head's name, :meth:`probe_problem` checked) are: a head writes its output under its own name."""
+    return _BACKBONE_OUTPUT if features == BACKBONE else features
+
+
+def probe_description(features: str, tower_feature: str) -> str:
+    """What the probe features ``features`` are (results.json's ``config.probe_features``), the
+    backbone's naming the tower's feature (``tower_feature``, e.g. "[CLS] token")."""
+    if features == BACKBONE:
+        return _BACKBONE_PROBE.format(tower=tower_feature)
+    return head_class(features).probe or ""
+
+
+def probe_problem(features: str, heads: frozenset[str]) -> str | None:
+    """Why a model with ``heads`` has no probe features ``features`` (one line), or None: the backbone
+    always exists; a head must be built and offer its output (:attr:`Head.probe`)."""
+    if features == BACKBONE:
+        return None
+    if features not in heads:
+        return f"trains no {features!r} head (it has {', '.join(sorted(heads))}; {BACKBONE} features always exist)"
+    if _HEADS.get(features) is None or _HEADS[features].probe is None:
+        offered = [BACKBONE, *(name for name in sorted(heads) if name in _HEADS and _HEADS[name].probe)]
+        return f"its {features!r} head offers no probe features (choose {', '.join(offered)})"
+    return None
 
 
 def param_side(name: str) -> str | None:

@@ -62,6 +62,7 @@ class ClipHead(_ReadsShared):
 
     name = "clip"
     config_fields = ("embed_dim",)
+    probe = "CLIP-head embeddings z, not normalised (k-NN and clustering L2-normalise)"
     # each side's Linear under transformers' CLIPModel names (export --hf, --open-clip and model.init)
     hf_names = {"image": "visual_projection", "text": "text_projection"}
 
@@ -78,6 +79,7 @@ class NclipHeads(_ReadsShared):
     name = "nclip"
     config_fields = ("nclip_dim", "nclip_hidden", "nclip_layers", "nclip_bottleneck", "nclip_l2norm",
                      "nclip_last_bn", "nclip_temperature", "nclip_shared_layers")
+    probe = "nCLIP-head logits, not normalised (k-NN and clustering L2-normalise)"
 
     @classmethod
     def build(cls, ctx):
@@ -95,6 +97,7 @@ class ProtoHeads(TwoSidedHead):
     name = "proto"
     after = ("clip",)
     config_fields = ("proto_hidden", "proto_dim", "embed_dim")
+    probe = "ProtoCLIP-head projections h = g(z), not normalised (k-NN and clustering L2-normalise)"
 
     @classmethod
     def build(cls, ctx):

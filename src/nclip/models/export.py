@@ -42,6 +42,20 @@ def model_dir(path: Path) -> Path:
     raise NclipError(f"no nclip model found in {path} (expected {CONFIG} or model/{CONFIG})")
 
 
+def check_clip_score(cfg, option: str) -> None:
+    """Refuse, in one line, to write a CLIPModel or an open_clip model (``option``) of a run whose
+    zero-shot score (its plan's ``zero_shot``) is not a cosine of the CLIP head's projections: that
+    is the one score those formats compute, so the export would not predict as ``nclip eval`` does."""
+    from nclip.objectives import plan_for
+    from nclip.objectives.scores import CosineScore
+
+    score = plan_for(cfg).zero_shot
+    if score is None or score.head != "clip" or not isinstance(score, CosineScore):
+        what = "no zero-shot score (image-only)" if score is None else f"the {score.name!r} score ({score.head} head)"
+        raise NclipError(f"export {option}: the format scores by the cosine of the CLIP head's projections; objective "
+                         f"{cfg.objective.name!r} transfers zero-shot with {what}")
+
+
 def to_hf(model) -> CLIPModel:
     if model.cfg_text_kind != "transformer" or "clip" not in model.heads or model.vision.kind != "vit":
         raise NclipError("export --hf needs a ViT image tower, a CLIP text transformer and a CLIP head "
@@ -176,6 +190,7 @@ def export_hf(checkpoint: Path, out: Path) -> str:
     model, cfg = load_model(model_dir(checkpoint))
     with torch.no_grad():
         hf = to_hf(model)  # a model a CLIPModel cannot hold is refused first
+    check_clip_score(cfg, "--hf")
     _own_tokenizer(cfg)  # a tokenizer the files cannot carry: refused before anything is written
     with atomic_export(out, "hf") as tmp, _no_progress_bars():  # a full disk: one line naming OUT
         hf.save_pretrained(str(tmp), safe_serialization=True)

@@ -1,10 +1,12 @@
 """Export to ONNX: ``image_encoder.onnx``, ``text_encoder.onnx`` and ``onnx_config.json``.
 
 Each graph returns the embedding of the model's zero-shot space, as :func:`nclip.load`'s
-``encode_image`` / ``encode_text`` define it (:meth:`nclip.api.LoadedModel._embedding`): the CLIP
-head's output ℓ2-normalised (the score is the dot product); the nCLIP head's logits as they are
-(nCLIP, yCLIP: their scores read the softmax, which normalising would change); an image-only
-objective's probe features ℓ2-normalised, and no text encoder. The image encoder takes pixels
+``encode_image`` / ``encode_text`` define it (:meth:`nclip.api.LoadedModel._embedding`): the output
+of the head the objective's zero-shot score reads, as the score embeds it
+(:meth:`nclip.objectives.scores.Score.embed`: the CLIP head's output ℓ2-normalised, so the score is
+the dot product; the nCLIP head's logits as they are, since nCLIP's and yCLIP's scores read the
+softmax, which normalising would change); an image-only objective's probe features ℓ2-normalised,
+and no text encoder. The image encoder takes pixels
 [N, 3, S, S] float32 as nclip's evaluation transform makes them, which ``onnx_config.json``'s
 ``image`` states step by step for code without nclip (:func:`nclip.data.transforms.describe_eval`:
 the resize, its PIL resample, the crop's rounding and the conversion to RGB of the model's
@@ -34,38 +36,42 @@ from torch import nn
 from nclip.data import clip_bpe
 from nclip.data.tokenization import TOKENIZER_FILE, bundled_model_dir, fix_length, sentencepiece_dir
 from nclip.data.transforms import describe_eval, preprocess_of
-from nclip.defaults import PROBE_FEATURES
 from nclip.errors import NclipError
 from nclip.models.export import atomic_export, model_dir
 from nclip.models.io import copy_tokenizer, load_model
+from nclip.objectives.scores import Score
 
 IMAGE, TEXT, CONFIG, TOKENIZER = "image_encoder.onnx", "text_encoder.onnx", "onnx_config.json", "tokenizer"
 OPSET = 17
-HEAD_OUTPUT = {"clip": "clip", "nclip": "nclip", "yclip": "nclip"}  # zero-shot score → encode_* key (a head)
 EXAMPLE_BATCH = 2  # traced at this batch size; the batch axis is dynamic
 
 
 class Embedding(nn.Module):
-    """``model``'s ``encode_image`` or ``encode_text`` output ``key``, ℓ2-normalised or not."""
+    """``model``'s ``encode_image`` or ``encode_text`` output ``key`` as ``score`` embeds it
+    (:meth:`~nclip.objectives.scores.Score.embed`); ℓ2-normalised without a score (an image-only
+    objective's probe features)."""
 
-    def __init__(self, model, modality: str, key: str, normalise: bool):
+    def __init__(self, model, modality: str, key: str, score: Score | None):
         super().__init__()
-        self.model, self.modality, self.key, self.normalise = model, modality, key, normalise
+        self.model, self.modality, self.key, self.score = model, modality, key, score
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         out = (self.model.encode_image if self.modality == "image" else self.model.encode_text)(*inputs)[self.key]
-        return F.normalize(out, dim=-1) if self.normalise else out
+        return self.score.embed(out) if self.score is not None else F.normalize(out, dim=-1)
 
 
-def embedding_space(cfg) -> tuple[str | None, str, bool]:
-    """(the zero-shot score or None, the encode_* output key, whether it is ℓ2-normalised)."""
+def embedding_space(cfg) -> tuple[Score | None, str, bool]:
+    """(the zero-shot score, :class:`~nclip.objectives.scores.Score`, or None for an image-only
+    objective; the encode_* output key it reads, or the probe features'; whether the embedding is
+    ℓ2-normalised)."""
+    from nclip.heads import probe_output
     from nclip.objectives import plan_for
 
     objective = plan_for(cfg)
-    head = objective.zero_shot_head
-    if head is None:
-        return None, PROBE_FEATURES[objective.probe_features], True
-    return head, HEAD_OUTPUT[head], HEAD_OUTPUT[head] == "clip"
+    score = objective.zero_shot
+    if score is None:
+        return None, probe_output(objective.probe_features), True
+    return score, score.head, score.normalised
 
 
 def export_onnx(checkpoint: Path, out: Path) -> str:
@@ -82,9 +88,9 @@ def export_onnx(checkpoint: Path, out: Path) -> str:
     # captions of different lengths: the traced attention masks have padding, as most will
     ids, mask = model.tokenizer(["a photo", "a photo of two red circles left of a blue square"][:EXAMPLE_BATCH])
     with atomic_export(out, "onnx") as tmp:
-        _export(Embedding(model, "image", key, normalise), (pixels,), ["pixels"], tmp / IMAGE)
+        _export(Embedding(model, "image", key, score), (pixels,), ["pixels"], tmp / IMAGE)
         if score is not None:
-            _export(Embedding(model, "text", key, normalise), (ids, mask), ["input_ids", "attention_mask"],
+            _export(Embedding(model, "text", key, score), (ids, mask), ["input_ids", "attention_mask"],
                     tmp / TEXT)
             if model.cfg_text_kind == "transformer":  # the CLIP text tower reads no mask (module docstring)
                 _keep_input(onnx, tmp / TEXT, "attention_mask", 1, length)
@@ -125,7 +131,7 @@ def tokenizer_kind(directory: Path) -> str:
     return "sentencepiece" if sentencepiece_dir(directory) is not None else "wordpiece"
 
 
-def config(model, cfg, score: str | None, key: str, normalise: bool, tokenizer: str) -> dict:
+def config(model, cfg, score: Score | None, key: str, normalise: bool, tokenizer: str) -> dict:
     """What onnx_config.json says: the graphs' inputs and outputs, the image preprocessing, the
     tokenizer and the score that compares the embeddings."""
     size, length = cfg.data.image_size, cfg.data.text_length
@@ -139,8 +145,8 @@ def config(model, cfg, score: str | None, key: str, normalise: bool, tokenizer: 
         "image_encoder": {"file": IMAGE, "inputs": {"pixels": {"dtype": "float32", "shape": ["batch", 3, size, size]}},
                           "outputs": output},
         "text_encoder": text,
-        "embedding": {"output": key, "score": score, "logit_scale": float(model.scale()),
-                      **({"nclip_score": cfg.eval.nclip_score} if score == "nclip" else {})},
+        "embedding": {"output": key, "score": score.name if score is not None else None,
+                      "logit_scale": float(model.scale()), **(score.options() if score is not None else {})},
         "image": describe_eval(size, preprocess_of(cfg.data)),
         # a tokenizer.json pads and truncates to text_length as it is; the other kinds have none to read alone
         # (CLIP's BPE splits its words in Python, nclip.data.clip_bpe; SentencePiece is transformers' tokenizer)

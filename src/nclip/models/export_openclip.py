@@ -30,7 +30,7 @@ from nclip.config.model import clip_resnet_grid
 from nclip.data import clip_bpe
 from nclip.errors import NclipError
 from nclip.models import openclip_import as reader
-from nclip.models.export import atomic_export, clip_model_names, model_dir
+from nclip.models.export import atomic_export, check_clip_score, clip_model_names, model_dir
 from nclip.models.io import load_model
 from nclip.models.openclip_files import HUB_CONFIG, HUB_WEIGHTS
 
@@ -186,6 +186,7 @@ def export_openclip(checkpoint: Path, out: Path) -> str:
     layout, atomically (:func:`nclip.models.export.atomic_export`)."""
     model, cfg = load_model(model_dir(checkpoint))
     check(model, cfg)
+    check_clip_score(cfg, "--open-clip")
     with torch.no_grad():
         state = openclip_state(model)
     config = {"model_cfg": model_cfg(model, cfg), "preprocess_cfg": preprocess_cfg(cfg)}

@@ -1,5 +1,6 @@
 """Objectives: pure functions in :mod:`functional`, trainer modules registered by name in
-:mod:`registry`, and the plan (:mod:`plan`) through which the rest of nclip asks about a run's objective.
+:mod:`registry`, zero-shot scores registered by name in :mod:`scores`, and the plan (:mod:`plan`)
+through which the rest of nclip asks about a run's objective.
 
 Adding an objective = a functional section + a module with a typed config + one REGISTRY entry;
 an objective of the user's own needs none of them (docs/plugins.md).
@@ -10,6 +11,7 @@ from __future__ import annotations
 from nclip.objectives.base import EncoderOutput, LabelSpace, Objective, ObjectiveConfig
 from nclip.objectives.plan import ObjectivePlan, plan_for, plan_of
 from nclip.objectives.registry import REGISTRY
+from nclip.objectives.scores import Score, register_score, score_named
 
 
 def build_objective(cfg: ObjectiveConfig, run_cfg=None, label_space: LabelSpace | None = None) -> Objective:
@@ -20,4 +22,4 @@ def build_objective(cfg: ObjectiveConfig, run_cfg=None, label_space: LabelSpace 
 
 
 __all__ = ["REGISTRY", "build_objective", "EncoderOutput", "LabelSpace", "Objective", "ObjectiveConfig",
-           "ObjectivePlan", "plan_for", "plan_of"]
+           "ObjectivePlan", "Score", "plan_for", "plan_of", "register_score", "score_named"]

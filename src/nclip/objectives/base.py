@@ -160,9 +160,9 @@ class Objective(nn.Module):
     objective it runs.
 
     The class attributes tell the rest of nclip what it needs to know, so that nothing outside this
-    package names an objective: which heads the model builds, which head scores zero-shot, whether
-    the episodic trainer drives it, where its nCLIP-head statistics are logged, how many augmented
-    views of each image and which per-row labels the training data must carry; :meth:`check_run`
+    package names an objective: which heads the model builds, which score it transfers zero-shot
+    with, whether the episodic trainer drives it, where its nCLIP-head statistics are logged, how many
+    augmented views of each image and which per-row labels the training data must carry; :meth:`check_run`
     refuses a run config it cannot train on, and :meth:`after_step` runs after every optimizer step
     (gated by ``taken``).
     """
@@ -170,10 +170,11 @@ class Objective(nn.Module):
     # which projection heads the model must build: clip, nclip, proto, cmsf (online projection,
     # predictor and momentum branch), xent (a linear classifier on the image features)
     heads: ClassVar[frozenset[str]]
-    # the score used for zero-shot transfer and retrieval (paper's default): "clip" (cosine, CLIP
-    # head), "nclip" (−L_CE, nCLIP head), "yclip" (yCLIP's S, nCLIP head); None: the objective
-    # trains no text-aligned head, so evaluation reports k-NN / linear probes instead
-    zero_shot_head: ClassVar[str | None]
+    # the name of the score used for zero-shot transfer and retrieval (paper's default), a score kind
+    # registered in nclip.objectives.scores: "clip" (cosine, CLIP head), "nclip" (−L_CE, nCLIP head),
+    # "yclip" (yCLIP's S, nCLIP head), or a plugin's own; None: the objective trains no text-aligned
+    # head, so evaluation reports k-NN / linear probes instead
+    zero_shot: ClassVar[str | None]
     # True: trained by nclip.train.episodic (per-episode prototypes; forward takes per-row targets)
     episodic: ClassVar[bool] = False
     # namespace of the logged nCLIP-head statistics (L_CE, L_EH, L_HE, L_KL and HEAD_STAT_KEYS)
@@ -181,9 +182,9 @@ class Objective(nn.Module):
     head_stats_prefix: ClassVar[str | None] = None
     # the image features the probes (linear, k-NN, clustering, realms) read by default, as the
     # objective's paper evaluates: backbone (the tower's own feature; xCLIP Sec. 4.2.1 and CMSF probe
-    # the frozen backbone), clip (the CLIP-head embedding z: ProtoCLIP App. B), nclip, proto
-    # (nclip.defaults.PROBE_FEATURES); `nclip eval --features` and the run config's
-    # eval.probe_features override it
+    # the frozen backbone), or a head that offers its output as probe features (Head.probe: clip, the
+    # CLIP-head embedding z of ProtoCLIP App. B, nclip, proto); `nclip eval --features` and the run
+    # config's eval.probe_features override it
     probe_features: ClassVar[str] = "backbone"
     # the SGD linear-probe recipe of the objective's paper (`nclip eval --probe sgd`;
     # nclip.eval.sgd_recipes.SGD_RECIPES): xclip, cmsf, protoclip

@@ -15,7 +15,7 @@ class ClipConfig(ClipReduction):
 
 class ClipObjective(Objective):
     heads = frozenset({"clip"})
-    zero_shot_head = "clip"
+    zero_shot = "clip"
 
     def __init__(self, cfg: ClipConfig):
         super().__init__()

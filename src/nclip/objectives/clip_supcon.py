@@ -157,7 +157,7 @@ class ClipSupconObjective(Objective):
     ``<aux>/...`` (image) and ``<aux>_text/...`` (text)."""
 
     heads = frozenset({"clip", "nclip", "supcon"})  # the most it builds: heads_for(cfg) says which
-    zero_shot_head = "clip"
+    zero_shot = "clip"
     views = 1
     needs_label_space = True
 

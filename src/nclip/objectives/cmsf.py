@@ -149,7 +149,7 @@ class CmsfObjective(Objective):
 
     heads = frozenset({"cmsf"})
     sgd_probe_recipe = "cmsf"  # CMSF Sec. 4 "Linear IN-1k" (CompRess)
-    zero_shot_head = None  # no text-aligned head: evaluated by k-NN and linear probes
+    zero_shot = None  # no text-aligned head: evaluated by k-NN and linear probes
     views = 2
 
     def __init__(self, cfg: CmsfFields, dim: int = 512, labelled_source: bool = True):
@@ -255,7 +255,7 @@ class ClipCmsfObjective(CmsfObjective):
     CMSF on the image side, so the image tower mean-shifts within its constrained neighbourhoods."""
 
     heads = frozenset({"clip", "cmsf"})
-    zero_shot_head = "clip"
+    zero_shot = "clip"
 
     def forward(self, out: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
         cfg = self.cfg
@@ -279,7 +279,7 @@ class XentObjective(Objective):
 
     heads = frozenset({"xent"})
     sgd_probe_recipe = "cmsf"  # the CMSF paper's baseline, probed as CMSF is
-    zero_shot_head = None
+    zero_shot = None
 
     def __init__(self, cfg: XentConfig):
         super().__init__()

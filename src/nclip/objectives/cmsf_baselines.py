@@ -135,7 +135,7 @@ class FrzProtoObjective(Objective):
 
     heads = frozenset({"supcon"})
     sgd_probe_recipe = "cmsf"  # a baseline of the CMSF paper, probed as CMSF is (Sec. 4)
-    zero_shot_head = None  # no text-aligned head: evaluated by k-NN and linear probes
+    zero_shot = None  # no text-aligned head: evaluated by k-NN and linear probes
     needs_label_space = True
 
     def __init__(self, cfg: FrzProtoConfig, dim: int = 128, seed: int = 0, num_classes: int | None = None):

@@ -56,7 +56,7 @@ def nclip_head_terms(out: EncoderOutput, cfg: EntropyWeights) -> dict[str, torch
 
 class NclipObjective(Objective):
     heads = frozenset({"nclip"})
-    zero_shot_head = "nclip"
+    zero_shot = "nclip"
     head_stats_prefix = "nclip"
 
     def __init__(self, cfg: NclipConfig):
@@ -81,7 +81,7 @@ class XclipObjective(Objective):
     part in every step, as distributed training needs."""
 
     heads = frozenset({"clip", "nclip"})
-    zero_shot_head = "clip"  # Sec. 3.1: the cosine of CLIP's head transfers better zero-shot
+    zero_shot = "clip"  # Sec. 3.1: the cosine of CLIP's head transfers better zero-shot
     head_stats_prefix = "nclip"
 
     def __init__(self, cfg: XclipConfig):

@@ -123,7 +123,7 @@ _EPISODE_BUFFERS = [("episode_labels", torch.long)] + [
 
 class ProtoclipObjective(Objective):
     heads = frozenset({"clip", "proto"})
-    zero_shot_head = "clip"  # App. B: zero-shot transfer uses z, the CLIP embeddings
+    zero_shot = "clip"  # App. B: zero-shot transfer uses z, the CLIP embeddings
     # App. B: "frozen 1024-dimensional image representations (z^I) before normalization are used for
     # linear probing"; k-NN (DINO's) on the same z, normalised. z is nclip's CLIP-head embedding
     # ("emb"), not the 128-d prototype projection h = g(z) (that one is --features proto)

@@ -203,7 +203,7 @@ def _entry_point_class(name: str):
 
 
 # what a plugin's objective class must define (the rest has the defaults of Objective)
-REQUIRED = ("Config", "heads", "zero_shot_head", "forward")
+REQUIRED = ("Config", "heads", "zero_shot", "forward")
 
 
 def _named_config(name: str, cls) -> type[ObjectiveConfig]:

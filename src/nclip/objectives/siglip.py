@@ -39,7 +39,7 @@ class XsiglipConfig(BranchWeights, EntropyWeights, SiglipConfig):
 
 class SiglipObjective(Objective):
     heads = frozenset({"clip"})
-    zero_shot_head = "clip"
+    zero_shot = "clip"
 
     def __init__(self, cfg: SiglipConfig):
         super().__init__()
@@ -62,7 +62,7 @@ class XsiglipObjective(SiglipObjective):
     """λ_CLIP·L_SigLIP on the CLIP head + λ_nCLIP·L_nCLIP on the separate nCLIP head (Eq. 5)."""
 
     heads = frozenset({"clip", "nclip"})
-    zero_shot_head = "clip"
+    zero_shot = "clip"
     head_stats_prefix = "nclip"
 
     def __init__(self, cfg: XsiglipConfig):

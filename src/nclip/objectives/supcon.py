@@ -162,7 +162,7 @@ class SupconObjective(Objective):
     """Image-only SupCon: L = Eq. (2) over the 2N multi-view batch of the "supcon" head."""
 
     heads = frozenset({"supcon"})
-    zero_shot_head = None  # no text-aligned head: evaluated by k-NN and linear probes
+    zero_shot = None  # no text-aligned head: evaluated by k-NN and linear probes
     views = 2
     needs_label_space = True
     prefix = "supcon"

@@ -120,7 +120,7 @@ class UnifiedObjective(Objective):
     """
 
     heads = frozenset({"nclip"})
-    zero_shot_head = "nclip"
+    zero_shot = "nclip"
     head_stats_prefix = "unified"
 
     def __init__(self, cfg: UnifiedConfig, num_prototypes: int | None = None):

@@ -25,8 +25,8 @@ class YclipConfig(EntropyWeights):
 class YclipObjective(Objective):
     heads = frozenset({"nclip"})
     # scored with its own S (App. B.2 Eq. 2; Eq. 8 of the main text trains on it), not nCLIP's −L_CE:
-    # the "yclip" score reads the nCLIP head (nclip.eval.settings.MODEL_HEAD)
-    zero_shot_head = "yclip"
+    # the "yclip" score reads the nCLIP head (nclip.objectives.scores.YclipScore)
+    zero_shot = "yclip"
     head_stats_prefix = "yclip"
 
     def __init__(self, cfg: YclipConfig):

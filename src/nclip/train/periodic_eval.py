@@ -5,10 +5,10 @@ metrics.jsonl (``eval/...`` keys), in TensorBoard (``train.tensorboard``) and on
 What is evaluated, on ``train.eval_samples`` images of each dataset (an evenly spaced subset of
 its test split, the same images every time):
 
-- objectives with a zero-shot head (``Objective.zero_shot_head``): zero-shot top-1 per label kind
+- objectives with a zero-shot score (``Objective.zero_shot``): zero-shot top-1 per label kind
   (``eval/zeroshot/<dataset>-<kind>/top1``, the prompt ensembles of ``nclip eval``) and, where the
   captions describe the images, image–text retrieval (``eval/retrieval/<dataset>/{i2t,t2i}@{1,5}``,
-  ``.../mean_recall``), scored with the objective's head as the end-of-run evaluation;
+  ``.../mean_recall``), scored with the objective's score as the end-of-run evaluation;
 - image-only objectives (no zero-shot head: CMSF, xent): weighted k-NN top-1 on the probed image
   features (``eval.probe_features``), with ``train.eval_samples`` images of the dataset's train
   split as the reference set (``eval/knn/<dataset>-<kind>/top1``).
@@ -47,11 +47,12 @@ import torch.distributed as dist
 
 from nclip.config import RunConfig
 from nclip.data.types import LabelKind, Sample
-from nclip.defaults import BUILTIN_SOURCES, PROBE_FEATURES
+from nclip.defaults import BUILTIN_SOURCES
 from nclip.errors import NclipError
 from nclip.eval import datasets as eval_data
 from nclip.eval import probe, retrieval, zeroshot
 from nclip.eval.features import class_text_outputs, extract, similarity
+from nclip.heads import probe_output
 from nclip.objectives import plan_for
 from nclip.precision import autocast_dtype
 from nclip.train.checkpoint import rng_state, set_rng_state
@@ -90,7 +91,7 @@ def data_sources(cfg: RunConfig) -> list[str]:
 def build_sets(cfg: RunConfig) -> list[EvalSet]:
     """The evaluation data, built once (rank 0); a dataset with nothing to evaluate for this
     objective, or two datasets whose result keys would collide, is a one-line error."""
-    n, head = cfg.train.eval_samples, plan_for(cfg).zero_shot_head
+    n, head = cfg.train.eval_samples, plan_for(cfg).zero_shot
     sets: list[EvalSet] = []
     for spec in data_sources(cfg):
         built = eval_data.build(spec, image_size=cfg.data.image_size, max_objects=cfg.data.max_objects,
@@ -134,11 +135,10 @@ class PeriodicEval:
     def __init__(self, cfg: RunConfig, device: torch.device, sets: list[EvalSet]):
         objective = plan_for(cfg)
         self.every, self.sets, self.device = cfg.train.eval_every, sets, device
-        self.head, self.nclip_score = objective.zero_shot_head, cfg.eval.nclip_score
+        self.score = objective.zero_shot  # with the run's eval.nclip_score
         self.autocast = autocast_dtype(cfg.train.precision, device)  # the towers' precision in training
         self.image_size, self.batch_size = cfg.data.image_size, cfg.eval.batch_size
-        features = cfg.eval.probe_features or objective.probe_features
-        self.probe_key = PROBE_FEATURES[features]
+        self.probe_key = probe_output(cfg.eval.probe_features or objective.probe_features)
 
     @classmethod
     def for_run(cls, cfg: RunConfig, ctx) -> PeriodicEval | None:
@@ -196,18 +196,18 @@ class PeriodicEval:
         ``model`` in eval mode (:func:`untouched` puts the modes back)."""
         out: dict[str, float] = {}
         for s in self.sets:
-            if self.head is None:
+            if self.score is None:
                 out.update(self._knn(model, s, prefix))
                 continue
             feats = extract(model, s.test, self.image_size, self.device, self.batch_size, texts=s.retrieval,
                             autocast=self.autocast)
             for kind, space in s.label_kinds.items():
-                classes = class_text_outputs(model, space, self.device, self.autocast)
-                metrics, _ = zeroshot.evaluate(zeroshot.scores(feats.image, classes, self.head, self.nclip_score),
+                classes = class_text_outputs(model, space, self.device, self.score, self.autocast)
+                metrics, _ = zeroshot.evaluate(zeroshot.scores(feats.image, classes, self.score),
                                                feats.labels[kind])
                 out[f"{prefix}/zeroshot/{s.name}-{kind}/top1"] = metrics["top1"]
             if s.retrieval and feats.text:
-                sim = similarity(feats.image, feats.text, self.head, self.nclip_score)
+                sim = similarity(feats.image, feats.text, self.score)
                 for k, v in retrieval.evaluate(sim, feats.text_to_image, ks=(1, 5)).items():
                     out[f"{prefix}/retrieval/{s.name}/{k}"] = v
         return out
@@ -239,8 +239,8 @@ def describe(cfg: RunConfig, periodic: PeriodicEval | None) -> str:
     if not data_sources(cfg):
         return (f"off: data.source {cfg.data.source} has no built-in held-out data (set train.eval_datasets, "
                 "as nclip eval --dataset)")
-    head = plan_for(cfg).zero_shot_head
-    tasks = "k-NN" if head is None else f"zero-shot and retrieval ({head} head)"
+    score = plan_for(cfg).zero_shot
+    tasks = "k-NN" if score is None else f"zero-shot and retrieval ({score.name} head)"
     names = ", ".join(data_sources(cfg))
     return f"every {t.eval_every} steps: {tasks} on {t.eval_samples} images of {names}"
 
