@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 
@@ -111,6 +112,10 @@ def test_quick_bench_writes_positive_finite_ratios_builds_each_model_once_and_wr
     from nclip.models import build_model
 
     weights = sum(p.numel() * p.element_size() for p in build_model(resolve("micro", [])).parameters())
+    # open_clip's first import (its row runs in this process) makes torch's inductor cache folder in TMPDIR:
+    # imported before the scratch TMPDIR, as transformers already is, so that the folder is not the bench's
+    with contextlib.suppress(ImportError):
+        import open_clip  # noqa: F401
     scratch = scratch_home(tmp_path, monkeypatch, request)
     build_calls = count_builds(monkeypatch)
     out = tmp_path / "bench.json"
