@@ -107,19 +107,21 @@ def setup(cfg: RunConfig) -> DistContext:
     device = _use(_device(cfg, local))
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = datetime.timedelta(minutes=30)
-    dist.init_process_group(backend, store=_attempt_store(timeout), rank=int(os.environ["RANK"]), world_size=world,
-                            timeout=timeout, device_id=device if device.type == "cuda" else None)
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")  # set by torchrun's agent
+    group = {} if restart is None else dict(store=_attempt_store(timeout, restart), rank=int(os.environ["RANK"]),
+                                             world_size=world)
+    dist.init_process_group(backend, timeout=timeout, device_id=device if device.type == "cuda" else None, **group)
     return DistContext(dist.get_rank(), dist.get_world_size(), local, device, owns_group=True)
 
 
-def _attempt_store(timeout: datetime.timedelta):
+def _attempt_store(timeout: datetime.timedelta, restart: str):
     """torchrun's store (env://, as init_process_group would open it), its keys under a prefix of this
     restart's own. torchrun's agent keeps one store across the restarts of a job, so without the prefix
     a restarted rank can read the address a killed worker published and fail, or hang, connecting to it
     (gloo's "connectFullMesh failed ... Connection refused")."""
     store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
     store.set_timeout(timeout)
-    return dist.PrefixStore(f"nclip/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    return dist.PrefixStore(f"nclip/attempt_{restart}", store)
 
 
 def teardown(ctx: DistContext) -> None:
