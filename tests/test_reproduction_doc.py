@@ -1,4 +1,4 @@
-"""docs/reproduction.md's machine-checkable parts (issues 35, 42): the verdict rule heads the doc, every
+"""docs/reproduction.md's machine-checkable parts: the verdict rule heads the doc, every
 seed range a verdict quotes is the one its table records, every verdict table's line states what the
 rule computes from the cells it names (tests/doc_verdicts.py), and every `nclip sweep` command the doc
 gives (the measured ones and the ones "not run yet") resolves to valid run configs without training."""
@@ -142,7 +142,7 @@ def test_the_runs_not_made_yet_configure_what_they_name():
     assert noaug.objective == noext.objective and noext.data.augment.color_jitter_prob > 0
 
 
-# The verdict rule, recomputed (issue 42): every verdict table's line must state what the rule gives
+# The verdict rule, recomputed: every verdict table's line must state what the rule gives
 # for the cells it names, and every score with seed spreads in a measured table must be judged.
 VERDICT_DOCS = ["reproduction.md", "tagging.md", "label-aware.md"]
 
@@ -250,7 +250,7 @@ def test_a_judged_table_with_a_score_left_out_is_caught():
     assert untagged_tables(FABRICATED.replace("<!-- table: later; centre ± half of 3 seeds -->", "")) == [12]
 
 
-# Verdicts issue 42 found against the rule, as the doc stated them before: (the line's cells up to its
+# Verdicts a re-read found against the rule, as the doc stated them before: (the line's cells up to its
 # verdict, the verdict now, the verdict before). Each old one must fail the test.
 OLD_VERDICTS = [
     ("| ZS shape, LN shape | tab9a | (0.5, 1.5) > (0.5, 1), (0.3, 1), (0.2, 1.2), (0, 1)", "not reproduced",
