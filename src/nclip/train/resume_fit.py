@@ -43,10 +43,11 @@ def restore_weights(model: torch.nn.Module, objective: torch.nn.Module, weights:
     on rank 0 (``main``) a warning when the plugin's file changed since the checkpoint."""
     changed = _changed_file(cfg, state)
     for module, saved, prefix in ((model, weights, ""), (objective, state["objective"], "objective.")):
-        differences = _differences(module.state_dict(), saved, prefix)
-        if differences:
-            raise NclipError(_misfit(cfg, where, differences, changed))
-        module.load_state_dict(saved)
+        try:  # an objective may size its state as it loads (ProtoCLIP's episode): its own load decides
+            module.load_state_dict(saved)
+        except RuntimeError as e:
+            differences = _differences(module.state_dict(), saved, prefix) or [str(e).strip().splitlines()[0]]
+            raise NclipError(_misfit(cfg, where, differences, changed)) from None
     if changed is not None and main:
         print(f"nclip: warning: {changed}; the run continues with the file as it is now, so its numbers after "
               f"{where.name} come from the edited code (docs/plugins.md)", file=sys.stderr, flush=True)
