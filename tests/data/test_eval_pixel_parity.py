@@ -96,23 +96,24 @@ def clip_image_processor():
     return run
 
 
-@pytest.mark.parametrize("reference", ["open_clip_preprocess", "openai_preprocess"])
-def test_torchvision_convention_equals_open_clip_and_openai(reference, request):
-    preprocess = request.getfixturevalue(reference)
+def _worst_difference(convention: str, reference) -> float:
+    """The largest pixel difference over CASES between nclip's ``convention`` and ``reference``'s tensors."""
     worst = 0.0
     for seed, (shape, mode) in enumerate(CASES):
         image = _image(shape, mode, seed)
-        ours = eval_tensor(image, SIZE, EvalPreprocess("shortest", "bicubic", "torchvision"))
-        worst = max(worst, float((ours - preprocess(image)).abs().max()))
+        ours = eval_tensor(image, SIZE, EvalPreprocess("shortest", "bicubic", convention))
+        worst = max(worst, float((ours - reference(image)).abs().max()))
+    return worst
+
+
+@pytest.mark.parametrize("reference", ["open_clip_preprocess", "openai_preprocess"])
+def test_torchvision_convention_equals_open_clip_and_openai(reference, request):
+    worst = _worst_difference("torchvision", request.getfixturevalue(reference))
     assert worst <= 1e-6, worst
 
 
 def test_transformers_convention_equals_clip_image_processor(clip_image_processor):
-    worst = 0.0
-    for seed, (shape, mode) in enumerate(CASES):
-        image = _image(shape, mode, seed)
-        ours = eval_tensor(image, SIZE, EvalPreprocess("shortest", "bicubic", "transformers"))
-        worst = max(worst, float((ours - clip_image_processor(image)).abs().max()))
+    worst = _worst_difference("transformers", clip_image_processor)
     assert worst <= 1e-6, worst
 
 
