@@ -5,7 +5,7 @@
 
 ``table``: for every registered objective (micro sizes, batch 8, CPU), the graphs that
 ``torch.compile`` splits the training step into (:func:`nclip.train.compile.graph_breaks`, i.e.
-``torch._dynamo.explain`` of :class:`nclip.train.launch.TrainStep`), each distinct break with the
+``torch._dynamo.explain`` of :class:`nclip.train.step.TrainStep`), each distinct break with the
 line that makes it, and the graphs compiled again in steps 2 to ``--steps`` of a real ``train()`` run
 with ``train.compile=true`` (dynamo's graphs run eagerly, so no compiler is needed) with the
 guards that failed. A markdown table, for docs/performance.md.
@@ -44,9 +44,9 @@ from nclip.config import load_preset, resolve  # noqa: E402
 from nclip.data.labels import label_space_for  # noqa: E402
 from nclip.models import build_model  # noqa: E402
 from nclip.objectives import REGISTRY, build_objective  # noqa: E402
-from nclip.train.launch import TrainStep  # noqa: E402
 from nclip.train.memory_check import probe_batch  # noqa: E402
 from nclip.train.optim import build_optimizer  # noqa: E402
+from nclip.train.step import TrainStep  # noqa: E402
 
 
 def micro_sizes() -> list[str]:

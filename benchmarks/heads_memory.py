@@ -29,7 +29,7 @@ def measure(batch: int) -> float:
     from nclip.config import resolve
     from nclip.models import build_model
     from nclip.objectives import build_objective
-    from nclip.train.launch import HeadPass, TrainStep
+    from nclip.train.step import HeadPass, TrainStep
 
     torch.set_num_threads(1)
     cfg = resolve("vit-b16-xclip")

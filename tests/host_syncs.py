@@ -99,13 +99,13 @@ class SyncRecorder:
         for name in HOST_METHODS:
             self._patch_method(name)
 
-        def step(run, index, batch):
-            if not quiet_steps(index, run.cfg):
-                return real_step(run, index, batch)
+        def step(info, learner, index, batch):
+            if not quiet_steps(index, info.cfg):
+                return real_step(info, learner, index, batch)
             self._armed = True
             try:
                 with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
-                    result = real_step(run, index, batch)
+                    result = real_step(info, learner, index, batch)
             finally:
                 self._armed = False
             self.steps_checked += 1

@@ -156,7 +156,7 @@ def _model_and_batch(strategy: str = "ddp", tower: str = "vit"):
     from nclip.config import resolve
     from nclip.models import build_model
     from nclip.objectives import build_objective
-    from nclip.train.launch import TrainStep
+    from nclip.train.step import TrainStep
 
     cfg = resolve("micro", MODEL_OVERRIDES + MODEL_TOWERS[tower] + [f"train.strategy={strategy}"])
     torch.manual_seed(0)

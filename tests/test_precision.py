@@ -12,8 +12,8 @@ from nclip.models import build_model
 from nclip.objectives import build_objective
 from nclip.objectives.base import EncoderOutput
 from nclip.precision import to_float32
-from nclip.train.launch import TrainStep
 from nclip.train.loop import train
+from nclip.train.step import TrainStep
 
 
 def _on_bf16_grid(x: float) -> bool:

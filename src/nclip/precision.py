@@ -7,7 +7,7 @@ their outputs into a number we optimise or report runs in float32. fp16 (for GPU
 near 0.64 can only take steps of 1/256, and an entropy near ln 32768 = 10.4 steps of 1/16, so
 softmaxes over thousands of prototypes, the batch mean p̄ and the entropies of nCLIP come out
 plausible and quietly wrong. :func:`to_float32` is the one place where model outputs are cast, used
-where they meet an objective (:class:`nclip.train.launch.TrainStep`, ProtoCLIP's episode extraction) and
+where they meet an objective (:class:`nclip.train.step.TrainStep`, ProtoCLIP's episode extraction) and
 where evaluation collects them (:mod:`nclip.eval.features`).
 """
 

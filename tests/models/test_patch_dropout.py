@@ -119,17 +119,18 @@ def test_a_run_with_patch_dropout_and_checkpointing_trains_and_resumes_exactly(t
 def test_the_trainer_drops_patches_until_the_unmasked_tail(tmp_path, micro_overrides, monkeypatch):
     """FLIP's unmasked tuning in a real run: the loop sets each step's rate before the step, 0 for
     the last ``train.unmasked_steps``; with exact accumulation both tower passes see that rate."""
-    import nclip.train.loop as loop_mod
+    import nclip.train.step as step_mod
+    from nclip.train.loop import train
 
     seen = []
-    real = loop_mod.set_patch_dropout
+    real = step_mod.set_patch_dropout
 
     def recording(model, p):
         seen.append(p)
         real(model, p)
 
-    monkeypatch.setattr(loop_mod, "set_patch_dropout", recording)
+    monkeypatch.setattr(step_mod, "set_patch_dropout", recording)
     cfg = resolve("micro", micro_overrides + ["model.vision.patch_dropout=0.5", "train.unmasked_steps=2",
                                               "train.accumulation=2"])
-    loop_mod.train(cfg, tmp_path, progress=False, evaluate=False)
+    train(cfg, tmp_path, progress=False, evaluate=False)
     assert seen == [0.5, 0.5, 0.5, 0.5, 0.0, 0.0]

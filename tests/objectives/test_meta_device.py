@@ -19,9 +19,8 @@ from nclip.data.labels import label_space_for
 from nclip.models.dual_encoder import build_model
 from nclip.objectives import REGISTRY, build_objective
 from nclip.objectives.supcon import RecoObjective
-from nclip.train.launch import TrainStep
-from nclip.train.loop import _term_vector
 from nclip.train.memory_check import probe_batch
+from nclip.train.step import TrainStep, _term_vector
 
 from conftest import micro_sizes
 

@@ -17,8 +17,8 @@ from nclip.config import resolve
 from nclip.data.labels import label_space_for
 from nclip.models import build_model
 from nclip.objectives import REGISTRY, build_objective
-from nclip.train.launch import TrainStep
 from nclip.train.loop import train
+from nclip.train.step import TrainStep
 
 from conftest import micro_sizes
 
@@ -118,7 +118,7 @@ def test_a_compiled_run_compiles_one_graph_at_its_batch(name, tmp_path, monkeypa
     monkeypatch.setattr(compile_mod, "BACKEND", graphs)  # dynamo's graphs, run eagerly: no compiler needed
     monkeypatch.setattr(compile_mod, "_probe", lambda device: None)
     real_probe = memory_check._probe
-    monkeypatch.setattr(memory_check, "_probe", lambda run: probed.append(True) or real_probe(run))
+    monkeypatch.setattr(memory_check, "_probe", lambda cfg, learner: probed.append(True) or real_probe(cfg, learner))
     monkeypatch.setattr(memory_check, "PESSIMISTIC_BYTES", 10**9)  # always probe
     monkeypatch.setattr(memory_check, "available_bytes", lambda device, ranks=1: (2.0**32, "MemAvailable"))
     torch._dynamo.reset()

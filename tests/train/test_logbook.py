@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -88,13 +89,13 @@ def test_tensorboard_without_the_package_is_a_one_line_config_error(monkeypatch,
 
 
 def test_an_image_only_run_counts_images_per_step():
-    from types import SimpleNamespace
-
     from nclip.models import build_model
     from nclip.train.launch import DistContext
     from nclip.train.logbook import startup_block
+    from nclip.train.rundir import RunInfo
 
     cfg = resolve("micro", micro_sizes() + ["objective.name=cmsf"])
-    run = SimpleNamespace(cfg=cfg, model=build_model(cfg), ctx=DistContext(), start=0, data=None, run_dir="r")
-    block = {line.split()[0]: line for line in startup_block(run, "micro").splitlines()[1:]}
+    info = RunInfo(cfg, Path("r"), DistContext())
+    lines = startup_block(info, build_model(cfg), None, None, "micro").splitlines()[1:]
+    block = {line.split()[0]: line for line in lines}
     assert f"{cfg.train.batch_size} images per step" in block["batch"] and "none" in block["text"]

@@ -167,16 +167,16 @@ def test_an_overflowing_fp16_step_leaves_weights_optimizer_and_buffers_untouched
     2^16, which 99 more halvings would reach, so that the run goes on.)"""
     real_step, seen = loop_mod._step, {}
 
-    def step(run, index, batch):
+    def step(info, learner, index, batch):
         if index == 3:
-            run.gate.loss_scale.scale.fill_(INIT_SCALE)
+            learner.gate.loss_scale.scale.fill_(INIT_SCALE)
         if index != 2:
-            return real_step(run, index, batch)
-        run.gate.loss_scale.scale.fill_(2.0**100)
-        before = copy.deepcopy((run.step_module.state_dict(), run.optimizer.state_dict()))
-        result = real_step(run, index, batch)
-        seen["after"] = copy.deepcopy((run.step_module.state_dict(), run.optimizer.state_dict()))
-        seen["before"], seen["scale"] = before, run.gate.loss_scale.scale.clone()
+            return real_step(info, learner, index, batch)
+        learner.gate.loss_scale.scale.fill_(2.0**100)
+        before = copy.deepcopy((learner.step_module.state_dict(), learner.optimizer.state_dict()))
+        result = real_step(info, learner, index, batch)
+        seen["after"] = copy.deepcopy((learner.step_module.state_dict(), learner.optimizer.state_dict()))
+        seen["before"], seen["scale"] = before, learner.gate.loss_scale.scale.clone()
         return result
 
     monkeypatch.setattr(loop_mod, "_step", step)

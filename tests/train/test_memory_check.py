@@ -47,7 +47,7 @@ def test_a_batch_that_cannot_fit_is_refused_in_one_line_and_the_rerun_needs_no_f
 
 
 def test_a_small_batch_is_not_probed(tmp_path, monkeypatch):
-    def probe(run):
+    def probe(cfg, learner):
         raise AssertionError("probed a batch that obviously fits")
 
     monkeypatch.setattr(memory_check, "_probe", probe)
@@ -79,7 +79,7 @@ def test_the_probe_leaves_the_run_as_it_found_it(tmp_path, monkeypatch):
 def test_out_of_memory_in_a_step_is_one_line_saying_what_to_lower(tmp_path, monkeypatch, capsys):
     import nclip.train.loop as loop
 
-    def oom(run, step, batch):
+    def oom(info, learner, step, batch):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
     monkeypatch.setattr(loop, "_step", oom)

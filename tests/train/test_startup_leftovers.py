@@ -118,10 +118,10 @@ def test_ctrl_c_after_a_checkpoint_names_it_and_the_resume_command(tmp_path, mon
     run = tmp_path / "R"
     step = loop._step
 
-    def interrupted_at_step_4(r, s, batch):
+    def interrupted_at_step_4(info, learner, s, batch):
         if s == 4:
             raise KeyboardInterrupt
-        return step(r, s, batch)
+        return step(info, learner, s, batch)
 
     monkeypatch.setattr(loop, "_step", interrupted_at_step_4)
     assert main(["train", "--preset", "micro", "--out", str(run), *QUIET, *SETS]) == 130

@@ -45,8 +45,8 @@ from nclip.data.loader import train_loader
 from nclip.data.tokenization import CaptionTokenizer
 from nclip.objectives import build_objective, plan_for
 from nclip.precision import autocast_dtype
-from nclip.train.launch import TrainStep
 from nclip.train.optim import build_optimizer
+from nclip.train.step import TrainStep
 
 Clock = tuple[float, float]  # (wall, process CPU) seconds
 

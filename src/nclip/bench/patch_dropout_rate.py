@@ -59,14 +59,14 @@ class _AlternatingRates:
 @contextlib.contextmanager
 def _rates_from(source: _AlternatingRates):
     """The trainer's per-step rate is the source's current one, for the ``with`` block."""
-    import nclip.train.loop as loop
+    import nclip.train.step as step_module
 
-    real = loop.patch_dropout_at
-    loop.patch_dropout_at = lambda cfg, step: source.rate
+    real = step_module.patch_dropout_at
+    step_module.patch_dropout_at = lambda cfg, step: source.rate
     try:
         yield
     finally:
-        loop.patch_dropout_at = real
+        step_module.patch_dropout_at = real
 
 
 def samples_per_s(cfg, steps: int, repeats: int, deadline: float = float("inf")) -> dict:

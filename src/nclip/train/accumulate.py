@@ -31,8 +31,11 @@ import torch
 from torch import nn
 
 from nclip.batch import Batch
-from nclip.train.launch import TOWERS, no_grad_sync
+from nclip.train.launch import no_grad_sync
 from nclip.train.snapshot import BufferSnapshot
+
+# the DualEncoder's trained towers; every other part (the heads, with CMSF's target copy in its head) is a head
+TOWERS = ("vision", "text")
 
 
 def online_towers(model: nn.Module) -> nn.Module:
@@ -56,7 +59,7 @@ def cached_step(towers: nn.Module, heads: nn.Module, batch: Batch, k: int, tower
                 device: torch.device, scaled=lambda loss: loss, check=lambda terms: terms) -> dict[str, torch.Tensor]:
     """One step's forward and backward on this rank's ``batch`` in ``k`` micro-batches; returns the
     objective's terms on the whole batch. ``towers``/``heads``: the
-    :class:`nclip.train.launch.TowerPass`/``HeadPass`` (in DDP under torchrun); ``tower_buffers``:
+    :class:`nclip.train.step.TowerPass`/``HeadPass`` (in DDP under torchrun); ``tower_buffers``:
     a snapshot of :func:`online_towers`; ``scaled``: the loss as back-propagated (fp16: times the loss
     scale, :mod:`nclip.train.loss_scale`; pass 2 then carries the scaled feature gradients); ``check``:
     sees the objective's dict before its backward (:class:`nclip.objectives.contract.FirstStepCheck`)."""

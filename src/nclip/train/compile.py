@@ -1,7 +1,7 @@
 """``train.compile``: the training step compiled by ``torch.compile``, or eager where that fails.
 
 What is compiled (:func:`compile_step`): the whole forward of the step as one region — the towers,
-the heads, the cast to float32 and the objective (:class:`nclip.train.launch.TrainStep`; under exact
+the heads, the cast to float32 and the objective (:class:`nclip.train.step.TrainStep`; under exact
 accumulation its two halves, ``TowerPass`` and ``HeadPass``, each a region). One region lets
 Inductor fuse the heads and the objective's elementwise work (softmaxes, entropies, the cast) as it
 fuses the towers', and costs one compilation. The objective still computes in float32: its inputs

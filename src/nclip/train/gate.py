@@ -1,7 +1,7 @@
 """The skip-on-non-finite decision, kept on the device: a step that logs nothing never waits on the host.
 
 A step whose loss or gradient is not finite on any rank is skipped on every rank: weights,
-optimizer state and buffers stay as they were (:mod:`nclip.train.loop`). Reading that decision on
+optimizer state and buffers stay as they were (:func:`nclip.train.step.optimizer_step`). Reading that decision on
 the host (``bool(flag)``) would make the host wait for the step's last kernel every step, so it
 stays a 0-d float tensor on the device, ``skip`` (1: skip), and every consumer is gated by it there:
 
@@ -54,6 +54,20 @@ class StepGate:
         # [in total, in a row], as float so that arithmetic with the float flag needs no casts
         self.skips = torch.tensor([float(counters.get("nonfinite_total", 0)), float(counters.get("nonfinite_row", 0))],
                                   device=device)
+
+    def update(self, keys: list[str], terms: torch.Tensor, nonfinite_loss: torch.Tensor,
+               clip: float | None) -> tuple[list[str], torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The gated update of a step whose backward is done: the term names and values to log
+        (:meth:`logged`, taken before the loss scale moves), the gradient norm (clipped to ``clip``),
+        the decision every rank takes, and the optimizer update unless it is ``skip``. Returns
+        (keys, terms, grad_norm, skip), all on the device."""
+        keys, terms = self.logged(keys, terms)
+        grad_norm = self.grad_norm(clip)
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2: a replicated DTensor
+            grad_norm = grad_norm.full_tensor()
+        skip = self.decide(nonfinite_loss, grad_norm)
+        self.step(skip)
+        return keys, terms, grad_norm, skip
 
     def decide(self, nonfinite_loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
         """``skip`` (0-d float, 1 or 0): any rank's loss or gradient norm was not finite. One no-grad

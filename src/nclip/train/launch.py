@@ -7,8 +7,9 @@ those variables (or with ``WORLD_SIZE=1``) nothing is initialised and the single
 no collectives at all. A process group created by the caller (tests, notebooks) is used as it is
 and left alone at the end.
 
-Wrapping (:func:`wrap`): the model and the objective are run as one :class:`TrainStep` module, so
-that the objective's own parameters (learnable biases, prototypes) are averaged like the towers'.
+Wrapping (:func:`wrap`): the model and the objective are run as one module
+(:class:`nclip.train.step.TrainStep`), so that the objective's own parameters (learnable biases,
+prototypes) are averaged like the towers'.
 
 - ``train.strategy: ddp`` — DistributedDataParallel: every rank holds the full model, gradients
   are averaged over ranks (the convention that :mod:`nclip.distributed` is written against).
@@ -43,14 +44,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from nclip.batch import Batch
 from nclip.config import RunConfig
 from nclip.errors import NclipError
 from nclip.models.sync_batchnorm import convert_sync_batchnorm
-from nclip.precision import to_float32, tower_autocast
 
-__all__ = ["DistContext", "setup", "teardown", "TrainStep", "TowerPass", "HeadPass", "wrap", "wrap_passes",
-           "no_grad_sync", "sync_replicated_grads", "full_state_dict"]
+__all__ = ["DistContext", "setup", "teardown", "wrap", "ddp", "no_grad_sync", "sync_replicated_grads",
+           "full_state_dict"]
 
 
 @dataclass
@@ -130,85 +129,7 @@ def teardown(ctx: DistContext) -> None:
         dist.destroy_process_group()
 
 
-class TrainStep(nn.Module):
-    """model + objective as one module: a :class:`~nclip.batch.Batch` → the objective's dict of terms.
-
-    The towers and heads run under autocast (bf16 on CUDA by default); their outputs are cast to
-    float32 as they leave it (:func:`nclip.precision.to_float32`), so the objective, whatever
-    precision the towers ran in, computes in float32. The logit scale used by this forward is added
-    as the ``logit_scale`` term.
-
-    Gradient-cached accumulation (:mod:`nclip.train.accumulate`) runs the same computation in two
-    halves: :class:`TowerPass` (the towers) and :class:`HeadPass` (heads and objective).
-    """
-
-    def __init__(self, model: nn.Module, objective: nn.Module, amp: torch.dtype | None = None):
-        super().__init__()
-        self.model, self.objective, self.amp = model, objective, amp
-
-    def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """The model reads the batch's pixels, ids and mask; the objective gets the whole batch for
-        its per-row tensors (labels, dataset indices, episode positions): ``objective(out, batch)``."""
-        with tower_autocast(batch.pixels.device, self.amp):
-            out = self.model(batch.pixels, batch.ids, batch.mask)
-        return _objective_terms(self.objective, out, batch)
-
-
-def _objective_terms(objective: nn.Module, out, batch: Batch) -> dict[str, torch.Tensor]:
-    terms = objective(to_float32(out), batch)
-    if isinstance(terms, dict) and "logit_scale" not in terms:  # anything else: refused on the first step (contract.py)
-        terms["logit_scale"] = out.logit_scale.detach()
-    return terms
-
-
-# the DualEncoder's trained towers; every other part (the heads, with CMSF's target copy in its head) is a head
-TOWERS = ("vision", "text")
-
-
-class TowerPass(nn.Module):
-    """The towers of a :class:`TrainStep`: a batch → the towers' features
-    (``DualEncoder.tower_features``). It registers the towers alone, so that DDP around it
-    averages their gradients and nothing else; the model is held without registering it."""
-
-    def __init__(self, step: TrainStep):
-        super().__init__()
-        for name in TOWERS:
-            if hasattr(step.model, name):
-                self.add_module(name, getattr(step.model, name))
-        self._step = [step]  # a list: not a registered submodule
-        self.amp = step.amp
-
-    def forward(self, batch: Batch, target: bool = True) -> dict[str, torch.Tensor]:
-        with tower_autocast(batch.pixels.device, self.amp):
-            return self._step[0].model.tower_features(batch.pixels, batch.ids, batch.mask, target=target)
-
-
-class HeadPass(nn.Module):
-    """The heads and the objective of a :class:`TrainStep`: the towers' features (of the whole
-    batch) and the batch (its per-row tensors) → the objective's dict of terms. Registers every part
-    of the step that :class:`TowerPass` does not (heads, logit scale, the objective)."""
-
-    def __init__(self, step: TrainStep):
-        super().__init__()
-        model = step.model
-        for name, child in model.named_children():
-            if name not in TOWERS:
-                self.add_module(name, child)
-        for name, p in model.named_parameters(recurse=False):  # the logit scale
-            self.register_parameter(name, p)
-        self.objective = step.objective
-        self._step = [step]
-        self.amp = step.amp
-
-    def forward(self, feats: dict[str, torch.Tensor], batch: Batch) -> dict[str, torch.Tensor]:
-        step = self._step[0]
-        device = next(iter(feats.values())).device
-        with tower_autocast(device, self.amp):
-            out = step.model.head_outputs(feats)
-        return _objective_terms(self.objective, out, batch)
-
-
-def _find_unused(cfg: RunConfig) -> bool:
+def find_unused(cfg: RunConfig) -> bool:
     # a pretrained BERT-style text tower pooled by mean/[CLS] never uses its pooler layer; ProtoCLIP's
     # lit_episode locks the image side during the run (nclip.models.locking): no gradient from then on
     return (cfg.model.text.kind == "pretrained" and cfg.model.text.pooling != "pooler"
@@ -220,7 +141,7 @@ def cached_accumulation(cfg: RunConfig) -> bool:
     return cfg.train.accumulation > 1 and cfg.train.accumulation_mode == "exact"
 
 
-def _ddp(module: nn.Module, ctx: DistContext, find_unused: bool) -> nn.Module:
+def ddp(module: nn.Module, ctx: DistContext, find_unused: bool) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     no_sync_buffers = ({"forward_sync_buffers": False}
@@ -230,10 +151,10 @@ def _ddp(module: nn.Module, ctx: DistContext, find_unused: bool) -> nn.Module:
                find_unused_parameters=find_unused, **no_sync_buffers)
 
 
-def wrap(step: TrainStep, ctx: DistContext, cfg: RunConfig) -> nn.Module:
+def wrap(step: nn.Module, ctx: DistContext, cfg: RunConfig) -> nn.Module:
     """The module the loop calls: ``step`` itself on one process, else DDP or FSDP2 around it.
-    With gradient-cached accumulation the step stays unwrapped: :func:`wrap_passes` wraps its
-    two halves instead."""
+    With gradient-cached accumulation the step stays unwrapped: :func:`nclip.train.step.wrap_passes`
+    wraps its two halves instead."""
     if not ctx.distributed:
         return step
     if cfg.model.sync_batchnorm:
@@ -241,7 +162,7 @@ def wrap(step: TrainStep, ctx: DistContext, cfg: RunConfig) -> nn.Module:
     if cached_accumulation(cfg):
         return step
     if cfg.train.strategy == "ddp":
-        return _ddp(step, ctx, _find_unused(cfg))
+        return ddp(step, ctx, find_unused(cfg))
     from torch.distributed.fsdp import fully_shard
 
     # FSDP2 cannot shard 0-d parameters (the logit scale, SigLIP's bias): they stay replicated and
@@ -262,19 +183,6 @@ def wrap(step: TrainStep, ctx: DistContext, cfg: RunConfig) -> nn.Module:
     return step
 
 
-def wrap_passes(step: TrainStep, ctx: DistContext, cfg: RunConfig) -> tuple[nn.Module, nn.Module]:
-    """(towers, heads) of gradient-cached accumulation: :class:`TowerPass` and :class:`HeadPass`,
-    each in its own DDP under torchrun (their parameters are disjoint, and each pass uses all of
-    its own: the heads' gradients are averaged after the one heads backward, the towers' after the
-    last micro-batch's). Call after :func:`wrap` (which converts BatchNorm in place first)."""
-    towers, heads = TowerPass(step), HeadPass(step)
-    if not ctx.distributed:
-        return towers, heads
-    if not any(p.requires_grad for p in towers.parameters()):  # both towers locked: nothing to average
-        return towers, _ddp(heads, ctx, False)
-    return _ddp(towers, ctx, _find_unused(cfg)), _ddp(heads, ctx, False)
-
-
 def sync_replicated_grads(module: nn.Module) -> None:
     """Average over ranks the gradients of the parameters FSDP2 left replicated (after backward of
     the last micro-batch; a no-op for DDP and one process)."""
@@ -292,8 +200,11 @@ def sync_replicated_grads(module: nn.Module) -> None:
             p.grad.copy_(g.reshape(p.shape))
 
 
-def unwrap(module: nn.Module) -> TrainStep:
-    return module.module if hasattr(module, "module") and isinstance(module.module, TrainStep) else module
+def unwrap(module: nn.Module) -> nn.Module:
+    """The training step inside DDP (FSDP2 shards the module in place: it is its own)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return module.module if isinstance(module, DDP) else module
 
 
 @contextlib.contextmanager

@@ -64,11 +64,12 @@ def _data(cfg, size: int | None) -> str:
     return f"{d.source}{f' {where}' if where else ''}{rows}, {d.image_size} px, {d.text_length} tokens"
 
 
-def startup_block(run, preset: str | None) -> str:
+def startup_block(info, model, data, periodic, preset: str | None) -> str:
     """What is about to be trained, printed before the first step: preset, objective and its
     weights, the towers with parameter counts, the data and its size, device and precision, steps,
-    batch and the output folder."""
-    cfg, model, ctx = run.cfg, run.model, run.ctx
+    batch, evaluation while training (``periodic``) and the output folder. ``info``: the run's
+    :class:`nclip.train.rundir.RunInfo`."""
+    cfg, ctx = info.cfg, info.ctx
     t, m = cfg.train, cfg.model
     text = model.text if getattr(model, "uses_text", True) else None
     heads = sum(p.numel() for name, p in model.named_parameters() if not name.startswith(("vision.", "text.")))
@@ -80,7 +81,7 @@ def startup_block(run, preset: str | None) -> str:
     dtype = autocast_dtype(t.precision, ctx.device)
     autocast = {torch.bfloat16: "bf16 autocast", torch.float16: "fp16 autocast, loss scaling"}.get(dtype, "fp32")
     precision = f"{t.precision} ({autocast}; objectives in fp32)"
-    steps = f"{t.steps}" + (f" (from step {run.start})" if run.start else "")
+    steps = f"{t.steps}" + (f" (from step {info.start})" if info.start else "")
     rows = [
         ("preset", preset or "(a config object)"),
         ("objective", f"{cfg.objective.name}{_weights(cfg.objective)}"),
@@ -88,15 +89,15 @@ def startup_block(run, preset: str | None) -> str:
         ("text tower", _tower(m.text.kind, m.text, text) if text is not None else "none (no text-side head)"),
         *_lora(cfg, model),
         ("heads", f"{', '.join(sorted(model.heads))} ({heads / 1e6:.2f}M params)"),
-        ("data", _data(cfg, getattr(run.data, "size", None)) + _gave_way(preset, cfg)),
+        ("data", _data(cfg, getattr(data, "size", None)) + _gave_way(preset, cfg)),
         ("device", f"{ctx.device}, {ctx.world_size} rank{'s' * (ctx.world_size > 1)}, {precision}"),
         ("threads", threads.describe(t.threads)),
         ("steps", f"{steps}, lr {t.lr:g} ({t.warmup_steps} warm-up, cosine to {t.min_lr:g}), log every "
                   f"{t.log_every}, checkpoint every {t.checkpoint_every}"),
         ("batch", f"{t.batch_size} {'pairs' if text is not None else 'images'} per step"
                   + (f" in {t.accumulation} micro-batches ({t.accumulation_mode})" if t.accumulation > 1 else "")),
-        ("eval", describe(cfg, getattr(run, "periodic", None))),
-        ("output", str(run.run_dir)),
+        ("eval", describe(cfg, periodic)),
+        ("output", str(info.run_dir)),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(["nclip train"] + [f"  {k:<{width}}  {v}" for k, v in rows])
@@ -144,25 +145,28 @@ class Log:
     """metrics.jsonl (rank 0), the collapse monitor's warnings, the progress bar or one line per log
     step, RUN/curves.png, and the scalars of ``train.report_to`` (rank 0)."""
 
-    def __init__(self, run, progress: bool):
-        self.run, self.window_t, self.window_samples, self.last = run, time.perf_counter(), 0, {}
+    def __init__(self, info, data, counters: dict[str, int], progress: bool):
+        # info: the run's nclip.train.rundir.RunInfo; data: its batches (their wait and size); counters:
+        # the loop's skipped-step counters, read at each row
+        self.info, self.data, self.counters = info, data, counters
+        self.window_t, self.window_samples, self.last = time.perf_counter(), 0, {}
         self.last_eval: dict = {}  # the row of the last evaluation (train.eval_every), for the progress bar
-        main = run.ctx.is_main
+        main, cfg, run_dir = info.ctx.is_main, info.cfg, info.run_dir
         self.lines = main and not progress  # --no-progress: a line per log step instead of the bar
-        self.monitor = CollapseMonitor.for_run(run.cfg)
-        self.bar = tqdm(total=run.cfg.train.steps, initial=run.start, unit="step",
+        self.monitor = CollapseMonitor.for_run(cfg)
+        self.bar = tqdm(total=cfg.train.steps, initial=info.start, unit="step",
                         disable=not (progress and main), dynamic_ncols=True)
-        with writing(run.run_dir / METRICS):
-            self.file = (run.run_dir / METRICS).open("a") if main else None
-        self.reporters = reporters(run.run_dir, run.cfg, run.start > 0) if main else []  # train.report_to
-        self.curves = (CurvesPng(run.run_dir, run.run_dir / METRICS, run.cfg.train.checkpoint_every,
-                                 run.cfg.train.steps, run.start) if main and getattr(run, "save", True) else None)
+        with writing(run_dir / METRICS):
+            self.file = (run_dir / METRICS).open("a") if main else None
+        self.reporters = reporters(run_dir, cfg, info.start > 0) if main else []  # train.report_to
+        self.curves = (CurvesPng(run_dir, run_dir / METRICS, cfg.train.checkpoint_every,
+                                 cfg.train.steps, info.start) if main and info.save else None)
 
     def step(self, done: int, result, evaluation: dict | None = None) -> None:
         """Count the step; write a row when the loop read one (``result``: its log steps, every
         ``train.log_every`` steps, the last, the step that stops a run and the evaluated steps),
         with ``evaluation``'s entries (``eval/...`` and ``eval_s``, rank 0) on it."""
-        self.window_samples += self.run.cfg.train.batch_size
+        self.window_samples += self.info.cfg.train.batch_size
         if result is not None:
             self._write(done, result, evaluation or {})
         if self.curves is not None:
@@ -173,12 +177,12 @@ class Log:
         now = time.perf_counter()
         training_s = now - self.window_t - evaluation.get("eval_s", 0.0)  # samples/s of training only
         row = {"step": done, "lr": result.lr, **result.terms, "grad_norm": result.grad_norm,
-               "nonfinite_steps": self.run.counters["nonfinite_total"], "data/skipped": result.skipped_samples,
+               "nonfinite_steps": self.counters["nonfinite_total"], "data/skipped": result.skipped_samples,
                "samples_per_s": self.window_samples / max(training_s, 1e-9), **evaluation}
-        if hasattr(self.run.data, "pop_wait"):  # this rank's host wait for its batches, per step
-            waited, steps = self.run.data.pop_wait()
+        if hasattr(self.data, "pop_wait"):  # this rank's host wait for its batches, per step
+            waited, steps = self.data.pop_wait()
             row["data_wait_s"] = waited / max(steps, 1)
-        if self.monitor is not None and self.run.ctx.is_main:
+        if self.monitor is not None and self.info.ctx.is_main:
             for warning in self.monitor.update(done, row):
                 row.setdefault("monitor/warnings", []).append(warning)
                 tqdm.write(f"nclip: warning: {warning}", file=sys.stderr)
@@ -189,7 +193,7 @@ class Log:
         for reporter in self.reporters:  # the same scalars as metrics.jsonl, at the same step
             reporter.log(row, done)
         if self.lines:
-            print(step_line(row, self.run.cfg.train.steps), file=sys.stderr, flush=True)
+            print(step_line(row, self.info.cfg.train.steps), file=sys.stderr, flush=True)
         self.window_t, self.window_samples, self.last = now, 0, row
         wait = {"data_wait_ms": f"{row['data_wait_s'] * 1e3:.1f}"} if "data_wait_s" in row else {}
         if "eval_s" in row:

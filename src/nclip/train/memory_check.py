@@ -169,20 +169,20 @@ def probe_batch(model, cfg, n: int, views: int, label_request, device: torch.dev
     return batch
 
 
-def _probe(run) -> dict | None:
+def _probe(cfg, learner) -> dict | None:
     """The fit of the saved bytes at ``PROBE_BATCHES``; None when a probe step fails (skip the check)."""
     from nclip.objectives import plan_for
 
-    cfg, step = run.cfg, run.step_module
+    step = learner.step_module
     objective = plan_for(cfg)
     rng = torch.get_rng_state(), (torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
     counters = [(m, k, v) for m in step.modules() for k, v in vars(m).items()
                 if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    run.snapshot.take()
+    learner.snapshot.take()
     try:
         sizes = []
         for n in PROBE_BATCHES:
-            batch = probe_batch(run.model, cfg, n, objective.views, objective.label_request(), run.ctx.device)
+            batch = probe_batch(learner.model, cfg, n, objective.views, objective.label_request(), learner.device)
             sizes.append(saved_bytes(step, batch))
         return fit_line(list(PROBE_BATCHES), [float(s) for s in sizes])
     except torch.OutOfMemoryError:
@@ -190,7 +190,7 @@ def _probe(run) -> dict | None:
     except Exception:  # noqa: BLE001 - an input this stand-in batch cannot give: no check rather than no run
         return None
     finally:
-        run.snapshot.restore()
+        learner.snapshot.restore()
         for m, k, v in counters:
             setattr(m, k, v)
         torch.set_rng_state(rng[0])
@@ -199,12 +199,13 @@ def _probe(run) -> dict | None:
         step.zero_grad(set_to_none=True)
 
 
-def check_step_memory(run, local_ranks: int | None = None) -> None:
+def check_step_memory(info, learner, local_ranks: int | None = None) -> None:
     """Refuse in one line a batch whose step would not fit (module docstring); every rank takes the
-    decision of the rank with the least room."""
+    decision of the rank with the least room. ``info``: the run's :class:`nclip.train.rundir.RunInfo`;
+    ``learner``: its :class:`nclip.train.step.Learner`."""
     from nclip import distributed as collectives
 
-    cfg, ctx = run.cfg, run.ctx
+    cfg, ctx = info.cfg, info.ctx
     t = cfg.train
     if not t.memory_check:
         return
@@ -212,13 +213,13 @@ def check_step_memory(run, local_ranks: int | None = None) -> None:
     micro = t.batch_size // split
     local_ranks = local_ranks or int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
     found = available_bytes(ctx.device, local_ranks if ctx.device.type == "cpu" else 1)
-    fixed = fixed_bytes(run.model, run.step_module.objective, t.optimizer)
-    n_params = sum(p.numel() for p in run.step_module.parameters())
+    fixed = fixed_bytes(learner.model, learner.objective, t.optimizer)
+    n_params = sum(p.numel() for p in learner.step_module.parameters())
     limit = MARGIN * found[0] if found is not None else math.inf
     near = fixed + micro * PESSIMISTIC_BYTES * n_params > limit / MARGIN / 2
     if collectives.all_reduce_sum_no_grad(torch.tensor([float(near)], device=ctx.device)).item() == 0:
         return
-    fit = _probe(run)  # on every rank: the objective may gather over them
+    fit = _probe(cfg, learner)  # on every rank: the objective may gather over them
     need, largest = -1.0, -1.0
     if fit is not None and found is not None:
         per_sample = max(fit["b"], 0.0) * BACKWARD_FACTOR

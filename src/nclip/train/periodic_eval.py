@@ -166,27 +166,28 @@ class PeriodicEval:
         step, so that every rank and a resumed run agree."""
         return step % self.every == 0
 
-    def at_step(self, run) -> dict:
+    def at_step(self, info, learner) -> dict:
         """The hook of the training loop, on every rank at a :meth:`due` step: rank 0 evaluates the
         run's model (whole again under FSDP), the others wait. Returns rank 0's row entries (the
-        ``eval/`` figures and ``eval_s``), {} on the other ranks."""
+        ``eval/`` figures and ``eval_s``), {} on the other ranks. ``info``: the run's
+        :class:`nclip.train.rundir.RunInfo`; ``learner``: its :class:`nclip.train.step.Learner`."""
         from nclip.train.launch import full_state_dict, is_fsdp
 
         start = time.perf_counter()
         row: dict = {}
-        with untouched(run.model):
-            model = run.model
-            if is_fsdp(run.module):  # the sharded model cannot run on one rank: gather it, a collective
-                weights = full_state_dict(run.module)
-                model = _whole_model(run.cfg, weights, run.ctx.device) if run.ctx.is_main else None
-            if run.ctx.is_main:
+        with untouched(learner.model):
+            model = learner.model
+            if is_fsdp(learner.module):  # the sharded model cannot run on one rank: gather it, a collective
+                weights = full_state_dict(learner.module)
+                model = _whole_model(info.cfg, weights, info.ctx.device) if info.ctx.is_main else None
+            if info.ctx.is_main:
                 row = self.evaluate(model)
-                if run.ema is not None:  # train.ema: the averaged weights beside the raw ones (not under FSDP)
-                    with swapped_to_ema(model, run.ema):
+                if learner.ema is not None:  # train.ema: the averaged weights beside the raw ones (not under FSDP)
+                    with swapped_to_ema(model, learner.ema):
                         row.update(self.evaluate(model, prefix=f"ema/{PREFIX}"))
-        if run.ctx.is_main:
+        if info.ctx.is_main:
             row["eval_s"] = time.perf_counter() - start
-        if run.ctx.distributed:
+        if info.ctx.distributed:
             dist.barrier()  # the other ranks wait for rank 0 (the time stays in their samples_per_s window)
         return row
 

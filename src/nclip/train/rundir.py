@@ -67,6 +67,17 @@ class RunPlan:
     note: str | None = None  # one line for stderr (rank 0) when the run starts
 
 
+@dataclass(frozen=True)
+class RunInfo:
+    """A run as every phase of training sees it, fixed from its restore to its finish."""
+
+    cfg: RunConfig  # the config it trains with (the plan's)
+    run_dir: Path
+    ctx: object  # this process's nclip.train.launch.DistContext: rank, world size, device
+    start: int = 0  # the step to continue from (0 for a new run)
+    save: bool = True  # False: no checkpoint, model/ or eval.json (train(save=False))
+
+
 def plan_run(cfg: RunConfig, run_dir: Path, resume: bool, force: bool, extend_to: int | None,
              lock: DirLock | None = None) -> RunPlan:
     """Check ``run_dir`` against the request, reading only; raise a one-line NclipError if it

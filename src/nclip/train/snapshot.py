@@ -1,7 +1,7 @@
 """The buffers of the training step's module before each step, put back when the step is skipped.
 
 A step whose loss or gradient is not finite leaves weights, optimizer state *and* buffers as they
-were (BatchNorm statistics, objective queues and centers, see :mod:`nclip.train.loop`); buffers
+were (BatchNorm statistics, objective queues and centers, see :mod:`nclip.train.step`); buffers
 change in the forward, before finiteness is known, so every step copies them first. The modules
 that own buffers are found once; each step copies into the same storage (one multi-tensor copy)
 rather than walking the module tree and allocating a clone per buffer, which was a visible share of
