@@ -232,11 +232,8 @@ def _open_source(info: RunInfo, learner: Learner, data_source, data_state: dict 
 
 
 def _step(info: RunInfo, learner: Learner, step: int, batch: Batch) -> StepResult:
-    """One optimizer step (:func:`nclip.train.step.optimizer_step`); out of memory is one line."""
-    try:
-        return optimizer_step(learner, info.cfg, step, batch)
-    except torch.OutOfMemoryError:
-        raise NclipError(out_of_memory_message(info.cfg, info.ctx.device, step)) from None
+    """One optimizer step: :func:`nclip.train.step.optimizer_step` (tests replace this to watch a step)."""
+    return optimizer_step(learner, info.cfg, step, batch)
 
 
 def _run_steps(info: RunInfo, learner: Learner, data, periodic: PeriodicEval | None, counters: dict[str, int],
@@ -249,7 +246,10 @@ def _run_steps(info: RunInfo, learner: Learner, data, periodic: PeriodicEval | N
     learner.module.train()
     try:
         for step, batch in enumerate(data, start=info.start):
-            result = _step(info, learner, step, batch)
+            try:
+                result = _step(info, learner, step, batch)
+            except torch.OutOfMemoryError:
+                raise NclipError(out_of_memory_message(info.cfg, info.ctx.device, step)) from None
             done = step + 1
             logs = done % t.log_every == 0 or done == t.steps
             saves = done % t.checkpoint_every == 0 or done == t.steps
