@@ -258,7 +258,7 @@ def _cmd_presets(args) -> int:
 
 
 def _cmd_export(args) -> int:
-    from nclip.models.export import model_dir
+    from nclip.models.export_base import model_dir
     from nclip.models.exporters import FORMATS, export
     from nclip.runlock import DirLock
     from nclip.train.rundir import check_export_target
