@@ -109,7 +109,7 @@ LAYERS = {
     "nclip.eval": 5,
     "nclip.train": 6,
     "nclip.embed": 7, "nclip.sweep": 7, "nclip.bench": 7, "nclip.finetune": 7,
-    "nclip": 8, "nclip.__main__": 8, "nclip.cli": 8, "nclip.api": 8, "nclip.merge_command": 8,
+    "nclip": 8, "nclip.__main__": 8, "nclip.cli": 8, "nclip.api": 8,
 }
 SAME_LAYER = {
     ("nclip.jsonio", "nclip.errors"), ("nclip.config_files", "nclip.errors"),
