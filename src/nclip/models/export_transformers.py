@@ -143,7 +143,7 @@ def export_hf(checkpoint: Path, out: Path) -> str:
 @contextmanager
 def _no_progress_bars():
     """transformers' progress bars off, as the caller had them after: save_pretrained draws a
-    "Writing model shards" bar for the one shard of a model, beside export's one line (issue 28.12)."""
+    "Writing model shards" bar for the one shard of a model, noise beside export's one line."""
     from huggingface_hub import utils as hub_utils
     from transformers.utils import logging as hf_logging
 

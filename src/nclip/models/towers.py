@@ -327,7 +327,7 @@ class ClipTextTower(nn.Module):
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """ids, mask [B, L] → final-norm [EOS] feature [B, width]. ``mask`` is accepted for the
-        towers' common signature and not used (issue 24).
+        towers' common signature and not used (why: below).
 
         The tower is causal and pools the first end-of-text token, or the largest id (OpenAI CLIP's
         end-of-text, which is also its padding: argmax picks the first). Padding only follows the
