@@ -99,8 +99,8 @@ def test_no_import_cycle_among_nclip_modules():
 LAYERS = {
     # 0: no nclip import but the pairs in SAME_LAYER
     "nclip.errors": 0, "nclip.jsonio": 0, "nclip.fileperm": 0, "nclip.runlock": 0, "nclip.rowlog": 0,
-    "nclip.distributed": 0, "nclip.precision": 0, "nclip.defaults": 0, "nclip.hierarchy": 0,
-    "nclip.config_files": 0, "nclip.batch": 0, "nclip.dataset_specs": 0, "nclip.torchvision_compat": 0,
+    "nclip.distributed": 0, "nclip.precision": 0, "nclip.defaults": 0, "nclip.config_files": 0, "nclip.batch": 0,
+    "nclip.dataset_specs": 0, "nclip.torchvision_compat": 0,
     "nclip.plugin_consent": 0, "nclip.overwrite": 0,
     "nclip.objectives": 1, "nclip.heads": 1,
     "nclip.config": 2,
@@ -109,12 +109,11 @@ LAYERS = {
     "nclip.eval": 5,
     "nclip.train": 6,
     "nclip.embed": 7, "nclip.sweep": 7, "nclip.bench": 7, "nclip.finetune": 7,
-    "nclip": 8, "nclip.__main__": 8, "nclip.cli": 8, "nclip.api": 8, "nclip.merge_command": 8,
+    "nclip": 8, "nclip.__main__": 8, "nclip.cli": 8, "nclip.api": 8,
 }
 SAME_LAYER = {
     ("nclip.jsonio", "nclip.errors"), ("nclip.config_files", "nclip.errors"),
     ("nclip.runlock", "nclip.errors"), ("nclip.runlock", "nclip.jsonio"),
-    ("nclip.hierarchy", "nclip.errors"), ("nclip.hierarchy", "nclip.jsonio"),
     ("nclip.objectives", "nclip.heads"),
     ("nclip.dataset_specs", "nclip.errors"), ("nclip.dataset_specs", "nclip.defaults"),
     ("nclip.overwrite", "nclip.errors"),

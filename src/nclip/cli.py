@@ -1,4 +1,5 @@
-"""The ``nclip`` command line: ``nclip train | sweep | export | presets | config | data | eval | bench``.
+"""The ``nclip`` command line: ``nclip train | config | presets | export | data | sweep | bench | eval |
+finetune | embed | search | merge`` (the parsers of eval, finetune, embed and search: their ``command`` modules).
 
 Errors the user can fix (bad config, missing files, malformed input) print one line,
 ``nclip: error: ...``, and exit with status 2; nothing prints a traceback for them.
@@ -177,9 +178,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_embed_parser(sub)
     add_search_parser(sub)
-    from nclip.merge_command import add_merge_parser  # light, as eval's
 
-    add_merge_parser(sub)
+    p = sub.add_parser("merge", help="interpolate the weights of two models of one architecture (WiSE-FT)",
+                       description="Write (1 - alpha) * A + alpha * B (floating-point tensors; integer buffers "
+                                   "and the config from A) as an nclip model directory; docs/merge.md.")
+    p.add_argument("a", type=Path, help="run directory or model directory (alpha 0)")
+    p.add_argument("b", type=Path, help="run directory or model directory of the same architecture (alpha 1)")
+    p.add_argument("--alpha", type=float, required=True, help="weight of B, in [0, 1]")
+    p.add_argument("--out", type=Path, required=True, help="the model directory to write")
+    p.add_argument("--force", action="store_true", help="write over a non-empty --out (never a run)")
+    plugin_consent.add_flag(p)
     return parser
 
 
@@ -258,7 +266,7 @@ def _cmd_presets(args) -> int:
 
 
 def _cmd_export(args) -> int:
-    from nclip.models.export import model_dir
+    from nclip.models.export_base import model_dir
     from nclip.models.exporters import FORMATS, export
     from nclip.runlock import DirLock
     from nclip.train.rundir import check_export_target
@@ -329,8 +337,6 @@ def _cmd_data(args) -> int:
     summary = tools.inspect_source(args.source, args.limit, csv_image_key=args.image_key,
                                    csv_caption_key=args.caption_key)
     if args.json:
-        import json
-
         print(json.dumps(summary, indent=2))
     else:
         print(tools.format_summary(summary))
@@ -396,9 +402,11 @@ def _cmd_embed(args) -> int:
 
 
 def _cmd_merge(args) -> int:
-    from nclip.merge_command import run_merge_command
+    from nclip.models.merge import check_alpha, describe, merge
 
-    return run_merge_command(args)
+    check_alpha(args.alpha)  # before anything is read
+    print(describe(merge(args.a, args.b, args.alpha, args.out, force=args.force)))
+    return 0
 
 
 # every subcommand of build_parser's, and what runs it

@@ -76,7 +76,7 @@ SYNTHETIC_ONLY = {"hard_negative_group": 1}
 
 def synthetic_settings_give_way(raw: dict, overrides: list[str]) -> dict:
     """A preset's synthetic-scene settings give way to a user's data source: ``--preset tiny --set
-    data.source=csv`` trains on the CSV instead of failing on tiny's hard-negative groups (issue 36.5);
+    data.source=csv`` trains on the CSV instead of failing on tiny's hard-negative groups (made of synthetic scenes);
     the start-up block says so (:func:`gave_way`). A setting the user gave stays, and is checked."""
     data = raw.get("data") or {}
     if data.get("source", "synthetic") == "synthetic":

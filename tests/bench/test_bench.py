@@ -1,4 +1,4 @@
-"""nclip bench: the command runs every row at --quick size and writes the JSON the issue asks for."""
+"""nclip bench: the command runs every row at --quick size and writes its JSON (docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -107,8 +107,8 @@ def test_a_tiny_budget_skips_rows_and_says_why(monkeypatch):
 def test_quick_bench_writes_positive_finite_ratios_builds_each_model_once_and_writes_no_model(
         tmp_path, capsys, monkeypatch, request):
     """One --quick run (the suite's only one: it takes a minute or two on 2 cores) checks every row's
-    value: the ratios the issue asks for, then the largest-batch and patch-dropout rows; and what the
-    bench cost besides (issue 32.6): the models it built, the bytes it wrote, each row's wall time."""
+    value: the speed and memory ratios, then the largest-batch and patch-dropout rows; and what the
+    bench cost besides: the models it built, the bytes it wrote, each row's wall time."""
     from nclip.models import build_model
 
     weights = sum(p.numel() * p.element_size() for p in build_model(resolve("micro", [])).parameters())
@@ -148,7 +148,7 @@ def _check_builds_and_writes(doc: dict, build_calls: list, written: int, weights
     """One build per model config and process: here the run's model (and with open_clip installed
     the CLIP model of its row), one in each objective subprocess and in the LoRA row's, two in the
     largest-batch subprocess (plain, checkpointed); fewer bytes written than one model's weights (every model
-    save or checkpoint writes them all: 13 of them before issue 32), and nothing left behind."""
+    save or checkpoint writes them all: the bench once made 13), and nothing left behind."""
     here = 1 + (doc["open_clip"] is not None)
     assert len(build_calls) == here
     stages = {s["stage"]: s for s in doc["stages"]}

@@ -1,4 +1,4 @@
-"""What nclip bench costs besides its measurements (issue 32, items 2 and 6): the hand loop trains on
+"""What nclip bench costs besides its measurements: the hand loop trains on
 the pixels the trainer trains on, no model is written, each model is built once, the evaluation
 scenes are the same whatever the workers, and the stage estimates count builds and compilation.
 (The whole bench's builds and bytes at --quick: tests/bench/test_bench.py.)"""
@@ -74,7 +74,7 @@ def test_train_gets_its_model_from_the_shared_models_block():
 def test_the_hand_loop_trains_on_the_pixels_the_trainer_trains_on(preset):
     """uint8 pixels from the loader: the hand loop's feed normalises them on the device as the
     trainer's (DeviceFeed); two-view float pixels pass as they are. A conv-net step on raw uint8
-    pixels fails (issue 32: 'expected scalar type Byte but found Float')."""
+    pixels fails ('expected scalar type Byte but found Float')."""
     from nclip.data.device_feed import DeviceFeed
 
     cfg = resolve(preset, ["train.batch_size=8", "train.threads=1"])

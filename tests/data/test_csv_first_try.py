@@ -32,7 +32,7 @@ def test_the_presets_hard_negative_groups_give_way_to_a_csv(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_issues_first_try_trains_and_says_what_gave_way(tmp_path, capsys):
+def test_a_first_try_on_ones_own_csv_trains_and_says_what_gave_way(tmp_path, capsys):
     csv = _pairs(tmp_path)
     sets = [x for o in [*micro_sizes(), "data.source=csv", f"data.csv={csv}", "train.steps=1", "train.batch_size=8"]
             for x in ("--set", o)]

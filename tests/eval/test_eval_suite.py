@@ -1,4 +1,4 @@
-"""``nclip eval --suite`` (issue 26 item 2): the issue's target -- CLIP_benchmark's copies of CIFAR-10
+"""``nclip eval --suite``: what it is for -- CLIP_benchmark's copies of CIFAR-10
 and ImageNet-1k validation and the Karpathy COCO JSON, one command, one table with all three and
 their mean -- on tiny fixtures in those layouts and a micro model with random weights; ``nclip eval
 compare`` of two such results; the suite file's one-line errors."""
@@ -40,7 +40,7 @@ def clip_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def suite_data(tmp_path_factory):
-    """The three layouts of the issue's target and a suite file naming them."""
+    """The three layouts the suite is for and a suite file naming them."""
     root = tmp_path_factory.mktemp("bench")
     cifar = write_wds(root / "wds_cifar10", per_class=3, shards=2)
     write_wds(cifar, per_class=3, shards=2, split="train")

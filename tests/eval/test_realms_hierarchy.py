@@ -10,10 +10,10 @@ from PIL import Image
 
 from nclip.cli import main
 from nclip.data.hierarchies import builtin_hierarchy
+from nclip.data.hierarchy import Hierarchy
 from nclip.data.synthetic import SyntheticScenes
 from nclip.errors import NclipError
 from nclip.eval import realms
-from nclip.hierarchy import Hierarchy
 
 
 def test_builtin_hierarchy_reproduces_the_synthetic_realm_labels():

@@ -104,7 +104,8 @@ def test_a_name_is_registered_once():
     with pytest.raises(ValueError, match="registered twice"):
         register_head(Other)
     register_head(head_class("clip"))  # the same class again: a no-op
-    assert [c.name for c in registered_heads()][:6] == ["shared", "clip", "nclip", "proto", "cmsf", "xent"]
+    built_in = ["shared", "clip", "nclip", "proto", "cmsf", "xent", "supcon"]  # the order models build them in
+    assert [c.name for c in registered_heads()][:7] == built_in
 
 
 def test_param_side_reads_the_naming_rule():

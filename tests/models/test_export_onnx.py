@@ -189,7 +189,7 @@ def test_the_lock_is_held_across_the_rename(tmp_path):
     """atomic_export renames a new folder over OUT: the lock file nclip export holds comes along (a
     hard link of the locked file), so a second export is still refused until the first ends."""
     from nclip.errors import NclipError
-    from nclip.models.export import atomic_export
+    from nclip.models.export_base import atomic_export
     from nclip.runlock import LOCK_NAME, DirLock
 
     out = tmp_path / "out"

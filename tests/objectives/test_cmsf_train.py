@@ -16,14 +16,8 @@ from nclip.cli import main
 from nclip.config import resolve
 from nclip.errors import NclipError
 from nclip.objectives import EncoderOutput
-from nclip.objectives.cmsf import (
-    ClipCmsfConfig,
-    ClipCmsfObjective,
-    CmsfConfig,
-    CmsfObjective,
-    XentConfig,
-    XentObjective,
-)
+from nclip.objectives.cmsf import ClipCmsfConfig, ClipCmsfObjective, CmsfConfig, CmsfObjective
+from nclip.objectives.xent import XentConfig, XentObjective
 from nclip.train.logbook import WALL_CLOCK
 
 from conftest import train_and_kill

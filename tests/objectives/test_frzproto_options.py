@@ -11,9 +11,9 @@ import torch
 from nclip.cli import main
 from nclip.config import resolve
 from nclip.errors import NclipError
+from nclip.heads.layers import SupconMLP
 from nclip.models.dual_encoder import build_model
 from nclip.objectives import build_objective
-from nclip.objectives.supcon import SupconMLP
 
 SIZES = ["data.source=digits", "model.supcon_hidden=32", "model.supcon_dim=16", "train.threads=1",
          "train.log_every=1", "train.batch_size=16"]

@@ -89,14 +89,14 @@ def test_every_tensor_of_a_step_lives_on_the_models_device(case, monkeypatch):
 
 
 def test_a_cpu_tensor_in_the_step_fails_on_the_meta_device(monkeypatch):
-    """The check is not blind: xCLIP's warm-up weight made on the CPU, as before issue 32, fails."""
+    """The check is not blind: xCLIP's warm-up weight made on the CPU, as it once was, fails."""
     from nclip.objectives.nclip import XclipObjective
 
     original = XclipObjective.forward
 
     def forward(self, out, batch=None):
         terms = original(self, out, batch)
-        terms["nclip/lambda"] = torch.tensor(0.5)  # the CPU tensor issue 32 found
+        terms["nclip/lambda"] = torch.tensor(0.5)  # torch.tensor(w) made on the CPU: a crash on CUDA
         return terms
 
     monkeypatch.setattr(XclipObjective, "forward", forward)

@@ -157,7 +157,7 @@ def test_an_atomic_text_write_that_fails_keeps_the_old_file_and_is_one_line(tmp_
 
 
 def test_a_full_disk_in_an_export_is_one_line(tmp_path, monkeypatch, capsys):
-    import nclip.models.export as export
+    import nclip.models.export_transformers as export
     from nclip.config import resolve
     from nclip.models import build_model
     from nclip.models.io import save_model

@@ -14,7 +14,7 @@ a fixed amount of work (the real ``nclip train`` path) can still run past the de
 estimate's error.
 
 What the GPU defaults (``Sizes.pick(cuda=True)``) cost at ViT-B/16, batch 256, bf16 autocast, on
-one H100 — an estimate from the figures of issue 24 (xCLIP step 0.15-0.18 s eager, CLIP step about
+one H100 — an estimate from earlier H100 measurements (xCLIP step 0.15-0.18 s eager, CLIP step about
 0.12 s, a 414 M-parameter model built in a few seconds, a slower first step for cuDNN/cuBLAS
 autotune) and of a copy of 1.66 GB of weights (about 1 s to copy and move to the GPU), not a
 measurement:
@@ -39,11 +39,12 @@ patch dropout 0 / 0.5 / 0.75 (1 copy, 3 x 3 windows)     ~8
 total                                                    ~155
 =====================================================  ==========
 
-So about 2.5 minutes (2 without the last two stages); before issue 32 it was about 16 builds, 13
-model saves (1.66 GB each) and a 5 GB checkpoint on top. ``train.compile=true`` adds one compilation
-of the towers per training run in the main process (tens of seconds for the first, less for the
-later ones, which reuse Dynamo's cache where the graphs match), about 1-2 minutes more: that run can
-need ``--budget-s 300`` to keep every row; the objective subprocesses run eagerly either way.
+So about 2.5 minutes (2 without the last two stages), because the bench builds each model once and
+writes no model or checkpoint: that spares about 16 builds, 13 model saves (1.66 GB each) and a 5 GB
+checkpoint. ``train.compile=true`` adds one compilation of the towers per training run in the main
+process (tens of seconds for the first, less for the later ones, which reuse Dynamo's cache where the
+graphs match), about 1-2 minutes more: that run can need ``--budget-s 300`` to keep every row; the
+objective subprocesses run eagerly either way.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from dataclasses import dataclass
 
 DEFAULT_BUDGET_S = 300.0
 # one compilation of the training step, before the bench has timed one (the trainer row's hand loop times the
-# first): issue 24's "tens of seconds" for ViT-B/16 on an H100, rounded up; an assumption, never a figure
+# first): the "tens of seconds" measured for ViT-B/16 on an H100, rounded up; an assumption, never a figure
 COMPILE_GUESS_S = 60.0
 
 

@@ -1,5 +1,5 @@
 """The training loader's samples/s per worker next to the data generator's samples/s per core, and
-with two views per image next to one view (issue 32.3).
+with two views per image next to one view.
 
 Both sides run the same data config (the bench's preset's; synthetic for a preset of CSV or shard
 data) at batches of :data:`BATCH`, a GPU's batch per rank (at micro's 16, per-batch costs such as
@@ -15,8 +15,8 @@ sample are reported beside it.
 Two views (:func:`views_over_one`): the same loader asked for two views per image (CMSF, SupCon...)
 as the trainer asks for them, for a device: its workers crop both views as uint8 and draw the strong
 view's colour parameters; the colour steps and the normalisation run where the step runs
-(:class:`nclip.data.device_feed.DeviceFeed`) and are not a worker's cost. At 224 px, the size of the
-issue's target (within 1.5× of one view's rate per worker).
+(:class:`nclip.data.device_feed.DeviceFeed`) and are not a worker's cost. At 224 px, the size of its
+target: two views within 1.5× of one view's rate per worker.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ run's batch size, built once (:class:`OpenClipStep`). nclip's side: the trainer
 on the run's model config (``--preset vit-b16-xclip``: the same ViT-B/16 towers and 512-d head as
 OpenCLIP's), on one real batch of the run's data, in memory. One nclip run and one OpenCLIP model,
 each built once; their windows alternate (nclip, OpenCLIP, ...). Ratio: nclip's samples/s over
-OpenCLIP's, the median of the per-repeat ratios (issue 24's target: ≥ 1.1); wall time on a GPU,
+OpenCLIP's, the median of the per-repeat ratios (target: ≥ 1.1, 10 % faster); wall time on a GPU,
 process CPU time on the CPU, as the trainer row.
 """
 

@@ -7,7 +7,7 @@ before every step from :func:`nclip.models.patch_dropout.patch_dropout_at` (the 
 for this run the bench gives it the current window's rate instead (:func:`_rates_from`), so that
 one built model serves every rate and everything else is the trainer's step. The ratio to p = 0 is
 the median of the per-repeat ratios (wall time on a GPU, the process's CPU time on the CPU, as the
-trainer row). The issue's GPU target: ≥ 1.6x at p = 0.5 on ViT-B/16.
+trainer row). The target on a GPU: ≥ 1.6x at p = 0.5 on ViT-B/16.
 """
 
 from __future__ import annotations

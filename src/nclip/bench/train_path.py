@@ -11,7 +11,7 @@ temporary directory (``evaluate=False``, no progress bar: ``nclip train --no-pro
 the measured path; the first logged window is left out (it holds the first steps and the loader's
 start). Then the hand loop (:class:`nclip.bench.loop_overhead.HandLoop`, the trainer row's when the
 runner passes it, so no model is built for it again) runs as many windows on its in-memory batch.
-Ratio: the train path's median samples/s over the hand loop's (issue 24's target on an H100: ≥ 0.97).
+Ratio: the train path's median samples/s over the hand loop's (target on an H100: ≥ 0.97, at most 3 % lost).
 Both sides are wall time (the loader's workers are other processes), so on a shared CPU the figure
 is noisier than the CPU-time ratio of the trainer row.
 """

@@ -284,7 +284,7 @@ class ModelConfig(Section):
     supcon_hidden: int = Field(2048, ge=1, description="SupCon projection hidden width (Khosla et al.: 2048)")
     supcon_dim: int = Field(128, ge=1, description="SupCon projection output (Khosla et al.: 128)")
     sync_batchnorm: bool = True  # under DDP, BatchNorm statistics over the global batch
-    # recompute the towers' activations in the backward (nclip.models.checkpointing): less memory
+    # recompute the towers' activations in the backward (nclip.models.recompute): less memory
     grad_checkpointing: bool = False
     lora: LoraConfig | None = None  # peft's LoRA on the towers (LoraConfig; None: every weight trained)
 

@@ -1,5 +1,5 @@
 """Built-in class hierarchies of the built-in data (for ReCo's Eq. 4 similarity and realm-wise
-evaluation, :mod:`nclip.hierarchy`).
+evaluation, :mod:`nclip.data.hierarchy`).
 
 * synthetic ``shape`` (and ``realm``): root "shape" -> the three realms the scenes already use
   (``REALMS``: polygon, curved shape, symbol) -> the 15 shapes, from ``SHAPE_REALM``. The realm
@@ -16,9 +16,9 @@ Class names are exactly the ``label_kinds`` names of the data (``SHAPES``, ``COL
 from __future__ import annotations
 
 from nclip.data.digits import DIGIT_NAMES
+from nclip.data.hierarchy import Hierarchy
 from nclip.data.synthetic.shapes import COLOURS, REALMS, SHAPE_REALM, SHAPES
 from nclip.errors import NclipError
-from nclip.hierarchy import Hierarchy
 
 COLOUR_GROUPS = {"warm": ("red", "orange", "yellow", "pink"), "cool": ("green", "cyan", "blue", "purple"),
                  "neutral": ("white", "black")}

@@ -12,7 +12,7 @@ the trainer builds their label space here (:func:`label_space_for`) and passes i
 :func:`nclip.objectives.base.class_count` of it.
 
 Class names are those of the source: the built-in data's, a class-folder tree's (folder names, ``_``
-and ``-`` as spaces) or a CSV label column's values. Hierarchies come from :mod:`nclip.hierarchy`
+and ``-`` as spaces) or a CSV label column's values. Hierarchies come from :mod:`nclip.data.hierarchy`
 (``Hierarchy.load(path)``, ``Hierarchy.normalized_similarity(classes)``) and
 :func:`nclip.data.hierarchies.builtin_hierarchy`. A user's file must fit the classes
 (``Hierarchy.check_classes``: every class a node, every leaf a class), checked before any step, one
@@ -86,7 +86,7 @@ def _classes_of(cfg: RunConfig) -> str:
 def class_similarity(cfg: RunConfig, request: str, kind: str, classes: tuple[str, ...]) -> torch.Tensor:
     """s [C, C] in [0, 1] for ``classes``: of the file ``request``, or of the source's built-in
     hierarchy of label kind ``kind`` when ``request`` is ``"builtin"``."""
-    from nclip.hierarchy import Hierarchy
+    from nclip.data.hierarchy import Hierarchy
 
     if request == "builtin":
         from nclip.data.hierarchies import builtin_hierarchy

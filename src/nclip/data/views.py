@@ -17,7 +17,7 @@ No solarisation: neither the paper nor that code uses it (BYOL's second view doe
 ``jitter=(0.4, 0.4, 0.2, 0.1)``. Crops keep the aspect ratio in [3/4, 4/3] (torchvision's default,
 used by that code).
 
-Where each part runs (issue 32.3: float32 views made in the workers by kornia cost 4.5 CPU-seconds
+Where each part runs, and why (float32 views made in the workers by kornia cost 4.5 CPU-seconds
 per 256 images at 224 px, and crossed shared memory, pinning and PCIe at 308 MB a batch):
 
 - **In the workers, on uint8** (:func:`crop_views`): both random resized crops and flips, and the

@@ -220,8 +220,8 @@ _SUMMARY = ("/top1", "/mean_recall", "/mAP", "/mean_top1", "/spearman", "/jaccar
 
 def _suite_rows(section: dict) -> list[tuple[str, str]]:
     """The suite's headline cells, each labelled with its dataset and metric, then their mean: the
-    report's suite table (:func:`nclip.eval.suite_table.table_rows`), one line a cell (issue 36.2: the
-    console showed other metrics above a mean it was not computed from)."""
+    report's suite table (:func:`nclip.eval.suite_table.table_rows`), one line a cell, so that the
+    console shows exactly the cells the mean is computed from."""
     from nclip.eval.suite_table import table_rows
 
     head, (row, *_) = table_rows([section])

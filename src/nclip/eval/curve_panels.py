@@ -4,14 +4,14 @@ which y-axis unit.
 A panel holds one kind of quantity, so that its axis has one unit: an objective's series are
 grouped by their prefix (``nclip/``, ``cmsf/``, ...) and their kind, read from the series' name
 (``L_*`` and ``loss``: nats; ``acc*``, ``usage``, ``purity``: fractions; ``*std``: standard
-deviations of probabilities or logits; ...). Before issue 28.13 the nCLIP head's accuracy and
-standard deviations shared a panel under a "nats" axis, and its title ("nclip terms") repeated
-the loss panel's ("nCLIP terms") but for the case. A panel whose every value is zero (the count of
+deviations of probabilities or logits; ...). Grouped by prefix alone, the nCLIP head's accuracy
+and standard deviations would share a panel under a "nats" axis, and its title ("nclip terms")
+would repeat the loss panel's ("nCLIP terms") but for the case. A panel whose every value is zero (the count of
 skipped samples of a clean run) is left out, and named under the figure instead.
 
 Evaluation while training (``eval/<task>/<dataset>/<metric>``, :mod:`nclip.train.periodic_eval`)
-gets a panel per task and metric family, each line named by its dataset and label kind (issue 36.3:
-five legend entries all read "top1" on one "unit unknown" axis), and ``eval_s`` a timing panel in
+gets a panel per task and metric family, each line named by its dataset and label kind (named by
+the metric alone, five legend entries all read "top1" on one "unit unknown" axis), and ``eval_s`` a timing panel in
 seconds. No panel reads "unknown": a series nclip does not know is drawn "as logged".
 """
 

@@ -64,8 +64,8 @@ READABLE_PX = 10  # the smallest count worth printing in a cell, in pixels as th
 def cell_font_size(n: int, fig_width_in: float, axes_width_in: float, max_count: int) -> float | None:
     """Font size (pt) of the counts in the cells of an n-class matrix: as large as a cell holds
     (at most 12 pt), or None where the page, shrinking the figure to
-    :func:`confusion_width_px`, would show it under :data:`READABLE_PX` pixels (issue 28.13: 6 pt at
-    any size was too small to read)."""
+    :func:`confusion_width_px`, would show it under :data:`READABLE_PX` pixels (a fixed 6 pt was too
+    small to read on a shrunk figure)."""
     digits = max(2, len(str(int(max_count))))
     cell_pt = axes_width_in / n * 72
     size = min(12.0, 0.85 * cell_pt / (0.6 * digits))  # a digit is about 0.6 em wide

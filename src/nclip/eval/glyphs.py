@@ -2,7 +2,7 @@
 
 A user's class folders may be named in any script; DejaVu Sans, matplotlib's default, has no CJK
 (among others), so such names were boxes in the plots and every draw warned "Glyph N missing from
-font(s)" -- 18 warnings for one report (issue 28.12). :func:`class_name_fonts` adds installed fonts
+font(s)" -- 18 warnings for one report. :func:`class_name_fonts` adds installed fonts
 that have the missing glyphs behind the default one (matplotlib falls back through the family list
 glyph by glyph); the names no installed font can draw are said once, and the per-glyph warnings
 of those names are not repeated.

@@ -1,8 +1,8 @@
 """The report's headline cards: one number per task, chosen by the metric's name.
 
 results.json sorts its keys, so a task's first metric is whatever sorts first ("chance" before
-"top1", "l2" before "top1"): a card picked by position showed the chance level as zero-shot
-accuracy (issue 28.2). Each task names its headline metric here instead; a task without one
+"top1", "l2" before "top1"): a card picked by position would show the chance level as zero-shot
+accuracy. Each task names its headline metric here instead; a task without one
 (diagnostics) gets no card.
 """
 

@@ -1,4 +1,4 @@
-"""Evaluation images that the run trained on (issue 36.7): zero-shot or retrieval on a folder the
+"""Evaluation images that the run trained on: zero-shot or retrieval on a folder the
 model saw in training measures memory, not transfer, and nothing said so. Found by path, for runs
 trained on a ``folder`` or ``csv`` source (the sources whose rows are files); one warning a dataset."""
 

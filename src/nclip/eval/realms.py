@@ -8,7 +8,7 @@ baseline model*: accuracy minus the baseline's accuracy on the same realm (Tab. 
 On synthetic scenes a realm dataset is the set of samples whose main shape lies in that realm
 (polygons, curved shapes, symbols), and the task is to tell its shapes apart. For user data, every
 top-level folder is a realm (:func:`nclip.eval.datasets.realm_folders`). A class hierarchy
-(:class:`nclip.hierarchy.Hierarchy`, realm = the child of the root on a class's path) gives the
+(:class:`nclip.data.hierarchy.Hierarchy`, realm = the child of the root on a class's path) gives the
 same inputs from class labels alone: :func:`from_hierarchy`; ``nclip eval --hierarchy FILE|builtin``
 gives every class-labelled dataset realm labels that way (:func:`attach_hierarchies`).
 """
@@ -27,7 +27,7 @@ def key(name: str) -> str:
 
 def from_hierarchy(hierarchy, class_names, class_ids) -> tuple[torch.Tensor, list[str]]:
     """(realm id of every sample [N], realm names) for :func:`evaluate`, from class ids [N] into
-    ``class_names`` and a :class:`nclip.hierarchy.Hierarchy` that has a node for every class name.
+    ``class_names`` and a :class:`nclip.data.hierarchy.Hierarchy` that has a node for every class name.
     Realms are numbered in the order of the classes that first reach them."""
     hierarchy.check_covers(class_names)
     of_class = hierarchy.realms(class_names)  # {class: realm}
@@ -55,8 +55,8 @@ def attach_hierarchies(datasets, setting: str | None) -> None:
     if setting is None:
         return
     from nclip.data.hierarchies import builtin_hierarchy
+    from nclip.data.hierarchy import Hierarchy
     from nclip.errors import NclipError
-    from nclip.hierarchy import Hierarchy
 
     shared = None if setting == "builtin" else Hierarchy.load(setting)
     for data in datasets:

@@ -118,7 +118,7 @@ class EvalSettings(BaseModel):
     # the open_clip config (e.g. ViT-B-32) of a state-dict file given as the checkpoint or the baseline
     arch: str | None = None
     # realm labels for the realms task from each dataset's class labels: "builtin" (the built-in
-    # data's own hierarchies, nclip.data.hierarchies) or a JSON/TSV hierarchy file (nclip.hierarchy)
+    # data's own hierarchies, nclip.data.hierarchies) or a JSON/TSV hierarchy file (nclip.data.hierarchy)
     hierarchy: str | None = None
     # the user's zero-shot prompts (nclip.eval.prompts): class names of folder:/multilabel: data (a
     # file: one per line or a JSON map) and templates of folder:/realms:/multilabel: data (a file or

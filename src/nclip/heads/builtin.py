@@ -1,6 +1,5 @@
 """The built-in head kinds, registered in the order a model builds them: Tab. 9d's shared layers,
-CLIP, nCLIP, ProtoCLIP, CMSF and the supervised baseline's classifier. (The SupCon family's head is
-defined beside its objective, :mod:`nclip.objectives.supcon`.)"""
+CLIP, nCLIP, ProtoCLIP, CMSF, the supervised baseline's classifier and the SupCon family's projection."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ import torch
 from torch import nn
 
 from nclip.heads.base import Head, HeadContext, ImageHead, TwoSidedHead, register_head
-from nclip.heads.layers import CmsfMLP, NclipHead, ProtoHead, SharedLayers, clip_head
+from nclip.heads.layers import CmsfMLP, NclipHead, ProtoHead, SharedLayers, SupconMLP, clip_head
 
 
 def _shared_count(ctx: HeadContext) -> int:
@@ -171,3 +170,33 @@ class XentHead(ImageHead):
     @classmethod
     def build(cls, ctx):
         return cls(nn.Linear(ctx.vision.width, ctx.count_classes()))
+
+
+@register_head
+class SupconHead(ImageHead):
+    """The "supcon" head (SupCon, PaCo, ReCo, FrzProto, clip_supcon): ``image``, a
+    :class:`SupconMLP` (sizes ``model.supcon_hidden`` / ``model.supcon_dim``) or, with FrzProto's
+    ``objective.head: fc``, one linear layer, on the online image tower. On a training batch of two
+    views both go through the tower and the head as one batch of 2B (BatchNorm statistics over the
+    whole multi-view batch, as SupCon's code): "supcon" [B, 2, D]; on one view [B, 1, D].
+    Evaluation reads "supcon" [B, D] of one view (FrzProto's readout, :mod:`nclip.eval.classifier`)."""
+
+    name = "supcon"
+    two_views = "every"
+    config_fields = ("supcon_hidden", "supcon_dim")
+
+    @classmethod
+    def build(cls, ctx) -> SupconHead:
+        m, width = ctx.model_cfg, ctx.vision.width
+        if getattr(ctx.run_cfg.objective, "head", "mlp") == "fc":  # FrzProto's Tab. 2c "FC" row
+            return cls(nn.Linear(width, m.supcon_dim))
+        return cls(SupconMLP(width, m.supcon_hidden, m.supcon_dim))
+
+    def from_towers(self, feats):
+        if "image_views" not in feats:
+            return {}
+        views = feats["image_views"]  # every view through the head (BatchNorm over all 2N rows)
+        return {"supcon": self.image(views.flatten(0, 1)).unflatten(0, views.shape[:2])}  # [B, V, D]
+
+    def train_forward(self, side, f, outs):
+        return {} if "supcon" in outs else {"supcon": self.image(f)[:, None]}  # one view: [B, 1, D]

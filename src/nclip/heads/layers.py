@@ -1,5 +1,5 @@
 """The layers the heads are made of: the projection heads of Sec. 3.2 of the xCLIP paper (CLIP,
-nCLIP, Tab. 9c/9d's variants), SwAV/BYOL's projection MLP (ProtoCLIP, CMSF)."""
+nCLIP, Tab. 9c/9d's variants), SwAV/BYOL's projection MLP (ProtoCLIP, CMSF, the SupCon family)."""
 
 from __future__ import annotations
 
@@ -116,4 +116,14 @@ class CmsfMLP(ProjectionMLP):
     Linear(4096, 512). The projection sits on the image features, the predictor on the projection."""
 
     def __init__(self, in_dim: int, hidden: int = 4096, out_dim: int = 512):
+        super().__init__(in_dim, hidden, out_dim)
+
+
+class SupconMLP(ProjectionMLP):
+    """The SupCon family's projection head (Khosla et al., "Supervised Contrastive Learning", Sec. 3:
+    an MLP with one hidden layer of 2048 to a 128-d output, discarded after training):
+    Linear(d, 2048) → BN → ReLU → Linear(2048, 128); its outputs are ℓ2-normalised by the loss. The
+    BatchNorm is the house :class:`ProjectionMLP`'s (Khosla et al.'s head has none)."""
+
+    def __init__(self, in_dim: int, hidden: int = 2048, out_dim: int = 128):
         super().__init__(in_dim, hidden, out_dim)

@@ -31,7 +31,7 @@ from torch.nn import functional as F
 
 from nclip.config.model import VisionConfig, clip_resnet_grid
 from nclip.errors import NclipError
-from nclip.models import checkpointing, pixel_stats
+from nclip.models import pixel_stats, recompute
 
 EXPANSION = 4  # a bottleneck's output channels over its 3×3 convolution's
 
@@ -136,16 +136,16 @@ class ClipResNetTower(nn.Module):
     def _body(self, pixels: torch.Tensor) -> torch.Tensor:
         """pixels [B, 3, S, S] → the last stage's map [B, C, h, w]."""
         pixels = pixel_stats.apply(self, pixels)
-        if not (self.grad_checkpointing and checkpointing.active(self)):
+        if not (self.grad_checkpointing and recompute.active(self)):
             x = self.stem(pixels)
             for stage in self.stages:
                 x = stage(x)
             return x
         # Per stage, as ResNetTower: each stage entered through its own call (FSDP's hooks); the
         # pool (one query's attention) is small and stays as it is
-        x = checkpointing.checkpoint_once(self.stem, pixels)
+        x = recompute.checkpoint_once(self.stem, pixels)
         for stage in self.stages:
-            x = checkpointing.checkpoint_once(stage, x)
+            x = recompute.checkpoint_once(stage, x)
         return x
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:

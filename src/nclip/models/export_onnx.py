@@ -37,7 +37,7 @@ from nclip.data import clip_bpe
 from nclip.data.tokenization import TOKENIZER_FILE, bundled_model_dir, fix_length, sentencepiece_dir
 from nclip.data.transforms import describe_eval, preprocess_of
 from nclip.errors import NclipError
-from nclip.models.export import atomic_export, model_dir
+from nclip.models.export_base import atomic_export, model_dir
 from nclip.models.io import copy_tokenizer, load_model
 from nclip.objectives.scores import Score
 
@@ -76,7 +76,7 @@ def embedding_space(cfg) -> tuple[Score | None, str, bool]:
 
 def export_onnx(checkpoint: Path, out: Path) -> str:
     """Write the model of ``checkpoint`` (a run or model directory) to ``out`` as ONNX graphs with
-    their config and tokenizer, atomically (:func:`nclip.models.export.atomic_export`)."""
+    their config and tokenizer, atomically (:func:`nclip.models.export_base.atomic_export`)."""
     try:
         import onnx
     except ImportError:

@@ -30,7 +30,8 @@ from nclip.config.model import clip_resnet_grid
 from nclip.data import clip_bpe
 from nclip.errors import NclipError
 from nclip.models import openclip_import as reader
-from nclip.models.export import atomic_export, check_clip_score, clip_model_names, model_dir
+from nclip.models.export_base import atomic_export, check_clip_score, model_dir
+from nclip.models.export_transformers import clip_model_names
 from nclip.models.io import load_model
 from nclip.models.openclip_files import HUB_CONFIG, HUB_WEIGHTS
 
@@ -183,7 +184,7 @@ def resnet_state(tower: dict) -> dict[str, torch.Tensor]:
 
 def export_openclip(checkpoint: Path, out: Path) -> str:
     """Write the model of ``checkpoint`` (a run or model directory) to ``out`` in open_clip's hub
-    layout, atomically (:func:`nclip.models.export.atomic_export`)."""
+    layout, atomically (:func:`nclip.models.export_base.atomic_export`)."""
     model, cfg = load_model(model_dir(checkpoint))
     check(model, cfg)
     check_clip_score(cfg, "--open-clip")

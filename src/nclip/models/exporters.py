@@ -1,6 +1,7 @@
-"""``nclip export``'s formats (docs/export.md): a transformers CLIPModel (:mod:`nclip.models.export`),
-open_clip's hub layout (:mod:`nclip.models.export_openclip`), ONNX graphs (:mod:`nclip.models.export_onnx`).
-Each writes a new folder atomically and refuses in one line what its format cannot express."""
+"""``nclip export``'s formats (docs/export.md): a transformers CLIPModel
+(:mod:`nclip.models.export_transformers`), open_clip's hub layout (:mod:`nclip.models.export_openclip`),
+ONNX graphs (:mod:`nclip.models.export_onnx`). Each writes a new folder atomically
+(:mod:`nclip.models.export_base`) and refuses in one line what its format cannot express."""
 
 from __future__ import annotations
 
@@ -20,6 +21,6 @@ def export(fmt: str, checkpoint: Path, out: Path) -> str:
         from nclip.models.export_onnx import export_onnx
 
         return export_onnx(checkpoint, out)
-    from nclip.models.export import export_hf
+    from nclip.models.export_transformers import export_hf
 
     return export_hf(checkpoint, out)

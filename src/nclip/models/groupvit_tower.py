@@ -22,7 +22,7 @@ from torch import nn
 from transformers import GroupViTVisionConfig, GroupViTVisionModel
 
 from nclip.config import VisionConfig
-from nclip.models import checkpointing
+from nclip.models import recompute
 from nclip.models.drop_path import add_drop_path
 
 
@@ -77,4 +77,4 @@ class GroupViTTower(nn.Module):
         return out.last_hidden_state, assign.transpose(1, 2).reshape(assign.shape[0], -1, side, side)
 
     def enable_grad_checkpointing(self) -> None:
-        checkpointing.enable_hf(self.model)  # each encoder layer
+        recompute.enable_hf(self.model)  # each encoder layer

@@ -9,8 +9,8 @@ Two steps. :func:`init_config` gives the run config the pretrained model's archi
 image size, text length, vocabulary, tokenizer, pixel statistics, CLIP head width), replacing the
 preset's; :func:`load_init_weights` copies the towers and, where the shapes match, the CLIP head
 and logit scale into a freshly built model, whose other heads (nCLIP, ProtoCLIP, ...) keep their
-usual initialisation. The inverse of :mod:`nclip.models.export`: nclip's ViT and text tower *are*
-transformers' CLIPVisionModel / CLIPTextModel, so the weights are a renaming.
+usual initialisation. The inverse of :mod:`nclip.models.export_transformers`: nclip's ViT and text
+tower *are* transformers' CLIPVisionModel / CLIPTextModel, so the weights are a renaming.
 
 Nothing downloads: anything but an existing local directory (a hub name such as
 ``openai/clip-vit-base-patch32``) is a one-line error. Weights are read from safetensors, or from a

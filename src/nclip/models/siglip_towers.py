@@ -19,7 +19,7 @@ from torch import nn
 from transformers import SiglipTextConfig, SiglipTextModel, SiglipVisionConfig, SiglipVisionModel
 
 from nclip.config import TextConfig, VisionConfig
-from nclip.models import checkpointing, pixel_stats
+from nclip.models import pixel_stats, recompute
 
 LAYER_NORM_EPS = 1e-6  # SigLIP's (transformers' default and every released checkpoint's)
 
@@ -68,7 +68,7 @@ class SiglipVisionTower(nn.Module):
         return att.reshape(*att.shape[:2], side, side).float().cpu()
 
     def enable_grad_checkpointing(self) -> None:
-        checkpointing.enable_hf(self.model)  # each encoder layer
+        recompute.enable_hf(self.model)  # each encoder layer
 
 
 class SiglipTextTower(nn.Module):
@@ -84,4 +84,4 @@ class SiglipTextTower(nn.Module):
         return self.model(input_ids=ids).pooler_output
 
     def enable_grad_checkpointing(self) -> None:
-        checkpointing.enable_hf(self.model)  # each encoder layer
+        recompute.enable_hf(self.model)  # each encoder layer

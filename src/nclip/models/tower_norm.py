@@ -1,5 +1,5 @@
 """The normalisation of a conv image tower (``model.vision.norm``): BatchNorm as built, or one without
-batch statistics, the standard remedies where batch statistics break exactness (issue 35.2).
+batch statistics, the standard remedies where batch statistics break exactness.
 
 Exact accumulation (:mod:`nclip.train.accumulate`) runs the towers micro-batch by micro-batch, so a
 BatchNorm inside a tower normalises each micro-batch by its own statistics: the step is then exact in

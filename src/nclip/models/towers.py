@@ -36,7 +36,7 @@ from nclip.config import ModelConfig, TextConfig, VisionConfig
 from nclip.config.model import TEXT_KINDS, VISION_KINDS
 from nclip.data.tokenization import bundled_model_dir
 from nclip.errors import NclipError
-from nclip.models import checkpointing, pixel_stats
+from nclip.models import pixel_stats, recompute
 from nclip.models.clip_resnet import ClipResNetTower
 from nclip.models.groupvit_tower import GroupViTTower, groupvit_config
 from nclip.models.patch_dropout import drop_patches
@@ -154,7 +154,7 @@ class VisionTower(nn.Module):
         return cls_attention(self.model, self._pixels(pixels))
 
     def enable_grad_checkpointing(self) -> None:
-        checkpointing.enable_hf(self.model)  # each encoder layer
+        recompute.enable_hf(self.model)  # each encoder layer
 
 
 def resnet_config(cfg: VisionConfig) -> ResNetConfig:
@@ -186,15 +186,15 @@ class ResNetTower(nn.Module):
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         """pixels [B, 3, H, W] normalised → pooled feature [B, width]."""
-        if not (self.grad_checkpointing and checkpointing.active(self)):
+        if not (self.grad_checkpointing and recompute.active(self)):
             return self.model(pixel_values=pixels).pooler_output.flatten(1)
         # transformers' ResNet has no checkpointing of its own: ResNetModel.forward's path, with the
         # stem and each stage checkpointed. Per stage, not per residual block: the stages are the
         # entries of a ModuleList, which train.strategy fsdp shards as units (nclip.train.launch),
         # and a stage must be entered through its own call for FSDP's hooks to gather its weights
-        x = checkpointing.checkpoint_once(self.model.embedder, pixels)
+        x = recompute.checkpoint_once(self.model.embedder, pixels)
         for stage in self.model.encoder.stages:
-            x = checkpointing.checkpoint_once(stage, x)
+            x = recompute.checkpoint_once(stage, x)
         return self.model.pooler(x).flatten(1)
 
     def enable_grad_checkpointing(self) -> None:
@@ -256,7 +256,7 @@ class ConvNetTower(nn.Module):
         return torch.cat([grid.mean(dim=1, keepdim=True), grid], dim=1) + self.position, fmap.shape[-2:]
 
     def _body(self, pixels: torch.Tensor) -> torch.Tensor:
-        if not (self.grad_checkpointing and checkpointing.active(self)):
+        if not (self.grad_checkpointing and recompute.active(self)):
             return self.body(pixels)
         # Per conv block: only each block's input is kept, and the backward recomputes one block at
         # a time. A stage (several blocks) would keep fewer inputs but hold all of a stage's
@@ -264,7 +264,7 @@ class ConvNetTower(nn.Module):
         # differ. The attention pool and the norm are small (one token's query) and stay as they are.
         x = pixels
         for start, end in self._blocks:
-            x = checkpointing.checkpoint_once(self.body[start:end], x)
+            x = recompute.checkpoint_once(self.body[start:end], x)
         return x
 
     def enable_grad_checkpointing(self) -> None:
@@ -327,7 +327,7 @@ class ClipTextTower(nn.Module):
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """ids, mask [B, L] → final-norm [EOS] feature [B, width]. ``mask`` is accepted for the
-        towers' common signature and not used (issue 24).
+        towers' common signature and not used (why: below).
 
         The tower is causal and pools the first end-of-text token, or the largest id (OpenAI CLIP's
         end-of-text, which is also its padding: argmax picks the first). Padding only follows the
@@ -338,7 +338,7 @@ class ClipTextTower(nn.Module):
         return self.model(input_ids=ids).pooler_output
 
     def enable_grad_checkpointing(self) -> None:
-        checkpointing.enable_hf(self.model)  # each encoder layer
+        recompute.enable_hf(self.model)  # each encoder layer
 
 
 class PretrainedTextTower(nn.Module):
@@ -390,7 +390,7 @@ class PretrainedTextTower(nn.Module):
         return torch.zeros(keep.shape, dtype=dtype, device=mask.device).masked_fill_(~keep, torch.finfo(dtype).min)
 
     def enable_grad_checkpointing(self) -> None:
-        checkpointing.enable_hf(self.model)  # each encoder layer
+        recompute.enable_hf(self.model)  # each encoder layer
 
 
 def _pretrained_text_tower(cfg: ModelConfig, tokenizer, length: int, pretrained: bool) -> nn.Module:

@@ -1,7 +1,7 @@
-"""CMSF (Constrained Mean Shift, Sec. 2, Eq. 1) as trainer objectives: ``cmsf`` (image-only),
-``clip_cmsf`` (w_clip·InfoNCE + w_cmsf·CMSF on the image side) and ``xent``, the supervised
-cross-entropy baseline of the paper's Fig. 3. The other baselines of Sec. 2.1.1, ProtoNW and FrzProto,
-are in :mod:`nclip.objectives.cmsf_baselines` (ProtoNW subclasses :class:`CmsfObjective`).
+"""CMSF (Constrained Mean Shift, Sec. 2, Eq. 1) as trainer objectives: ``cmsf`` (image-only) and
+``clip_cmsf`` (w_clip·InfoNCE + w_cmsf·CMSF on the image side). The paper's baselines are beside it:
+``xent``, the supervised cross-entropy of Fig. 3, in :mod:`nclip.objectives.xent`; ProtoNW and
+FrzProto (Sec. 2.1.1) in :mod:`nclip.objectives.cmsf_baselines` (ProtoNW subclasses :class:`CmsfObjective`).
 
 What the rest of nclip does for them (declared by the class attributes, see :class:`Objective`):
 
@@ -44,7 +44,6 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field, model_validator
 
 from nclip.batch import Batch
@@ -264,40 +263,3 @@ class ClipCmsfObjective(CmsfObjective):
         terms = self.cmsf_terms(out, batch)
         loss = cfg.w_clip * clip["loss"] + cfg.w_cmsf * terms["cmsf/loss"]
         return {"loss": loss, **{f"clip/{k}": v for k, v in clip.items()}, **terms}
-
-
-class XentConfig(LabelFields):
-    """The supervised baseline ("Xent" of Fig. 3): a linear classifier on the image features."""
-
-    name: Literal["xent"] = "xent"
-
-
-class XentObjective(Objective):
-    """Cross-entropy of the "xent" head's class logits against the (possibly noisy) training labels;
-    one view per image (``data.augment``). Logs ``xent/acc`` against the training labels and
-    ``xent/clean_acc`` against the clean ones."""
-
-    heads = frozenset({"xent"})
-    sgd_probe_recipe = "cmsf"  # the CMSF paper's baseline, probed as CMSF is
-    zero_shot = None
-
-    def __init__(self, cfg: XentConfig):
-        super().__init__()
-        self.cfg = cfg
-
-    @classmethod
-    def check_run(cls, run_cfg) -> None:
-        if not has_labels(run_cfg.data):
-            raise ValueError(f"objective xent needs labelled data, but {unlabelled_reason(run_cfg.data)}")
-
-    @classmethod
-    def label_request(cls, run_cfg) -> LabelRequest | None:
-        return _label_request(run_cfg.objective, run_cfg)
-
-    def forward(self, out: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
-        if "xent" not in out.image or batch.labels is None:
-            raise ValueError("xent needs the 'xent' head's class logits and the batch's labels")
-        logits = out.image["xent"]  # [B, C]
-        loss = F.cross_entropy(logits, batch.labels)
-        accuracies = functional.class_accuracies(logits.argmax(1), batch.labels, batch.true_labels)
-        return {"loss": loss, "xent/loss": loss.detach(), **{f"xent/{k}": v for k, v in accuracies.items()}}

@@ -21,14 +21,7 @@ from nclip import plugin_consent
 from nclip.objectives.base import Objective, ObjectiveConfig
 from nclip.objectives.clip import ClipConfig, ClipObjective
 from nclip.objectives.clip_supcon import ClipSupconConfig, ClipSupconObjective
-from nclip.objectives.cmsf import (
-    ClipCmsfConfig,
-    ClipCmsfObjective,
-    CmsfConfig,
-    CmsfObjective,
-    XentConfig,
-    XentObjective,
-)
+from nclip.objectives.cmsf import ClipCmsfConfig, ClipCmsfObjective, CmsfConfig, CmsfObjective
 from nclip.objectives.cmsf_baselines import FrzProtoConfig, FrzProtoObjective, ProtoNwConfig, ProtoNwObjective
 from nclip.objectives.nclip import NclipConfig, NclipObjective, XclipConfig, XclipObjective
 from nclip.objectives.protoclip import ProtoclipConfig, ProtoclipObjective
@@ -42,6 +35,7 @@ from nclip.objectives.supcon import (
     SupconObjective,
 )
 from nclip.objectives.unified import UnifiedConfig, UnifiedObjective
+from nclip.objectives.xent import XentConfig, XentObjective
 from nclip.objectives.yclip import YclipConfig, YclipObjective
 
 # name -> (typed config, module). The config classes are unioned on ``name`` in nclip.config.

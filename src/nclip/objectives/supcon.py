@@ -5,8 +5,9 @@ auxiliary term of ``clip_supcon`` (:mod:`nclip.objectives.clip_supcon`), which b
 
 What the rest of nclip does for them (declared by the class attributes, see :class:`Objective`):
 
-- the model builds the "supcon" head: SupCon's projection MLP on the *online* image tower, applied to
-  every view (``out.image["supcon"]`` [B, V, D], sizes ``model.supcon_hidden`` / ``model.supcon_dim``);
+- the model builds the "supcon" head (:class:`nclip.heads.builtin.SupconHead`): SupCon's projection
+  MLP on the *online* image tower, applied to every view (``out.image["supcon"]`` [B, V, D], sizes
+  ``model.supcon_hidden`` / ``model.supcon_dim``);
 - the data gives two views per image (``views = 2``: the 2N multi-view batch of Eq. 1, both views
   anchors) and the rows' training labels (:meth:`label_request`) of any labelled source
   (:func:`nclip.defaults.has_labels`: the built-in data, a class-folder tree, a CSV with
@@ -40,12 +41,9 @@ from typing import Literal
 
 import torch
 from pydantic import Field
-from torch import nn
 
 from nclip.batch import Batch
 from nclip.defaults import BUILTIN_SOURCES, has_labels, unlabelled_reason
-from nclip.heads import ImageHead, register_head
-from nclip.heads.layers import ProjectionMLP
 from nclip.objectives import functional
 from nclip.objectives.base import EncoderOutput, LabelRequest, LabelSpace, Objective, ObjectiveConfig, class_count
 from nclip.objectives.cmsf_bank import MemoryBank
@@ -116,46 +114,6 @@ def _check_labelled_with_hierarchy(run_cfg, wants_hierarchy: bool) -> None:
         raise ValueError(f"objective {run_cfg.objective.name} on data.source {source} needs objective.hierarchy: a "
                          "JSON or TSV class hierarchy whose leaves are the class names (only the built-in sources, "
                          f"{', '.join(BUILTIN_SOURCES)}, have one of their own)")
-
-
-class SupconMLP(ProjectionMLP):
-    """The SupCon family's projection head (Khosla et al., "Supervised Contrastive Learning", Sec. 3:
-    an MLP with one hidden layer of 2048 to a 128-d output, discarded after training):
-    Linear(d, 2048) → BN → ReLU → Linear(2048, 128); its outputs are ℓ2-normalised by the loss. The
-    BatchNorm is the house :class:`ProjectionMLP`'s (Khosla et al.'s head has none)."""
-
-    def __init__(self, in_dim: int, hidden: int = 2048, out_dim: int = 128):
-        super().__init__(in_dim, hidden, out_dim)
-
-
-@register_head
-class SupconHead(ImageHead):
-    """The "supcon" head (SupCon, PaCo, ReCo, FrzProto, clip_supcon): ``image``, a
-    :class:`SupconMLP` (sizes ``model.supcon_hidden`` / ``model.supcon_dim``) or, with FrzProto's
-    ``objective.head: fc``, one linear layer, on the online image tower. On a training batch of two
-    views both go through the tower and the head as one batch of 2B (BatchNorm statistics over the
-    whole multi-view batch, as SupCon's code): "supcon" [B, 2, D]; on one view [B, 1, D].
-    Evaluation reads "supcon" [B, D] of one view (FrzProto's readout, :mod:`nclip.eval.classifier`)."""
-
-    name = "supcon"
-    two_views = "every"
-    config_fields = ("supcon_hidden", "supcon_dim")
-
-    @classmethod
-    def build(cls, ctx) -> SupconHead:
-        m, width = ctx.model_cfg, ctx.vision.width
-        if getattr(ctx.run_cfg.objective, "head", "mlp") == "fc":  # FrzProto's Tab. 2c "FC" row
-            return cls(nn.Linear(width, m.supcon_dim))
-        return cls(SupconMLP(width, m.supcon_hidden, m.supcon_dim))
-
-    def from_towers(self, feats):
-        if "image_views" not in feats:
-            return {}
-        views = feats["image_views"]  # every view through the head (BatchNorm over all 2N rows)
-        return {"supcon": self.image(views.flatten(0, 1)).unflatten(0, views.shape[:2])}  # [B, V, D]
-
-    def train_forward(self, side, f, outs):
-        return {} if "supcon" in outs else {"supcon": self.image(f)[:, None]}  # one view: [B, 1, D]
 
 
 class SupconObjective(Objective):

@@ -9,7 +9,7 @@ from nclip.sweep.grid import format_value
 from nclip.sweep.verdicts import finite
 
 # (a) and (b) of Fig. B1 for both the probabilities P (B.1 defines the stds on P) and the logits (its
-# caption's "Std converges to 1 ... due to Batch Normalization" holds for the logits, issue 15)
+# caption's "Std converges to 1 ... due to Batch Normalization" holds for the logits, not for P)
 FIG_B1_PANELS = (("col_std", "(a) Column std of P"), ("logit_col_std", "(a) Column std of logits (BN: 1)"),
                  ("row_std", "(b) Row std of P"), ("logit_row_std", "(b) Row std of logits"),
                  ("L_KL", "(c) L_KL"), ("L_EH", "(d) L_EH"), ("L_HE", "(e) L_HE"))

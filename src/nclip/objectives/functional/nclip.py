@@ -126,7 +126,7 @@ def nclip_similarity(
         the two directions, so S[i, j] = −(CE(p_i, q_j) + CE(q_j, p_i)) / 2
         = ½ (Σ_k p_i,k log q_j,k + Σ_k q_j,k log p_i,k);
     ``image_to_text``: the one direction of Eq. (2) with the image as target,
-        S[i, j] = −CE(p_i, q_j) = Σ_k p_i,k log q_j,k (nclip's score before issue 15).
+        S[i, j] = −CE(p_i, q_j) = Σ_k p_i,k log q_j,k.
     """
     _check_score_logits(image_logits, text_logits, "nclip_similarity")
     if score not in NCLIP_SCORES:
@@ -177,7 +177,7 @@ def distribution_diagnostics(
             else ``image_logits``). Fig. B1 (a)'s "Std converges to 1 if training is stable due to
             Batch Normalization" holds for these: the head's last BatchNorm(affine=False) makes
             every logit column of a training batch mean 0, variance 1, whereas a column of P
-            (values in [0, 1], rows summing to 1) has std at most 1/2 (issue 15).
+            (values in [0, 1], rows summing to 1) has std at most 1/2.
     P is the image side, as B.1's P = [p_1, ..., p_B]. Population (biased) stds keep every value
     defined for a batch of one.
     """

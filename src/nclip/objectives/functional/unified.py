@@ -146,7 +146,7 @@ def unified_target_log_prob(
             running mean μ and running variance v (constants: no gradient) and the scale
             parameters γ (learnable, with gradient). The nCLIP head ends in BatchNorm without
             affine (Sec. 3.2), so on its outputs μ ≈ 0 and v ≈ 1 and γ is what makes this row
-            differ from plain sharpening by τ_s (issue 15).
+            differ from plain sharpening by τ_s.
     ``stop_grad``: detach the target. Algorithm 1 has no stop-gradient (none of its lines
     29-40 detaches p) and Sec. 3.1 says "the target and prediction branch are backpropagated at
     the same time", so the default is False; True recovers the SSL originals' teacher detach.

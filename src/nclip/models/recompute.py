@@ -1,4 +1,4 @@
-"""Activation (gradient) checkpointing of the towers: ``model.grad_checkpointing: true``.
+"""Activation recomputation (gradient checkpointing) of the towers: ``model.grad_checkpointing: true``.
 
 A checkpointed piece keeps only its input in the forward and runs again in the backward to get the
 activations its gradient needs: less memory for about one more forward of the towers. Always

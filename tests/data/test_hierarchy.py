@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
+from nclip.data.hierarchy import Hierarchy
 from nclip.errors import NclipError
-from nclip.hierarchy import Hierarchy
 
 # animal (0) -> mammal (1) -> dog (2) -> husky, labrador (3); mammal -> cat (2); animal -> bird (1) -> sparrow (2)
 TREE = {"mammal": "animal", "dog": "mammal", "husky": "dog", "labrador": "dog", "cat": "mammal",
