@@ -32,6 +32,8 @@ What an objective needs beyond pixels, ids and mask comes from its class (``Obje
   ``folder``/CSV row is its class label itself.
 - ``data.tagging`` (xCLIP Sec. 4.3): a row's caption is a template filled with its class name, drawn
   by (seed, epoch of the step, index): :mod:`nclip.data.tagging`.
+- several captions per image (CSV/JSONL and WebDataset sources): ``data.caption_choice`` picks the
+  caption a step sees, drawn by (seed, epoch of the step, index): :mod:`nclip.data.captions`.
 
 :func:`train_loader` returns a :class:`TrainData`: iterate it for batches; ``skipped`` counts the
 bad samples skipped so far on this rank (named on stderr as they are, and summed up at the end of the
@@ -50,6 +52,7 @@ from torch.utils.data import DataLoader, Dataset
 from nclip.batch import Batch
 from nclip.config import RunConfig
 from nclip.data.bad_samples import BadWindow, SkipLog, first_good
+from nclip.data.captions import choose
 from nclip.data.label_noise import RowLabels
 from nclip.data.labels import label_kind, tag_captions
 from nclip.data.shards import Bad
@@ -79,6 +82,17 @@ class Tagged:
 
     def __call__(self, step: int, index: int, class_id: int) -> str:
         return self.captions(self.epoch_of(step), index, class_id)
+
+
+class StepCaptions:
+    """The caption(s) a step sees of a step-indexed source's row (:func:`nclip.data.captions.choose`):
+    ``random`` draws by (seed, epoch of the step, index), as the sampler counts epochs (``epoch_of``)."""
+
+    def __init__(self, choice: str, seed: int, epoch_of):
+        self.choice, self.seed, self.epoch_of = choice, seed, epoch_of
+
+    def __call__(self, step: int, index: int, captions: tuple[str, ...]) -> str | tuple[str, ...]:
+        return choose(captions, self.choice, [self.seed, self.epoch_of(step), index])
 
 
 class TrainPairs(Dataset):
@@ -114,23 +128,25 @@ class TrainPairs(Dataset):
 
 
 class _Keyed(Dataset):
-    """A CSV source's (image, caption, bad, row read) items read by sampler keys, as
-    :class:`TrainPairs`'s items. ``class_ids`` [N]: the rows' labels (of the row actually read: a
-    bad row is replaced by the next good one), for ``labels`` (:class:`RowLabels`, by the requested
-    index) and ``tags``; ``unlabelled``: every row's (train, true) labels are :data:`UNLABELLED`
-    (a source without labels for an objective whose labels are optional)."""
+    """A CSV source's (image, captions, bad, row read) items read by sampler keys, as
+    :class:`TrainPairs`'s items, the caption chosen by ``captions`` (:class:`StepCaptions`).
+    ``class_ids`` [N]: the rows' labels (of the row actually read: a bad row is replaced by the next
+    good one), for ``labels`` (:class:`RowLabels`, by the requested index) and ``tags``;
+    ``unlabelled``: every row's (train, true) labels are :data:`UNLABELLED` (a source without labels
+    for an objective whose labels are optional)."""
 
-    def __init__(self, dataset: Dataset, unlabelled: bool = False, class_ids: np.ndarray | None = None,
-                 labels: RowLabels | None = None, tags: Tagged | None = None):
+    def __init__(self, dataset: Dataset, captions: StepCaptions, unlabelled: bool = False,
+                 class_ids: np.ndarray | None = None, labels: RowLabels | None = None, tags: Tagged | None = None):
         self.dataset, self.fixed = dataset, (UNLABELLED, UNLABELLED) if unlabelled else None
-        self.class_ids, self.labels, self.tags = class_ids, labels, tags
+        self.captions, self.class_ids, self.labels, self.tags = captions, class_ids, labels, tags
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, key) -> tuple:
         step, index = key
-        image, caption, bad, row = self.dataset[index]
+        image, captions, bad, row = self.dataset[index]
+        caption = self.captions(step, index, captions)
         labels = self.fixed
         if self.labels is not None:
             labels = self.labels(index, int(self.class_ids[row]))
@@ -318,7 +334,8 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
         row_labels = RowLabels(n, len(space), want, cfg.seed)
     tags = Tagged(*tagging, sampler.epoch) if tagging is not None else None
     if d.source == "csv":
-        dataset = _Keyed(pairs, unlabelled=labels is not None and want is None, class_ids=pairs.labels,
+        dataset = _Keyed(pairs, StepCaptions(d.caption_choice, cfg.seed, sampler.epoch),
+                         unlabelled=labels is not None and want is None, class_ids=pairs.labels,
                          labels=row_labels, tags=tags)
         what = d.csv
     else:
