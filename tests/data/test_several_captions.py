@@ -1,5 +1,5 @@
 """Several captions per image (nclip.data.captions): a CSV cell split by data.caption_separator, a JSONL
-list, WebDataset .txt members and .json lists; data.caption_choice random / first, the same on any
+list, WebDataset .txt members and .json lists; data.caption_choice random / first / all, the same on any
 number of workers and ranks and on resume; `nclip data inspect`'s captions per image; evaluation on the
 training file; one-line errors for bad input."""
 
@@ -100,7 +100,7 @@ def test_a_one_caption_file_trains_on_its_own_captions_in_sampler_order(tmp_path
     for step, batch in enumerate(data):
         rows = sampler.global_batch(step)
         ids, mask = tokenizer([f"a lone caption {i}" for i in rows])
-        assert torch.equal(batch.ids, ids) and torch.equal(batch.mask, mask)
+        assert torch.equal(batch.ids, ids) and torch.equal(batch.mask, mask) and batch.caption_valid is None
 
 
 def test_the_draw_is_the_same_on_any_workers_and_ranks_and_on_resume(tmp_path, tokenizer):
@@ -121,10 +121,63 @@ def test_the_draw_is_the_same_on_any_workers_and_ranks_and_on_resume(tmp_path, t
 
 
 def test_a_run_with_random_captions_resumes_bitwise(tmp_path):
-    cfg = _cfg("data.source=csv", f"data.csv={_jsonl(tmp_path)}", "train.steps=6", "train.checkpoint_every=3",
-               "train.log_every=1")
+    cfg = _cfg("data.source=csv", f"data.csv={_jsonl(tmp_path)}", "objective.name=clip", "train.steps=4",
+               "train.checkpoint_every=2", "train.log_every=1")
     rows, again = metrics_then_resumed(cfg, tmp_path / "run")
-    assert len(rows) == 6 and again == rows
+    assert len(rows) == 4 and again == rows
+
+
+# ---------------------------------------------------------------------------------------------
+# caption_choice all
+# ---------------------------------------------------------------------------------------------
+
+
+def test_all_gives_every_caption_in_slots_with_their_validity(tmp_path, tokenizer):
+    path = _csv(tmp_path)
+    data = train_loader(_csv_cfg(path, "data.caption_choice=all", "objective.name=clip"), tokenizer)
+    sampler = data.loader.batch_sampler
+    for step, batch in enumerate(data):
+        rows = sampler.global_batch(step)
+        assert batch.ids.shape == (4, 3, 16) and batch.mask.shape == (4, 3, 16)  # 3: the most captions of a row
+        assert batch.caption_valid.tolist() == [[c < 1 + i % 3 for c in range(3)] for i in rows]
+        for r, i in enumerate(rows):
+            n = 1 + i % 3
+            assert torch.equal(batch.ids[r, :n], tokenizer(_captions(i))[0])
+    capped = next(iter(train_loader(_csv_cfg(path, "data.caption_choice=all", "data.captions_per_image=2",
+                                             "objective.name=clip"), tokenizer)))
+    assert capped.ids.shape == (4, 2, 16) and capped.caption_valid.sum(1).max() == 2  # the first two kept
+
+
+def test_all_splits_over_ranks_and_resumes(tmp_path, tokenizer):
+    cfg = _csv_cfg(_csv(tmp_path), "data.caption_choice=all", "objective.name=clip", "train.steps=5")
+    full = list(train_loader(cfg, tokenizer))
+    halves = [list(train_loader(cfg, tokenizer, rank=r, world_size=2)) for r in range(2)]
+    for step in range(5):
+        parts = zip(halves[0][step].tensors(), halves[1][step].tensors(), full[step].tensors())
+        assert all(torch.equal(torch.cat([first, second]), whole) for first, second, whole in parts)
+    resumed = list(train_loader(cfg, tokenizer, start_step=3))
+    assert all(_same(a, b) for a, b in zip(resumed, full[3:]))
+
+
+def test_all_trains_clip_and_resumes_bitwise(tmp_path):
+    cfg = _csv_cfg(_csv(tmp_path), "data.caption_choice=all", "objective.name=clip", "train.steps=4",
+                   "train.checkpoint_every=2", "train.log_every=1")
+    rows, again = metrics_then_resumed(cfg, tmp_path / "run")
+    assert len(rows) == 4 and again == rows and all(np.isfinite(r["loss"]) for r in rows)
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["objective.name=xclip"], "objective 'xclip' takes one caption per image"),
+    (["objective.name=nclip"], "objective 'nclip' takes one caption per image"),
+    (["objective.name=siglip"], "objective 'siglip' takes one caption per image"),
+])
+def test_an_objective_without_several_positives_refuses_all_in_one_line(tmp_path, capsys, extra, needle):
+    path = _csv(tmp_path)
+    sets = ["data.source=csv", f"data.csv={path}", 'data.caption_separator="|"', "data.caption_choice=all", *extra]
+    assert main(["train", "--preset", "micro", "--out", str(tmp_path / "run"), "--no-progress", "--no-eval",
+                 *[a for o in sets for a in ("--set", o)]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err, err
 
 
 # ---------------------------------------------------------------------------------------------
@@ -133,9 +186,13 @@ def test_a_run_with_random_captions_resumes_bitwise(tmp_path):
 
 
 @pytest.mark.parametrize("sets,needle", [
+    (["data.caption_choice=all", "objective.name=clip"], "needs a source with several captions per image"),
     (['data.caption_separator="|"'], "data.caption_separator splits the captions of a CSV/JSONL file"),
     (["data.source=csv", "data.csv=x.csv", "data.caption_separator=|"], "data.caption_separator is empty; quote"),
     (["data.json_caption_key=captions"], "data.json_caption_key names a field of WebDataset"),
+    (["data.captions_per_image=3"], "data.captions_per_image sizes the caption slots"),
+    (["data.source=webdataset", "data.shards=x.tar", "data.caption_choice=all", "objective.name=clip"],
+     "data.caption_choice all on WebDataset needs data.captions_per_image"),
 ])
 def test_caption_settings_that_cannot_apply_are_one_line(sets, needle):
     with pytest.raises((NclipError, ValueError)) as e:
@@ -241,6 +298,9 @@ def test_webdataset_streams_choose_among_a_samples_captions(tmp_path, tokenizer,
     assert picked[2] == {0, 1, 2} and picked[0] == {0}  # every caption in turn; one caption: always it
     again = list(train_loader(_cfg(*base), tokenizer))
     assert all(_same(a, b) for a, b in zip(again, drawn))
+    every = next(iter(train_loader(_cfg(*base, "data.caption_choice=all", "data.captions_per_image=3",
+                                        "objective.name=clip"), tokenizer)))
+    assert every.ids.shape == (2, 3, 16) and every.caption_valid.tolist() == [[True, False, False], [True, True, False]]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,3 +330,14 @@ def test_evaluation_on_the_training_file_takes_every_caption_as_ground_truth(tmp
     if source == "csv":  # without the run's separator a cell is one caption
         assert caption_file(path, run_keys=keys[:2]).splits["test"].captions[2] == ("|".join(_captions(2)),)
         assert data.identity["caption_separator"] == "|"
+
+
+def test_the_memory_check_probes_every_caption_slot(tmp_path):
+    from nclip.models import build_model
+    from nclip.train.memory_check import probe_batch
+
+    cfg = _csv_cfg(_csv(tmp_path), "data.caption_choice=all", "objective.name=clip")
+    batch = probe_batch(build_model(cfg), cfg, 4, 1, None, torch.device("cpu"))
+    assert batch.ids.shape[:2] == (4, 3) and batch.caption_valid.all()  # 3: the most captions of a row
+    capped = cfg.model_copy(update={"data": cfg.data.model_copy(update={"captions_per_image": 2})})
+    assert probe_batch(build_model(capped), capped, 4, 1, None, torch.device("cpu")).ids.shape[:2] == (4, 2)

@@ -111,8 +111,12 @@ class DataConfig(Section):
     # sample's .txt member and any further KEY.N.txt members
     json_caption_key: str | None = Field(None, min_length=1)
     # which of an image's captions a step trains on: random (one, drawn by seed, epoch and index; an
-    # image with one caption draws nothing) or first
-    caption_choice: Literal["random", "first"] = "random"
+    # image with one caption draws nothing), first, or all (every caption a positive of its image:
+    # objectives with several_captions, e.g. clip)
+    caption_choice: Literal["random", "first", "all"] = "random"
+    # caption_choice all: caption slots per image in a batch (more captions: the first kept; fewer:
+    # padded and masked out of the loss); None: the most captions of any row of the CSV/JSONL file
+    captions_per_image: int | None = Field(None, ge=1, le=64)
     # a class-label column of the CSV: class ids are its distinct values in sorted order (label
     # kind "label"), for label-using objectives and data.tagging; None: the CSV has no labels
     csv_label_key: str | None = None
@@ -167,6 +171,18 @@ class DataConfig(Section):
         if self.json_caption_key is not None and self.source != "webdataset":
             raise ValueError(f"data.json_caption_key names a field of WebDataset samples' .json: it needs data.source "
                              f"webdataset (got {self.source}; a JSONL file's is data.csv_caption_key)")
+        if self.captions_per_image is not None and self.caption_choice != "all":
+            raise ValueError("data.captions_per_image sizes the caption slots of data.caption_choice all")
+        if self.caption_choice != "all":
+            return
+        if self.source not in ("csv", "webdataset"):
+            raise ValueError(f"data.caption_choice all needs a source with several captions per image (csv or "
+                             f"webdataset); data.source {self.source} has one")
+        if self.tagging.enabled:
+            raise ValueError("data.caption_choice all trains on the data's captions; data.tagging makes one per image")
+        if self.source == "webdataset" and self.captions_per_image is None:
+            raise ValueError("data.caption_choice all on WebDataset needs data.captions_per_image (the caption slots "
+                             "per image: a stream cannot count its images' captions up front)")
 
     def caption_keys(self) -> tuple[str, str, str | None]:
         """(image column, caption column, caption separator) of a CSV/JSONL source: how evaluation

@@ -15,7 +15,10 @@ none left is a bad sample, as an empty caption always was).
   WebDataset, whose records carry no epoch), so a resumed run draws what an uninterrupted one drew,
   and the draw is the same whatever the number of loader workers and ranks. An image with one
   caption draws nothing: a one-caption source trains on exactly the batches it always did;
-- ``first``: always the first caption.
+- ``first``: always the first caption;
+- ``all``: every caption of an image, padded to ``slots`` per image; the batch then carries the
+  token ids [B, C, L] and which slots hold a caption (``Batch.caption_valid`` [B, C]), for an
+  objective that takes several positives per image (``Objective.several_captions``).
 """
 
 from __future__ import annotations
@@ -73,10 +76,24 @@ def check_separator_found(texts, separator: str | None, what: str) -> None:
 def choose(captions: tuple[str, ...], choice: str, seed_key: list[int]) -> str | tuple[str, ...]:
     """The caption(s) a training step sees of an image's ``captions`` (module docstring):
     ``seed_key`` seeds the draw of ``random`` (the run seed first, then what identifies the draw)."""
+    if choice == "all":
+        return captions
     if choice == "first" or len(captions) == 1:
         return captions[0]
     draw = np.random.default_rng([seed_key[0], _CAPTION_STREAM, *seed_key[1:]]).integers(len(captions))
     return captions[int(draw)]
+
+
+def slot_rows(groups: list[tuple[str, ...]], slots: int) -> tuple[list[str], np.ndarray]:
+    """(the captions of every image padded to ``slots`` with empty strings, flattened image by image;
+    which slots hold a caption, bool [B, slots]) for ``caption_choice: all``. An image's captions
+    beyond ``slots`` are left out, its first ones kept."""
+    flat, valid = [], np.zeros((len(groups), slots), dtype=bool)
+    for i, captions in enumerate(groups):
+        kept = list(captions[:slots])
+        valid[i, : len(kept)] = True
+        flat += kept + [""] * (slots - len(kept))
+    return flat, valid
 
 
 def count_summary(counts: list[int]) -> dict | None:

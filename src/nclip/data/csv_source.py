@@ -193,7 +193,7 @@ class CsvTrainPairs(Dataset):
     [(path, reason) of rows skipped for it], the row read). ``labels`` [N]: the class id of every row
     with ``data.csv_label_key`` (else None). ``caption_sets``: every row's captions; ``captions``: its
     first one, the caption of the readers that take one per image (the frozen teachers, ProtoCLIP's
-    episodic trainer).
+    episodic trainer); ``slots``: the most captions of any row.
 
     ``raw``: the un-augmented image instead (uint8 [H, W, 3]), from which the collate function crops
     two views (:mod:`nclip.data.views`). With ``data.tagging`` the caption column is not read:
@@ -213,6 +213,7 @@ class CsvTrainPairs(Dataset):
         self.caption_sets = ([(names[c],) for c in self.labels] if d.tagging.enabled
                              else row_captions(d.csv, table, d.csv_caption_key, d.caption_separator))
         self.captions = [c[0] if c else "" for c in self.caption_sets]
+        self.slots = max(len(c) for c in self.caption_sets)
 
     def __len__(self) -> int:
         return len(self.images)
