@@ -8,7 +8,10 @@ per-row tensors an objective asked for (``Objective.label_request``, ``Objective
   them); with two views per image [B, 2, 3, S, S], the online (strong) view first, the target
   (weak) view second (:mod:`nclip.data.views`; before the feed finishes them, the workers' crops).
   The views need no field of their own: the image tower reads them where it reads one view;
-- ids, mask: the captions' token ids and attention mask [B, L];
+- ids, mask: the captions' token ids and attention mask [B, L]; with several captions per image
+  (``data.caption_choice: all``) [B, C, L], C caption slots per image;
+- caption_valid: [B, C] which of the C slots hold a caption (the others are padding), with
+  several captions per image only;
 - labels, true_labels: [B] the training label (corrupted or -1 = unlabelled, per the request) and the
   clean one (diagnostics);
 - index: [B] the rows' dataset indices (a frozen embedding of every training sample is looked up by it);
@@ -40,6 +43,7 @@ class Batch:
     true_labels: torch.Tensor | None = None
     index: torch.Tensor | None = None
     episode: torch.Tensor | None = None
+    caption_valid: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.ids.shape[0]

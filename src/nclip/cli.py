@@ -116,10 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "eval --templates")
     q.add_argument("--image-key", help="clip_benchmark: image-path column of a captions CSV")
     q.add_argument("--caption-key", help="clip_benchmark: caption column of a captions CSV")
-    q = data.add_parser("inspect", help="summarise a shard pattern, shard directory or CSV/TSV file")
+    q = data.add_parser("inspect", help="summarise a shard pattern, shard directory or CSV/TSV/JSONL file")
     q.add_argument("source", help="e.g. '/data/{00000..00009}.tar', a directory of .tar, or pairs.csv")
     q.add_argument("--limit", type=int, default=10000, help="read at most this many samples")
     _add_key_args(q, caption=True)
+    q.add_argument("--caption-separator", help="splits a caption cell into several (as data.caption_separator)")
+    q.add_argument("--json-caption-key", help="shards: the .json field of the captions (as data.json_caption_key)")
     q.add_argument("--json", action="store_true", help="print the summary as JSON")
     q = data.add_parser("dedup", help="find target images that duplicate reference images by dHash "
                         "(OmniBenchmark Sec. 3.4): duplicates.json, duplicates.html, a filtered target")
@@ -335,7 +337,8 @@ def _cmd_data(args) -> int:
                         fast_jpeg=args.fast_jpeg))
         return 0
     summary = tools.inspect_source(args.source, args.limit, csv_image_key=args.image_key,
-                                   csv_caption_key=args.caption_key)
+                                   csv_caption_key=args.caption_key, caption_separator=args.caption_separator,
+                                   json_caption_key=args.json_caption_key)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:

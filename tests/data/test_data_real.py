@@ -15,7 +15,7 @@ import torch
 from nclip.cli import main
 from nclip.config import resolve
 from nclip.data.loader import train_loader
-from nclip.data.shards import Bad, ShardWriter, decode, encode_image, expand_shards, iter_records
+from nclip.data.shards import Bad, ShardWriter, decode, decode_captions, encode_image, expand_shards, iter_records
 from nclip.data.tokenization import CaptionTokenizer
 from nclip.data.webdataset import Source, raw_stream
 from nclip.errors import NclipError
@@ -334,11 +334,11 @@ def test_dedup_of_shards_excluded_from_training_removes_exactly_those_samples(tm
 
     decoded = []  # every record the training stream decodes, by key
 
-    def spy(rec):
+    def spy(rec, json_caption_key=None):
         decoded.append(rec.key)
-        return decode(rec)
+        return decode_captions(rec, json_caption_key)
 
-    monkeypatch.setattr(webdataset, "decode", spy)
+    monkeypatch.setattr(webdataset, "decode_captions", spy)
     cfg = _cfg("data.source=webdataset", f"data.shards={urls}", "data.resampled=false", "data.shuffle_buffer=4",
                f"data.exclude={duplicates}", "train.steps=7")  # 56 draws: two passes over the 26 kept samples
     data = train_loader(cfg, tokenizer)

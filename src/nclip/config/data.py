@@ -102,7 +102,21 @@ class DataConfig(Section):
     # (every source: image paths, shard sample keys, source:train:i for built-in data)
     exclude: str | None = None
     csv_image_key: str = "filepath"
-    csv_caption_key: str = "title"
+    csv_caption_key: str = "title"  # a CSV column, or a JSONL field holding a caption or a list of them
+    # several captions per image (nclip.data.captions): a CSV cell (or JSONL string) split by this
+    # separator, e.g. "|" (quoted on the command line: --set 'data.caption_separator="|"'); None: a
+    # cell is one caption
+    caption_separator: str | None = None
+    # a field of each WebDataset sample's .json holding its caption or a list of captions; None: the
+    # sample's .txt member and any further KEY.N.txt members
+    json_caption_key: str | None = Field(None, min_length=1)
+    # which of an image's captions a step trains on: random (one, drawn by seed, epoch and index; an
+    # image with one caption draws nothing), first, or all (every caption a positive of its image:
+    # objectives with several_captions, e.g. clip)
+    caption_choice: Literal["random", "first", "all"] = "random"
+    # caption_choice all: caption slots per image in a batch (more captions: the first kept; fewer:
+    # padded and masked out of the loss); None: the most captions of any row of the CSV/JSONL file
+    captions_per_image: int | None = Field(None, ge=1, le=64)
     # a class-label column of the CSV: class ids are its distinct values in sorted order (label
     # kind "label"), for label-using objectives and data.tagging; None: the CSV has no labels
     csv_label_key: str | None = None
@@ -139,9 +153,38 @@ class DataConfig(Section):
         if self.tagging.enabled and not has_labels(self):
             hint = " without data.csv_label_key" if self.source == "csv" else ""
             raise ValueError(f"data.tagging needs labelled data, but data.source {self.source}{hint} has no labels")
+        self._caption_checks()
         if (self.tagging.enabled and self.source in ("csv", "folder")
                 and self.tagging.label_key not in (None, USER_LABEL)):
             raise ValueError(f"data.tagging.label_key {self.tagging.label_key!r} is not a label of data.source "
                              f"{self.source} (it has {USER_LABEL})")
         return self
 
+    def _caption_checks(self) -> None:
+        if self.caption_separator == "":  # what YAML makes of a bare | (a block scalar), as --set parses values
+            raise ValueError("data.caption_separator is empty; quote the separator, e.g. --set "
+                             "'data.caption_separator=\"|\"' (YAML reads a bare | as an empty text)")
+        if self.caption_separator is not None and self.source != "csv":
+            raise ValueError(f"data.caption_separator splits the captions of a CSV/JSONL file: it needs data.source "
+                             f"csv (got {self.source}; WebDataset samples hold several captions as KEY.N.txt members "
+                             "or a list in data.json_caption_key)")
+        if self.json_caption_key is not None and self.source != "webdataset":
+            raise ValueError(f"data.json_caption_key names a field of WebDataset samples' .json: it needs data.source "
+                             f"webdataset (got {self.source}; a JSONL file's is data.csv_caption_key)")
+        if self.captions_per_image is not None and self.caption_choice != "all":
+            raise ValueError("data.captions_per_image sizes the caption slots of data.caption_choice all")
+        if self.caption_choice != "all":
+            return
+        if self.source not in ("csv", "webdataset"):
+            raise ValueError(f"data.caption_choice all needs a source with several captions per image (csv or "
+                             f"webdataset); data.source {self.source} has one")
+        if self.tagging.enabled:
+            raise ValueError("data.caption_choice all trains on the data's captions; data.tagging makes one per image")
+        if self.source == "webdataset" and self.captions_per_image is None:
+            raise ValueError("data.caption_choice all on WebDataset needs data.captions_per_image (the caption slots "
+                             "per image: a stream cannot count its images' captions up front)")
+
+    def caption_keys(self) -> tuple[str, str, str | None]:
+        """(image column, caption column, caption separator) of a CSV/JSONL source: how evaluation
+        reads the file the run trained on (``nclip eval --dataset captions:FILE``)."""
+        return self.csv_image_key, self.csv_caption_key, self.caption_separator

@@ -82,6 +82,10 @@ class RunConfig(Section):
                              f"data.hard_negative_group {self.data.hard_negative_group}")
         plan = _plan(self)
         plan.check_run()  # e.g. a label constraint needs labelled data
+        if self.data.caption_choice == "all" and not plan.several_captions:
+            raise ValueError(f"data.caption_choice all makes every caption of an image a positive, and objective "
+                             f"{self.objective.name!r} takes one caption per image; use caption_choice random or "
+                             "first, or an objective that takes several (clip)")
         heads = plan.heads
         if self.model.nclip_shared_layers and not {"clip", "nclip"} <= heads:
             raise ValueError(f"model.nclip_shared_layers {self.model.nclip_shared_layers}: objective "

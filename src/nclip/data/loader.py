@@ -32,6 +32,9 @@ What an objective needs beyond pixels, ids and mask comes from its class (``Obje
   ``folder``/CSV row is its class label itself.
 - ``data.tagging`` (xCLIP Sec. 4.3): a row's caption is a template filled with its class name, drawn
   by (seed, epoch of the step, index): :mod:`nclip.data.tagging`.
+- several captions per image (CSV/JSONL and WebDataset sources): ``data.caption_choice`` picks the
+  caption a step sees, drawn by (seed, epoch of the step, index), or with ``all`` gives every caption,
+  the batch's ids and mask then [B, C, L] with ``caption_valid`` [B, C]: :mod:`nclip.data.captions`.
 
 :func:`train_loader` returns a :class:`TrainData`: iterate it for batches; ``skipped`` counts the
 bad samples skipped so far on this rank (named on stderr as they are, and summed up at the end of the
@@ -50,6 +53,7 @@ from torch.utils.data import DataLoader, Dataset
 from nclip.batch import Batch
 from nclip.config import RunConfig
 from nclip.data.bad_samples import BadWindow, SkipLog, first_good
+from nclip.data.captions import choose, slot_rows
 from nclip.data.label_noise import RowLabels
 from nclip.data.labels import label_kind, tag_captions
 from nclip.data.shards import Bad
@@ -79,6 +83,17 @@ class Tagged:
 
     def __call__(self, step: int, index: int, class_id: int) -> str:
         return self.captions(self.epoch_of(step), index, class_id)
+
+
+class StepCaptions:
+    """The caption(s) a step sees of a step-indexed source's row (:func:`nclip.data.captions.choose`):
+    ``random`` draws by (seed, epoch of the step, index), as the sampler counts epochs (``epoch_of``)."""
+
+    def __init__(self, choice: str, seed: int, epoch_of):
+        self.choice, self.seed, self.epoch_of = choice, seed, epoch_of
+
+    def __call__(self, step: int, index: int, captions: tuple[str, ...]) -> str | tuple[str, ...]:
+        return choose(captions, self.choice, [self.seed, self.epoch_of(step), index])
 
 
 class TrainPairs(Dataset):
@@ -114,23 +129,25 @@ class TrainPairs(Dataset):
 
 
 class _Keyed(Dataset):
-    """A CSV source's (image, caption, bad, row read) items read by sampler keys, as
-    :class:`TrainPairs`'s items. ``class_ids`` [N]: the rows' labels (of the row actually read: a
-    bad row is replaced by the next good one), for ``labels`` (:class:`RowLabels`, by the requested
-    index) and ``tags``; ``unlabelled``: every row's (train, true) labels are :data:`UNLABELLED`
-    (a source without labels for an objective whose labels are optional)."""
+    """A CSV source's (image, captions, bad, row read) items read by sampler keys, as
+    :class:`TrainPairs`'s items, the caption chosen by ``captions`` (:class:`StepCaptions`).
+    ``class_ids`` [N]: the rows' labels (of the row actually read: a bad row is replaced by the next
+    good one), for ``labels`` (:class:`RowLabels`, by the requested index) and ``tags``;
+    ``unlabelled``: every row's (train, true) labels are :data:`UNLABELLED` (a source without labels
+    for an objective whose labels are optional)."""
 
-    def __init__(self, dataset: Dataset, unlabelled: bool = False, class_ids: np.ndarray | None = None,
-                 labels: RowLabels | None = None, tags: Tagged | None = None):
+    def __init__(self, dataset: Dataset, captions: StepCaptions, unlabelled: bool = False,
+                 class_ids: np.ndarray | None = None, labels: RowLabels | None = None, tags: Tagged | None = None):
         self.dataset, self.fixed = dataset, (UNLABELLED, UNLABELLED) if unlabelled else None
-        self.class_ids, self.labels, self.tags = class_ids, labels, tags
+        self.captions, self.class_ids, self.labels, self.tags = captions, class_ids, labels, tags
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, key) -> tuple:
         step, index = key
-        image, caption, bad, row = self.dataset[index]
+        image, captions, bad, row = self.dataset[index]
+        caption = self.captions(step, index, captions)
         labels = self.fixed
         if self.labels is not None:
             labels = self.labels(index, int(self.class_ids[row]))
@@ -180,22 +197,30 @@ class Collate:
     ``views``: a :class:`nclip.data.views.ViewRecipe`; the images are then un-augmented uint8
     [H, W, 3] and pixels become their :class:`nclip.data.views.ViewCrops` (finished by
     :func:`nclip.data.views.finish_views`), row i drawn as row ``rank`` × B + i of the step's global
-    batch, seeded by (seed, step)."""
+    batch, seeded by (seed, step). ``slots`` (``data.caption_choice: all``): the items' captions are
+    tuples, padded to ``slots`` per image: ids and mask [B, slots, L], ``caption_valid`` [B, slots]."""
 
     def __init__(self, tokenizer: CaptionTokenizer, views: ViewRecipe | None = None, seed: int = 0, rank: int = 0,
-                 with_index: bool = False):
+                 with_index: bool = False, slots: int | None = None):
         self.tokenizer, self.views, self.seed, self.rank = tokenizer, views, seed, rank
-        self.with_index = with_index
+        self.with_index, self.slots = with_index, slots
 
     def __call__(self, items) -> tuple[Batch, dict]:
         images, captions, bad = zip(*(item[:3] for item in items))
-        ids, mask = self.tokenizer(list(captions))
+        valid = None
+        if self.slots is None:
+            ids, mask = self.tokenizer(list(captions))
+        else:
+            flat, valid = slot_rows(list(captions), self.slots)
+            ids, mask = (t.reshape(len(items), self.slots, -1) for t in self.tokenizer(flat))
         if self.views is None:
             pixels = torch.stack(images)
         else:
             b, step = len(items), items[0][4]
             pixels = crop_views(images, self.views, (self.seed, _VIEW_STREAM, step), first_row=self.rank * b)
         batch = Batch(pixels, ids, mask)
+        if valid is not None:
+            batch.caption_valid = torch.from_numpy(valid)
         if len(items[0]) > 3 and items[0][3] is not None:
             labels = torch.tensor([item[3] for item in items], dtype=torch.long)  # [B, 2]
             batch.labels, batch.true_labels = labels[:, 0], labels[:, 1]
@@ -265,6 +290,22 @@ class TrainData:
             self._window.add(None, self.what)
 
 
+def caption_slots(cfg: RunConfig, most: int | None = None) -> int | None:
+    """The caption slots per image of a batch under ``data.caption_choice: all`` (None otherwise):
+    ``data.captions_per_image``, else ``most``, the most captions of any row of the CSV/JSONL file (read
+    from it when not given; the config makes WebDataset name its count)."""
+    d = cfg.data
+    if d.caption_choice != "all":
+        return None
+    if d.captions_per_image is not None:
+        return d.captions_per_image
+    if most is None:
+        from nclip.data.csv_source import CsvTrainPairs
+
+        most = CsvTrainPairs(cfg).slots
+    return most
+
+
 def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 0,
                  rank: int = 0, world_size: int = 1, state: dict | None = None, views: int = 1,
                  labels: LabelRequest | None = None, device: torch.device | str | None = None) -> TrainData:
@@ -289,7 +330,7 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
     if d.source == "webdataset":
         from nclip.data.webdataset import ShardStreamDataset
 
-        ds = ShardStreamDataset(cfg, Collate(tokenizer), local, rank, world_size, start_step)
+        ds = ShardStreamDataset(cfg, Collate(tokenizer, slots=caption_slots(cfg)), local, rank, world_size, start_step)
         ds.plan_resume(state, d.exact_resume)
         loader = DataLoader(ds, batch_size=None, **workers)
         return TrainData(loader, "stream", steps, cfg, world_size, "data.shards", streams=ds.initial_streams())
@@ -318,7 +359,8 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
         row_labels = RowLabels(n, len(space), want, cfg.seed)
     tags = Tagged(*tagging, sampler.epoch) if tagging is not None else None
     if d.source == "csv":
-        dataset = _Keyed(pairs, unlabelled=labels is not None and want is None, class_ids=pairs.labels,
+        dataset = _Keyed(pairs, StepCaptions(d.caption_choice, cfg.seed, sampler.epoch),
+                         unlabelled=labels is not None and want is None, class_ids=pairs.labels,
                          labels=row_labels, tags=tags)
         what = d.csv
     else:
@@ -327,7 +369,9 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
     if kept is not None:
         dataset = _Excluding(dataset, kept)
     recipe = ViewRecipe(d.image_size, crop_scale=tuple(d.augment.crop_scale)) if views == 2 else None
-    collate = Collate(tokenizer, recipe, cfg.seed, rank, with_index=labels is not None and labels.frozen is not None)
+    slots = caption_slots(cfg, pairs.slots if d.source == "csv" else None)
+    collate = Collate(tokenizer, recipe, cfg.seed, rank, with_index=labels is not None and labels.frozen is not None,
+                      slots=slots)
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, **workers)
     skipped = int(state.get("skipped", 0)) if state and state.get("kind") == "map" else 0
     data = TrainData(loader, "map", steps, cfg, world_size, what, skipped=skipped, finish=device is None)

@@ -1,7 +1,8 @@
 """Tar shards in the img2dataset / WebDataset layout: listing, reading, decoding, writing.
 
 A shard is a tar file whose members are grouped into samples by key: ``{key}.jpg`` (or ``.jpeg``,
-``.png``, ``.webp``), ``{key}.txt`` (the caption, UTF-8) and optionally ``{key}.json`` (metadata,
+``.png``, ``.webp``), ``{key}.txt`` (the caption, UTF-8; further captions of the image in
+``{key}.1.txt``, ``{key}.2.txt``, ...: :func:`decode_captions`) and optionally ``{key}.json`` (metadata,
 e.g. labels). The key is the member path up to the first dot of its file name, as in WebDataset.
 
 Shard specifications are brace patterns (``/data/cc3m/{00000..00331}.tar``), lists of them, or
@@ -27,6 +28,7 @@ from typing import Iterator
 import numpy as np
 from PIL import Image
 
+from nclip.data.captions import list_problem
 from nclip.data.folders import decoded_pixels
 from nclip.errors import NclipError
 
@@ -34,14 +36,14 @@ IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 # The most one member may hold before its record is left out unread, since a member is read whole
 # into memory: a caption, its metadata or a class id is text (LAION's longest captions are a few
 # KB), an image file rarely passes tens of MB. A tar header can claim any size (8 GiB and more).
-TEXT_EXTS = ("txt", "json", "cls")
+TEXT_EXTS = ("txt", "json", "cls")  # and the further captions, KEY.1.txt: extension "1.txt"
 MAX_TEXT_BYTES = 1 << 20
 MAX_MEMBER_BYTES = 1 << 28
 
 
 def oversized(name: str, ext: str, size: int) -> str | None:
     """Why member ``name`` of ``size`` bytes is too large to read, or None."""
-    limit = MAX_TEXT_BYTES if ext in TEXT_EXTS else MAX_MEMBER_BYTES
+    limit = MAX_TEXT_BYTES if ext.rpartition(".")[2] in TEXT_EXTS else MAX_MEMBER_BYTES
     if size <= limit:
         return None
     return f"member {name} claims {size:,} bytes, over the {limit:,} a .{ext} member may hold"
@@ -161,20 +163,36 @@ def iter_records(url: str) -> Iterator[Record | Bad]:
 def decode(rec: Record | Bad, keep_mode: bool = False) -> tuple[np.ndarray, str, dict] | Bad:
     """(image uint8 [H, W, 3] RGB, caption, json metadata) or :class:`Bad` with the reason; ``keep_mode``:
     an image that is not RGB comes as the decoded PIL image, for evaluation to convert
-    (:func:`nclip.data.folders.decoded_pixels`)."""
+    (:func:`nclip.data.folders.decoded_pixels`). The caption is the sample's first
+    (:func:`decode_captions`): its ``.txt`` member."""
+    out = decode_captions(rec, keep_mode=keep_mode)
+    return out if isinstance(out, Bad) else (out[0], out[1][0], out[2])
+
+
+def decode_captions(rec: Record | Bad, json_caption_key: str | None = None,
+                    keep_mode: bool = False) -> tuple[np.ndarray, tuple[str, ...], dict] | Bad:
+    """(image as :func:`decode` gives it, the sample's captions, json metadata) or :class:`Bad`.
+
+    The captions (:mod:`nclip.data.captions`): the ``.txt`` member first, then the other members whose
+    extension ends in ``.txt`` (``KEY.1.txt``, ``KEY.title.txt``) in the tar's order; or, with
+    ``json_caption_key``, that field of the ``.json`` member, a string or a list of strings. Each is
+    stripped and the empty ones left out; a sample with none left is bad ("empty caption"), as is one
+    whose caption list is empty or holds anything but strings: a stream skips and counts it
+    (:mod:`nclip.data.bad_samples`), since its shards are never read whole up front."""
     if isinstance(rec, Bad):
         return rec
     ext = next((e for e in IMAGE_EXTS if e in rec.parts), None)
     if ext is None:
         return Bad(rec.key, rec.url, "no image member (.jpg/.jpeg/.png/.webp)")
-    if "txt" not in rec.parts:
-        return Bad(rec.key, rec.url, "no caption member (.txt)")
-    try:
-        caption = rec.parts["txt"].decode("utf-8").strip()
-    except UnicodeDecodeError:
-        return Bad(rec.key, rec.url, "caption is not UTF-8")
-    if not caption:
-        return Bad(rec.key, rec.url, "empty caption")
+    meta, broken = {}, False
+    if "json" in rec.parts:
+        try:
+            meta = json.loads(rec.parts["json"])
+        except (ValueError, UnicodeDecodeError):
+            meta, broken = {}, True  # metadata is optional: a broken .json does not spoil the pair
+    captions = _json_captions(meta, broken, json_caption_key) if json_caption_key else _text_captions(rec)
+    if isinstance(captions, str):
+        return Bad(rec.key, rec.url, captions)
     try:
         with Image.open(io.BytesIO(rec.parts[ext])) as img:
             image = decoded_pixels(img, keep_mode)
@@ -183,13 +201,31 @@ def decode(rec: Record | Bad, keep_mode: bool = False) -> tuple[np.ndarray, str,
     height, width = (image.height, image.width) if isinstance(image, Image.Image) else image.shape[:2]
     if height < 1 or width < 1:
         return Bad(rec.key, rec.url, f"image has shape {(height, width)}")
-    meta = {}
-    if "json" in rec.parts:
-        try:
-            meta = json.loads(rec.parts["json"])
-        except (ValueError, UnicodeDecodeError):
-            meta = {}  # metadata is optional: a broken .json does not spoil the pair
-    return image, caption, meta
+    return image, captions, meta
+
+
+def _text_captions(rec: Record) -> tuple[str, ...] | str:
+    """The captions of a sample's ``.txt`` members (:func:`decode_captions`), or why it has none."""
+    names = sorted((e for e in rec.parts if e == "txt" or e.endswith(".txt")), key=lambda e: e != "txt")
+    if not names:
+        return "no caption member (.txt)"
+    try:
+        texts = [rec.parts[name].decode("utf-8") for name in names]
+    except UnicodeDecodeError:
+        return "caption is not UTF-8"
+    return tuple(t for t in (text.strip() for text in texts) if t) or "empty caption"
+
+
+def _json_captions(meta, broken: bool, key: str) -> tuple[str, ...] | str:
+    """The captions of the ``.json`` field ``key`` (``data.json_caption_key``), or why it has none."""
+    if broken:
+        return f"the .json member (data.json_caption_key {key!r}) is not valid JSON"
+    if not isinstance(meta, dict) or key not in meta:
+        return f"no field {key!r} (data.json_caption_key) in the .json member"
+    value = [meta[key]] if isinstance(meta[key], str) else meta[key]
+    if (problem := list_problem(value)) is not None:
+        return problem
+    return tuple(t for t in (text.strip() for text in value) if t) or "empty caption"
 
 
 # --------------------------------------------------------------------------------------------

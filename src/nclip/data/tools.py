@@ -7,8 +7,9 @@ import statistics
 from pathlib import Path
 
 from nclip.config import RunConfig
-from nclip.data.csv_source import load_pair, read_rows
-from nclip.data.shards import Bad, ShardWriter, check_shards, decode, expand_shards, iter_records
+from nclip.data.captions import count_summary
+from nclip.data.csv_source import JSONL_SUFFIXES, is_jsonl, load_pair, read_table, row_captions
+from nclip.data.shards import Bad, ShardWriter, check_shards, decode_captions, expand_shards, iter_records
 from nclip.defaults import BUILTIN_SOURCES
 from nclip.errors import NclipError
 
@@ -46,10 +47,15 @@ def shard_urls(source: str) -> list[str]:
 
 
 def inspect_source(source: str, limit: int = 10000, examples: int = 3, csv_image_key: str = "filepath",
-                   csv_caption_key: str = "title") -> dict:
-    """Summary of a shard pattern / shard directory / CSV-TSV file: samples read, bad ones by
-    reason, image sizes, caption lengths, a few examples. Reads at most ``limit`` samples."""
+                   csv_caption_key: str = "title", caption_separator: str | None = None,
+                   json_caption_key: str | None = None) -> dict:
+    """Summary of a shard pattern / shard directory / CSV-TSV or JSONL file: samples read, bad ones
+    by reason, image sizes, captions per image, caption lengths (of every caption), a few examples.
+    Reads at most ``limit`` samples. ``caption_separator`` splits a file's caption cells and
+    ``json_caption_key`` names the shards' caption field, as ``data.caption_separator`` and
+    ``data.json_caption_key`` do (:mod:`nclip.data.captions`)."""
     sizes: list[tuple[int, int]] = []
+    per_image: list[int] = []
     chars: list[int] = []
     words: list[int] = []
     reasons: collections.Counter = collections.Counter()
@@ -57,17 +63,20 @@ def inspect_source(source: str, limit: int = 10000, examples: int = 3, csv_image
     seen = 0
     summary: dict = {"source": source}
 
-    def take(key: str, image, caption: str) -> None:
+    def take(key: str, image, captions: tuple[str, ...]) -> None:
         sizes.append((int(image.shape[1]), int(image.shape[0])))
-        chars.append(len(caption))
-        words.append(len(caption.split()))
+        per_image.append(len(captions))
+        chars.extend(len(caption) for caption in captions)
+        words.extend(len(caption.split()) for caption in captions)
         if len(shown) < examples:
-            shown.append({"key": key, "size": f"{image.shape[1]}x{image.shape[0]}", "caption": caption})
+            shown.append({"key": key, "size": f"{image.shape[1]}x{image.shape[0]}", "caption": captions[0],
+                          "captions": len(captions)})
 
-    if source.lower().endswith((".csv", ".tsv")):
-        images, captions = read_rows(source, csv_image_key, csv_caption_key)
-        summary.update(kind="csv", rows=len(images))
-        for path, caption in zip(images[:limit], captions[:limit]):
+    if source.lower().endswith((".csv", ".tsv", *JSONL_SUFFIXES)):
+        table = read_table(source, csv_image_key, {csv_caption_key: "data.csv_caption_key"})
+        captions = row_captions(source, table, csv_caption_key, caption_separator)
+        summary.update(kind="jsonl" if is_jsonl(source) else "csv", rows=len(table.images))
+        for path, caption in zip(table.images[:limit], captions[:limit]):
             seen += 1
             out = load_pair(path, caption)
             if isinstance(out, str):
@@ -82,7 +91,7 @@ def inspect_source(source: str, limit: int = 10000, examples: int = 3, csv_image
                 if seen >= limit:
                     break
                 seen += 1
-                out = decode(rec)
+                out = decode_captions(rec, json_caption_key)
                 if isinstance(out, Bad):
                     reasons[out.reason.split(":")[0]] += 1
                 else:
@@ -96,6 +105,7 @@ def inspect_source(source: str, limit: int = 10000, examples: int = 3, csv_image
         ws, hs = [w for w, _ in sizes], [h for _, h in sizes]
         summary["image_width"] = {"min": min(ws), "median": statistics.median(ws), "max": max(ws)}
         summary["image_height"] = {"min": min(hs), "median": statistics.median(hs), "max": max(hs)}
+        summary["captions_per_image"] = count_summary(per_image)
         summary["caption_chars"] = {"min": min(chars), "mean": round(statistics.fmean(chars), 1), "max": max(chars)}
         summary["caption_words"] = {"min": min(words), "mean": round(statistics.fmean(words), 1), "max": max(words)}
     summary["examples"] = shown
@@ -112,12 +122,13 @@ def format_summary(s: dict) -> str:
     lines.append(f"samples read  {s['read']}{more}: {s['good']} good, {s['bad']} bad")
     for reason, n in s["bad_reasons"].items():
         lines.append(f"  bad: {n} × {reason}")
-    for key, label in (("image_width", "width"), ("image_height", "height"),
+    for key, label in (("image_width", "width"), ("image_height", "height"), ("captions_per_image", "captions/img"),
                        ("caption_chars", "caption chars"), ("caption_words", "caption words")):
         if key in s:
             v = s[key]
             mid = f"median {v['median']}" if "median" in v else f"mean {v['mean']}"
             lines.append(f"{label:<14}min {v['min']}, {mid}, max {v['max']}")
     for ex in s["examples"]:
-        lines.append(f"  {ex['key']}  {ex['size']}  {ex['caption']!r}")
+        more = f" (+{ex['captions'] - 1} more)" if ex["captions"] > 1 else ""
+        lines.append(f"  {ex['key']}  {ex['size']}  {ex['caption']!r}{more}")
     return "\n".join(lines)

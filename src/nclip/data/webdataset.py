@@ -19,7 +19,8 @@ stream keeps one shuffled record sequence per source (stages 1 and 3 per source)
 share of the batch from the chosen one, and counts its position in every source for resume.
 
 Records are then decoded (Pillow), checked (image decodes, caption non-empty) and augmented with
-randomness seeded by (seed, rank, stream, record number), and collated into batches of
+randomness seeded by (seed, rank, stream, record number), their caption chosen among a sample's
+several (``data.caption_choice``, :mod:`nclip.data.captions`) from the same, and collated into batches of
 ``batch_size / world_size`` good pairs. Bad records are skipped and counted; if more than
 ``data.max_bad_fraction`` of a window of ``data.bad_window`` records is bad, the stream stops with
 an :class:`NclipError` naming the shard most of them came from.
@@ -49,7 +50,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from nclip.config import RunConfig
 from nclip.data.bad_samples import BadWindow
-from nclip.data.shards import Bad, Record, check_shards, decode, expand_shards, iter_records
+from nclip.data.captions import choose
+from nclip.data.shards import Bad, Record, check_shards, decode_captions, expand_shards, iter_records
 from nclip.data.transforms import augment, to_uint8_tensor
 from nclip.errors import NclipError
 
@@ -271,15 +273,18 @@ class ShardStreamDataset(IterableDataset):
 
     def _decode(self, rec: Record | Bad, stream: int, index: int, window: BadWindow):
         """(pixels, uint8 [3, S, S], caption, []) of the stream's ``index``-th raw record, augmented with
-        randomness seeded by (seed, rank, stream, index); None for a bad record (counted in ``window``)."""
-        out = decode(rec)
+        randomness seeded by (seed, rank, stream, index), its caption chosen by ``data.caption_choice``
+        from the same (:mod:`nclip.data.captions`: the record number stands in for the epoch and the
+        index, which a stream has not); None for a bad record (counted in ``window``)."""
+        d = self.cfg.data
+        out = decode_captions(rec, d.json_caption_key)
         window.add(out if isinstance(out, Bad) else None, rec.url)
         if isinstance(out, Bad):
             self._bad.append((f"{out.url} {out.key}".rstrip(), out.reason))
             return None
-        image, caption, _ = out
-        d = self.cfg.data
+        image, captions, _ = out
         rng = np.random.default_rng([self.cfg.seed, _AUG_TAG, self.reseed, self.rank, stream, index])
+        caption = choose(captions, d.caption_choice, [self.cfg.seed, self.reseed, self.rank, stream, index])
         return to_uint8_tensor(augment(image, d.image_size, d.augment, rng)), caption, []
 
     def _per_source_batches(self, worker: int, workers: int, stream: int, slot: int, slots: int,

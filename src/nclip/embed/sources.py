@@ -42,7 +42,7 @@ class Rows:
 
 def open_rows(spec: str, *, image_size: int, max_objects: int, seed: int, samples: int,
               image_key: str | None = None, caption_key: str | None = None,
-              run_keys: tuple[str, str] | None = None) -> Rows:
+              run_keys: tuple[str, ...] | None = None) -> Rows:
     """The rows of ``spec`` (see the module docstring); ``samples``: the synthetic scenes per split."""
     from nclip.eval import datasets
 

@@ -48,7 +48,7 @@ def embed(spec: str, checkpoint: str | Path, out: str | Path, *, arch: str | Non
     cfg = ck.cfg
     rows = open_rows(spec, image_size=cfg.data.image_size, max_objects=cfg.data.max_objects, seed=seed,
                      samples=samples, image_key=image_key, caption_key=caption_key,
-                     run_keys=(cfg.data.csv_image_key, cfg.data.csv_caption_key))
+                     run_keys=cfg.data.caption_keys())
     model = embed_model.describe(ck)
     score, _, embedding = embed_model.zero_shot_space(cfg)
     settings = {"data": rows.identity, "embedding": embedding, "image_size": cfg.data.image_size,

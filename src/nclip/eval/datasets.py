@@ -15,7 +15,8 @@ and the table of kinds are :mod:`nclip.dataset_specs`, and each kind's data is l
                        (or ``DIR/<realm>/{train,test}/<class>/...``), one dataset per realm
 ``captions:FILE``      retrieval: a CSV (header ``image,caption``; more captions as further
                        ``caption*`` columns or repeated rows of the same image; the training
-                       CSV's columns, e.g. ``filepath,title``, or ``--image-key/--caption-key``)
+                       CSV's columns, e.g. ``filepath,title``, its cells split by the run's
+                       ``data.caption_separator``, or ``--image-key/--caption-key``)
                        or a JSONL file
                        (``{"image": ..., "caption": ...}`` or ``{"image": ..., "captions": [...]}``);
                        image paths are relative to the file's folder
@@ -51,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nclip.data.captions import split_text
 from nclip.data.folders import FOLDER_TEMPLATES, FileSamples, class_folders, class_name, fingerprint, scan_classes
 from nclip.data.types import LabelKind
 from nclip.dataset_specs import DATASET_KINDS, parse_spec
@@ -220,18 +222,21 @@ def _check_image(base: Path, value, where: str) -> Path:
 
 
 def caption_file(path: str | Path, image_key: str | None = None, caption_key: str | None = None,
-                 run_keys: tuple[str, str] | None = None) -> EvalData:
+                 run_keys: tuple[str, ...] | None = None) -> EvalData:
     """Image-caption pairs for retrieval from a CSV or JSONL file (see the module docstring).
 
     A CSV's columns: ``image_key``/``caption_key`` when given (``nclip eval --image-key/--caption-key``:
     they must be in the header); else the columns the run was trained on, ``run_keys`` (its
-    ``data.csv_image_key``, ``data.csv_caption_key``), when the header has them, so the training
-    CSV (``filepath,title``) evaluates as it is; else the names of the module docstring."""
+    ``data.csv_image_key``, ``data.csv_caption_key`` and ``data.caption_separator``:
+    ``DataConfig.caption_keys``), when the header has them, so the training CSV (``filepath,title``)
+    evaluates as it is, every caption of an image its ground truth; else the names of the module
+    docstring. A JSONL row's fields are found the same way."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise NclipError(f"captions file not found: {path}")
     base = path.parent
     columns: list[str] = []  # a CSV's columns read (part of the identity: another column, other features)
+    split_by: set[str] = set()  # the run's caption separator, where it split a caption text (identity too)
     order: list[Path] = []
     caps: dict[Path, list[str]] = {}
     where_of: dict[Path, str] = {}
@@ -243,6 +248,7 @@ def caption_file(path: str | Path, image_key: str | None = None, caption_key: st
             where_of[img] = where
         caps[img].extend(texts)
 
+    run_image, run_caption, separator = (tuple(run_keys) + (None,) * 3)[:3] if run_keys else (None, None, None)
     if path.suffix.lower() in (".jsonl", ".ndjson"):
         with path.open(encoding="utf-8") as fh:
             for n, line in enumerate(fh, start=1):
@@ -255,25 +261,32 @@ def caption_file(path: str | Path, image_key: str | None = None, caption_key: st
                     raise NclipError(f"{where}: invalid JSON ({e.msg})") from None
                 if not isinstance(row, dict):
                     raise NclipError(f"{where}: expected an object with 'image' and 'caption'/'captions'")
-                key = next((k for k in _IMAGE_KEYS if k in row), None)
+                key = image_key or next((k for k in (run_image, *_IMAGE_KEYS) if k in row), None)
                 img = _check_image(base, row.get(key) if key else None, where)
-                texts = row.get("captions", row.get("caption"))
-                texts = [texts] if isinstance(texts, str) else texts
+                field = caption_key or next((k for k in (run_caption, "captions", "caption") if k in row), None)
+                texts = row.get(field) if field else None
+                split = separator if field == run_caption and not caption_key else None
+                split_by.update([split] if split else [])
+                texts = list(split_text(texts, split)) if isinstance(texts, str) else texts
                 if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t.strip() for t in texts):
-                    raise NclipError(f"{where}: 'caption' must be a non-empty string "
-                                     "(or 'captions' a list of them)")
+                    raise NclipError(f"{where}: {field or 'caption'!r} must be a non-empty string "
+                                     "(or a list of them)")
                 add(img, [t.strip() for t in texts], where)
     elif path.suffix.lower() in (".csv", ".tsv"):
         with path.open(encoding="utf-8", newline="") as fh:
             reader, header = _csv_reader(fh, path)
             img_key, cap_keys = _caption_columns(path, header, image_key, caption_key, run_keys)
+            # the run's own caption column holds several captions split by its separator
+            split = {k: separator if run_caption and k == run_caption.strip().lower() and not caption_key else None
+                     for k in cap_keys}
+            split_by.update(v for v in split.values() if v)
             columns = [str(img_key), *cap_keys]
             if img_key is None or not cap_keys:
                 raise NclipError(f"{path} line 1: the header needs an image column ({'/'.join(_IMAGE_KEYS)}) "
                                  f"and at least one caption column, got {','.join(header) or 'nothing'}")
             for where, row in _csv_rows(reader, path):
                 img = _check_image(base, row.get(img_key), where)
-                texts = [row[k].strip() for k in cap_keys if row.get(k) and row[k].strip()]
+                texts = [t for k in cap_keys if row.get(k) for t in split_text(row[k], split[k])]
                 if not texts:
                     raise NclipError(f"{where}: no caption")
                 add(img, texts, where)
@@ -285,18 +298,20 @@ def caption_file(path: str | Path, image_key: str | None = None, caption_key: st
                           [f"{where_of[p]}: " for p in order])
     return EvalData(name=_dataset_name(path),
                     identity={"kind": "captions", "file": str(path.resolve()),
-                              **({"columns": columns} if columns else {}), "files": fingerprint([path, *order])},
+                              **({"columns": columns} if columns else {}),
+                              **({"caption_separator": min(split_by)} if split_by else {}),
+                              "files": fingerprint([path, *order])},
                     splits={"test": samples}, retrieval=True)
 
 
 def _caption_columns(path: Path, header: list[str], image_key: str | None, caption_key: str | None,
-                     run_keys: tuple[str, str] | None) -> tuple[str | None, list[str]]:
+                     run_keys: tuple[str, ...] | None) -> tuple[str | None, list[str]]:
     """(image column, caption columns) of a captions CSV; see :func:`caption_file`."""
     for option, key in (("--image-key", image_key), ("--caption-key", caption_key)):
         if key is not None and key.strip().lower() not in header:
             raise NclipError(f"{path} line 1: {option} {key!r} is not a column of the header "
                              f"{','.join(header) or '(empty)'}")
-    run_image, run_caption = (k.strip().lower() for k in run_keys) if run_keys else (None, None)
+    run_image, run_caption = (k.strip().lower() for k in run_keys[:2]) if run_keys else (None, None)
     img_key = (image_key.strip().lower() if image_key else None) \
         or (run_image if run_image in header else None) or next((k for k in _IMAGE_KEYS if k in header), None)
     if caption_key:
@@ -378,7 +393,7 @@ class _BuildArgs:
     voc_classnames: str
     image_key: str | None
     caption_key: str | None
-    run_keys: tuple[str, str] | None
+    run_keys: tuple[str, ...] | None
 
 
 def _synthetic(arg: None, a: _BuildArgs) -> list[EvalData]:
@@ -437,7 +452,7 @@ if _BUILDERS.keys() != DATASET_KINDS.keys():  # a kind added to the grammar need
 def build(spec: str, *, image_size: int, max_objects: int, seed: int, test_samples: int,
           train_samples: int, sts_pairs: int, classnames: str | None = None,
           templates: str | None = None, image_key: str | None = None, caption_key: str | None = None,
-          run_keys: tuple[str, str] | None = None, voc_classnames: str = "voc") -> list[EvalData]:
+          run_keys: tuple[str, ...] | None = None, voc_classnames: str = "voc") -> list[EvalData]:
     """The EvalData(s) for one spec string (``synthetic`` yields the scenes and their STS pairs);
     ``classnames`` / ``templates``: the user's prompts (:mod:`nclip.eval.prompts`); the keys: a
     captions CSV's columns (:func:`caption_file`); ``voc_classnames``: whose names of VOC's classes

@@ -186,7 +186,7 @@ def build_datasets(cfg, settings: EvalSettings) -> list[eval_data.EvalData]:
                                     sts_pairs=settings.sts_pairs if "sts" in settings.tasks else 0,
                                     classnames=settings.classnames, templates=settings.templates,
                                     image_key=settings.image_key, caption_key=settings.caption_key,
-                                    run_keys=(cfg.data.csv_image_key, cfg.data.csv_caption_key),
+                                    run_keys=cfg.data.caption_keys(),
                                     voc_classnames=settings.voc_classnames)
     return all_data
 

@@ -72,7 +72,7 @@ def copy_dataset(spec: str, out: str | Path, cfg, count: int | None = None, clas
     (data,) = datasets.build(spec, image_size=cfg.data.image_size, max_objects=cfg.data.max_objects, seed=cfg.seed,
                              test_samples=count or defaults.test_samples, train_samples=count or defaults.train_samples,
                              sts_pairs=0, classnames=classnames, templates=templates, image_key=image_key,
-                             caption_key=caption_key, run_keys=(cfg.data.csv_image_key, cfg.data.csv_caption_key))
+                             caption_key=caption_key, run_keys=cfg.data.caption_keys())
     return write_copy(data, out, count=count, **options)
 
 

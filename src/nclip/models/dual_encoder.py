@@ -106,8 +106,9 @@ class DualEncoder(nn.Module):
 
     def forward(self, pixels: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> EncoderOutput:
         """pixels [B, 3, S, S], or [B, 2, 3, S, S]: two views, the online (strong) one first (see the
-        class docstring); ids, mask [B, L]. The towers, then the heads: :meth:`tower_features`,
-        :meth:`head_outputs`."""
+        class docstring); ids, mask [B, L], or [B, C, L]: C captions per image (``data.caption_choice:
+        all``), whose text features and text-side head outputs are then [B, C, ...]. The towers, then
+        the heads: :meth:`tower_features`, :meth:`head_outputs`."""
         return self.head_outputs(self.tower_features(pixels, ids, mask))
 
     def tower_features(self, pixels: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
@@ -115,7 +116,8 @@ class DualEncoder(nn.Module):
         """The towers' half of :meth:`forward`: what the heads read, per row of the batch.
 
         ``image`` f [B, d] (or ``image_views`` [B, V, d]: every view, for a head that reads them
-        all), ``text`` [B, d_t] when the model uses text, and with ``target`` the momentum copy of
+        all), ``text`` [B, d_t] when the model uses text ([B, C, d_t] for ids [B, C, L]: the C captions
+        of each image through the tower as one batch of B·C), and with ``target`` the momentum copy of
         the tower on the second view, ``image_target`` [B, d] (no gradient; run after the online
         tower, so that the online tower's random draws come first in both passes of
         gradient-cached accumulation, which skips it in the second). Every tensor has the batch
@@ -134,7 +136,9 @@ class DualEncoder(nn.Module):
             feats["image_views"] = self.vision(pixels.flatten(0, 1)).unflatten(0, (b, v))  # [B, V, d]
         else:
             feats["image"] = self.vision(pixels)
-        if self.uses_text:
+        if self.uses_text and ids.ndim == 3:  # several captions per image
+            feats["text"] = self.text(ids.flatten(0, 1), mask.flatten(0, 1)).unflatten(0, ids.shape[:2])
+        elif self.uses_text:
             feats["text"] = self.text(ids, mask)
         if weak is not None and target:
             with torch.no_grad():
@@ -148,9 +152,17 @@ class DualEncoder(nn.Module):
             image.update(head.from_towers(feats))
         f = feats["image"] if "image" in feats else feats["image_views"][:, 0]
         self._project(f, "image", image, training=True)
-        text = self._project(feats["text"], "text", {}, training=True) if "text" in feats else {}
+        text = self._project_text(feats["text"]) if "text" in feats else {}
         return EncoderOutput(image_features=f, text_features=feats.get("text"), logit_scale=self.scale(),
                              image=image, text=text)
+
+    def _project_text(self, f: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The text heads on f [B, d_t], or on f [B, C, d_t] (C captions per image) as one batch of
+        B·C rows, their outputs back in [B, C, ...]."""
+        if f.ndim == 2:
+            return self._project(f, "text", {}, training=True)
+        outs = self._project(f.flatten(0, 1), "text", {}, training=True)
+        return {key: out.unflatten(0, f.shape[:2]) for key, out in outs.items()}
 
 
 def _classes(cfg: RunConfig) -> int:

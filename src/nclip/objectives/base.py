@@ -195,6 +195,11 @@ class Objective(nn.Module):
     # True: built with the run's label space (class names, and a class similarity where the config
     # asks for one): ``build(cfg, run_cfg, label_space=...)``, e.g. PaCo's K centres, ReCo's s
     needs_label_space: ClassVar[bool] = False
+    # True: takes several positive captions per image (data.caption_choice all): the text-side head
+    # outputs are then [B, C, ...], C caption slots per image, of which ``batch.caption_valid`` [B, C]
+    # says which hold a caption (the others are padding, to be left out of the loss); False: the run
+    # config refuses caption_choice all in one line
+    several_captions: ClassVar[bool] = False
 
     @classmethod
     def build(cls, cfg: ObjectiveConfig, run_cfg=None) -> Objective:

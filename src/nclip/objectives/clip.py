@@ -1,4 +1,6 @@
-"""CLIP's symmetric InfoNCE (xCLIP paper Eq. 1) as a trainer objective."""
+"""CLIP's symmetric InfoNCE (xCLIP paper Eq. 1) as a trainer objective; with several captions per image
+(``data.caption_choice: all``) every caption of an image is one of its positives
+(:func:`nclip.objectives.functional.clip_terms` on text [B, C, D])."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ class ClipConfig(ClipReduction):
 class ClipObjective(Objective):
     heads = frozenset({"clip"})
     zero_shot = "clip"
+    several_captions = True  # data.caption_choice all: every caption of an image a positive
 
     def __init__(self, cfg: ClipConfig):
         super().__init__()
@@ -23,6 +26,8 @@ class ClipObjective(Objective):
 
     def forward(self, out: EncoderOutput, batch: Batch | None = None):
         cfg = self.cfg
+        several = out.text["clip"].ndim == 3  # C caption slots per image: batch.caption_valid says which hold one
         terms = functional.clip_terms(out.image["clip"], out.text["clip"], out.logit_scale,
-                                      global_batch=cfg.global_batch, reduction=cfg.clip_reduction)
+                                      global_batch=cfg.global_batch, reduction=cfg.clip_reduction,
+                                      caption_valid=batch.caption_valid if several else None)
         return {"loss": terms["loss"], **{f"clip/{k}": v for k, v in terms.items()}}

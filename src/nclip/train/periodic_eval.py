@@ -96,7 +96,7 @@ def build_sets(cfg: RunConfig) -> list[EvalSet]:
     for spec in data_sources(cfg):
         built = eval_data.build(spec, image_size=cfg.data.image_size, max_objects=cfg.data.max_objects,
                                 seed=cfg.seed, test_samples=n, train_samples=n, sts_pairs=0,
-                                run_keys=(cfg.data.csv_image_key, cfg.data.csv_caption_key))
+                                run_keys=cfg.data.caption_keys())
         for data in built:
             test = _subset(data.splits.get("test"), n)
             labelled = test[0].labels if test else {}

@@ -98,7 +98,8 @@ def _source_identity(cfg: RunConfig) -> dict:
             while block := fh.read(1 << 22):
                 h.update(block)
         return {"source": "csv", "sha256": h.hexdigest(), "caption_key": d.csv_caption_key,
-                "label_key": d.csv_label_key}
+                "label_key": d.csv_label_key,  # a separator changes the captions read (each row's first)
+                **({"caption_separator": d.caption_separator} if d.caption_separator is not None else {})}
     if d.source == "folder":  # the file list (sizes, times) and the class names
         from nclip.data.folders import fingerprint
 
@@ -181,9 +182,10 @@ def encode_captions(captions: list[str], directory: Path, max_length: int, batch
 
 
 def train_captions(cfg: RunConfig) -> list[str]:
-    """Every training caption in dataset order. For a CSV, the caption column as it is (no image
-    is read: a row whose image turns out unusable is trained on as the next good row's pair but
-    keeps its own caption's teacher features); for a folder, the class names (no image is read).
+    """Every training caption in dataset order. For a CSV, the caption column as it is, or each row's
+    first caption where it holds several (no image is read: a row whose image turns out unusable is
+    trained on as the next good row's pair but keeps its own caption's teacher features); for a
+    folder, the class names (no image is read).
 
     With ``data.tagging`` the training captions are re-drawn every epoch, but a frozen encoder (the
     external teacher, CMSF's cross-modal constraint) embeds one caption per sample: it gets the
