@@ -374,16 +374,9 @@ def _write_shards(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from nclip.bench.runner import run_bench, write_json
+    from nclip.bench.command import run_bench_command
 
-    doc = run_bench(args.preset, args.overrides, quick=args.quick, compare=args.compare,
-                    log=lambda msg: print(msg, file=sys.stderr, flush=True), budget_s=args.budget_s,
-                    memory_gib=args.memory_gib)
-    print(f"device: {doc['device']}; preset {args.preset} {' '.join(args.overrides)}".rstrip())
-    print(doc["table"])
-    if args.json:
-        write_json(doc, args.json)
-    return 0
+    return run_bench_command(args)
 
 
 def _cmd_eval(args) -> int:
