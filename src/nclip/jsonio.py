@@ -165,6 +165,22 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return [row for _, row in _jsonl_rows(Path(path))]
 
 
+def jsonl_objects(lines, path: str | Path):
+    """(line number, object) of every non-blank line of a JSONL *data* file (``lines``: its open text
+    file), strictly: unlike a log (:func:`read_jsonl`), a line that is not a JSON object is a one-line
+    error naming the file and line, since skipping it would silently drop a sample."""
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise NclipError(f"{path} line {n}: invalid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise NclipError(f"{path} line {n}: expected a JSON object, got a {type(row).__name__}")
+        yield n, row
+
+
 def truncate_jsonl(path: str | Path, keep: Callable[[dict], bool]) -> None:
     """Rewrite a JSONL log with only the rows for which ``keep(row)`` is true, each line kept as it
     was written, and without the lines :func:`read_jsonl` skips (a torn last line among them).

@@ -24,7 +24,6 @@ of every source, :mod:`nclip.data.bad_samples`.
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 from typing import NamedTuple
 
@@ -37,6 +36,7 @@ from nclip.data.bad_samples import first_good
 from nclip.data.captions import check_separator_found, field_captions, split_text
 from nclip.data.transforms import augment, to_uint8_tensor
 from nclip.errors import NclipError
+from nclip.jsonio import jsonl_objects
 
 _AUG_STREAM = 0xA06
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
@@ -107,16 +107,8 @@ def _jsonl_rows(f, path: Path, image_key: str, columns: dict[str, str]):
     """A JSONL file's rows: every non-blank line an object with the image field (a string) and the
     wanted fields, their values as they are (a caption may be a list, a label a number)."""
     images, values, lines = [], {key: [] for key in columns}, []
-    for n, line in enumerate(f, start=1):
-        if not line.strip():
-            continue
+    for n, row in jsonl_objects(f, path):
         here = f"{path} line {n}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise NclipError(f"{here}: invalid JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            raise NclipError(f"{here}: expected a JSON object, got a {type(row).__name__}")
         for key, what in ((image_key, "data.csv_image_key"), *columns.items()):
             if key not in row:
                 raise NclipError(f"{here}: no field {key!r} ({what}); fields: {', '.join(row) or 'none'}; "

@@ -59,6 +59,7 @@ from nclip.dataset_specs import DATASET_KINDS, parse_spec
 from nclip.errors import NclipError
 from nclip.eval.evaldata import EvalData
 from nclip.eval.evaldata import dataset_name as _dataset_name
+from nclip.jsonio import jsonl_objects
 
 USER_SPLIT_TEST_FRACTION = 0.3
 
@@ -251,16 +252,8 @@ def caption_file(path: str | Path, image_key: str | None = None, caption_key: st
     run_image, run_caption, separator = (tuple(run_keys) + (None,) * 3)[:3] if run_keys else (None, None, None)
     if path.suffix.lower() in (".jsonl", ".ndjson"):
         with path.open(encoding="utf-8") as fh:
-            for n, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
+            for n, row in jsonl_objects(fh, path):
                 where = f"{path} line {n}"
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise NclipError(f"{where}: invalid JSON ({e.msg})") from None
-                if not isinstance(row, dict):
-                    raise NclipError(f"{where}: expected an object with 'image' and 'caption'/'captions'")
                 key = image_key or next((k for k in (run_image, *_IMAGE_KEYS) if k in row), None)
                 img = _check_image(base, row.get(key) if key else None, where)
                 field = caption_key or next((k for k in (run_caption, "captions", "caption") if k in row), None)
