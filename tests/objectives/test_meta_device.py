@@ -23,7 +23,7 @@ from nclip.train.launch import TrainStep
 from nclip.train.loop import _term_vector
 from nclip.train.memory_check import probe_batch
 
-from conftest import micro_sizes
+from conftest import micro_objective, micro_sizes
 
 META = torch.device("meta")
 B, STEPS = 8, 5
@@ -58,7 +58,7 @@ def _set_episode(objective, cfg) -> torch.Tensor:
 
 
 def _step_on_meta(name: str, overrides: list[str]):
-    cfg = resolve("micro", micro_sizes() + [f"objective.name={name}", f"train.batch_size={B}", *overrides])
+    cfg = resolve("micro", micro_sizes() + micro_objective(name) + [f"train.batch_size={B}", *overrides])
     cls = REGISTRY[name][1]
     model = build_model(cfg, pretrained_text=False)
     objective = build_objective(cfg.objective, cfg, label_space=label_space_for(cfg))
