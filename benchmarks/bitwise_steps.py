@@ -7,6 +7,9 @@ the final weights. Run it before and after a refactor and compare the two JSON f
     PYTHONPATH=src python benchmarks/bitwise_steps.py --compare before.json after.json
 
 benchmarks/results/bitwise_steps_6919fcc.json is the record of main before issue 34 (commit 6919fcc).
+The cases' sizes are the tests' (tests/conftest.py: micro_sizes, micro_objective; host_syncs.OPTIONS), and a
+record compares only with one made at the same sizes: since every head and CMSF's bank became micro-sized
+(after 6919fcc), the cases with a ProtoCLIP, CMSF or SupCon head or a bank no longer match that record's.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 STEPS = ["train.steps=20", "train.log_every=1", "train.checkpoint_every=1000", "train.batch_size=8",
          "data.train_length=64", "train.eval_every=0", "train.warmup_steps=2"]
-# sizes the micro sizes leave at the paper's (ProtoCLIP's 200k-pair episodes, 20k clusters)
+# the paper-scale ProtoCLIP preset's 200k-pair episodes and 20k clusters, at the tests' micro_objective sizes
 SMALL = ["objective.episode_size=32", "objective.clusters=4"]
 # the paper-scale presets read data that is not on this machine: the built-in data of their kind instead
 PRESET_EXTRA = {"cmsf-rn50-in1k": ["data.source=digits", "data.folder=null"],
@@ -38,15 +41,14 @@ def cases() -> dict[str, tuple[str, list[str]]]:
     from nclip.config_files import preset_names
     from nclip.objectives import REGISTRY
 
-    from conftest import micro_sizes
+    from conftest import micro_objective, micro_sizes
     from host_syncs import OPTIONS
 
     out = {}
     for name in preset_names():
         out[f"preset:{name}"] = (name, [*micro_sizes(), *PRESET_EXTRA.get(name, [])])
     for name in REGISTRY:
-        out[f"objective:{name}"] = ("micro", [*micro_sizes(), f"objective.name={name}",
-                                              *(SMALL if name == "protoclip" else [])])
+        out[f"objective:{name}"] = ("micro", [*micro_sizes(), *micro_objective(name)])
     for name, extra in OPTIONS.items():
         out[f"option:{name}"] = ("micro", [*micro_sizes(), *extra])
     return out

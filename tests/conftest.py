@@ -50,6 +50,21 @@ def micro_sizes() -> list[str]:
     return [f"{key}={json.dumps(value)}" for key, value in _leaves(sizes)]
 
 
+# the objectives' own sizes that micro_sizes() cannot carry (they are fields of one objective's section),
+# at the paper's by default: CMSF's memory bank of 128k rows (and ProtoNW's), ProtoCLIP's
+# episode of 200k pairs and its 20k clusters. Small, but a bank still holds several batches and wraps.
+MICRO_OBJECTIVE = {"bank_size": 64, "episode_size": 32, "clusters": 4}
+
+
+def micro_objective(name: str) -> list[str]:
+    """``objective.name=NAME`` and, of :data:`MICRO_OBJECTIVE`, the sizes that objective has: with
+    :func:`micro_sizes`, a seconds-long run of any registered objective (the registry-wide tests)."""
+    from nclip.objectives.registry import config_class
+
+    fields = config_class(name).model_fields
+    return [f"objective.name={name}", *(f"objective.{k}={v}" for k, v in MICRO_OBJECTIVE.items() if k in fields)]
+
+
 def _leaves(tree: dict, prefix: str = ""):
     for key, value in tree.items():
         if isinstance(value, dict):

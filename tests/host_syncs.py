@@ -54,7 +54,7 @@ OPTIONS = {
     "adamw8bit": ["train.optimizer=adamw8bit"],
     "fp16": ["train.precision=fp16"],
     "sgd-convnet": ["objective.name=clip", "train.optimizer=sgd", *CONVNET],
-    "cmsf-semi": ["objective.name=cmsf", "objective.constraint=semi"],
+    "cmsf-semi": ["objective.name=cmsf", "objective.constraint=semi", "objective.bank_size=64"],  # 2 banks of 64
 }
 
 

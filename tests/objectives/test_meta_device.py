@@ -22,7 +22,7 @@ from nclip.objectives.supcon import RecoObjective
 from nclip.train.memory_check import probe_batch
 from nclip.train.step import TrainStep, _term_vector
 
-from conftest import micro_sizes
+from conftest import micro_objective, micro_sizes
 
 META = torch.device("meta")
 B, STEPS = 8, 5
@@ -57,7 +57,7 @@ def _set_episode(objective, cfg) -> torch.Tensor:
 
 
 def _step_on_meta(name: str, overrides: list[str]):
-    cfg = resolve("micro", micro_sizes() + [f"objective.name={name}", f"train.batch_size={B}", *overrides])
+    cfg = resolve("micro", micro_sizes() + micro_objective(name) + [f"train.batch_size={B}", *overrides])
     cls = REGISTRY[name][1]
     model = build_model(cfg, pretrained_text=False)
     objective = build_objective(cfg.objective, cfg, label_space=label_space_for(cfg))

@@ -23,7 +23,7 @@ from nclip.train.launch import DistContext, wrap
 from nclip.train.snapshot import BufferSnapshot
 from nclip.train.step import TrainStep, wrap_passes
 
-from conftest import micro_sizes
+from conftest import micro_objective, micro_sizes
 from distributed_utils import run_ranks
 
 B = 16  # the global batch
@@ -38,8 +38,8 @@ GROUPVIT_2 = ("model.vision.kind=groupvit", "model.vision.depths=[1,1,1]", "mode
 
 
 def _cfg(name: str, k: int, tower: tuple[str, ...] = ()):
-    return resolve("micro", micro_sizes() + [f"objective.name={name}", f"train.batch_size={B}",
-                                             f"train.accumulation={k}", "model.sync_batchnorm=true", *tower])
+    return resolve("micro", micro_sizes() + micro_objective(name) + [f"train.batch_size={B}", f"train.accumulation={k}",
+                                                                    "model.sync_batchnorm=true", *tower])
 
 
 def _prepare(name: str, k: int = 1, tower: tuple[str, ...] = ()):

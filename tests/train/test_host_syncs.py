@@ -15,7 +15,7 @@ import torch
 from nclip.config import resolve
 from nclip.objectives import REGISTRY
 
-from conftest import micro_sizes
+from conftest import micro_objective, micro_sizes
 from distributed_utils import run_ranks
 from host_syncs import CONVNET, OPTIONS, SyncRecorder, train_quietly
 
@@ -41,14 +41,9 @@ def _check(overrides: list[str], tmp_path, monkeypatch) -> None:
     assert not _unexplained(rec), f"host syncs in steps that log nothing: {rec.report()}"
 
 
-# sizes that the micro preset leaves at the paper's: ProtoCLIP's episode of 200k pairs and 20k
-# clusters took 5 minutes of feature extraction before the first step
-SMALL = {"protoclip": ["objective.episode_size=32", "objective.clusters=4"]}
-
-
 @pytest.mark.parametrize("name", list(REGISTRY))
 def test_no_host_sync_in_a_quiet_step_of_every_objective(name, tmp_path, monkeypatch):
-    _check([f"objective.name={name}", *SMALL.get(name, [])], tmp_path, monkeypatch)
+    _check(micro_objective(name), tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("option", list(OPTIONS))
