@@ -201,7 +201,8 @@ class DataConfig(Section):
             raise ValueError("data.hard_negatives swap needs a map-style source (synthetic, digits, csv, folder), "
                              "not webdataset")
 
-    def caption_keys(self) -> tuple[str, str, str | None]:
-        """(image column, caption column, caption separator) of a CSV/JSONL source: how evaluation
-        reads the file the run trained on (``nclip eval --dataset captions:FILE``)."""
-        return self.csv_image_key, self.csv_caption_key, self.caption_separator
+    def caption_keys(self) -> tuple[str, str, str | None, str | None]:
+        """(image column, caption column, caption separator, hard negative column) of a CSV/JSONL
+        source: how evaluation reads the file the run trained on (``nclip eval --dataset captions:FILE``,
+        ``hardneg:FILE``)."""
+        return self.csv_image_key, self.csv_caption_key, self.caption_separator, self.hard_negative_key
