@@ -122,6 +122,17 @@ def test_swap_negatives_in_the_batch_are_the_swaps_of_its_captions(tokenizer):
             assert torch.equal(batch.ids[b, 1], _ids(tokenizer, swapped))
 
 
+def test_each_rank_gets_the_negatives_of_its_rows_of_the_one_process_batch(tmp_path, tokenizer):
+    for sets in (["data.hard_negatives=swap"], _sets(_csv(tmp_path))):
+        cfg = _cfg(*sets)
+        whole = next(iter(train_loader(cfg, tokenizer)))
+        for rank in (0, 1):
+            part = next(iter(train_loader(cfg, tokenizer, rank=rank, world_size=2)))
+            rows = slice(2 * rank, 2 * rank + 2)
+            assert torch.equal(part.ids, whole.ids[rows])
+            assert torch.equal(part.negative_valid, whole.negative_valid[rows]) and whole.negative_valid.any()
+
+
 @pytest.mark.slow
 def test_clip_trains_on_the_scenes_with_swap_negatives_and_resumes_bitwise(tmp_path):
     cfg = _cfg("data.hard_negatives=swap", "train.checkpoint_every=3", "train.log_every=1")
