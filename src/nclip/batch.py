@@ -12,6 +12,9 @@ per-row tensors an objective asked for (``Objective.label_request``, ``Objective
   (``data.caption_choice: all``) [B, C, L], C caption slots per image;
 - caption_valid: [B, C] which of the C slots hold a caption (the others are padding), with
   several captions per image only;
+- negative_valid: [B, N] which of an image's N hard negative slots hold a negative, with hard
+  negatives only (``data.hard_negative_key``, ``data.hard_negatives``); ids and mask are then
+  [B, C + N, L], the negatives in the last N slots (:mod:`nclip.objectives.hard_negatives`);
 - labels, true_labels: [B] the training label (corrupted or -1 = unlabelled, per the request) and the
   clean one (diagnostics);
 - index: [B] the rows' dataset indices (a frozen embedding of every training sample is looked up by it);
@@ -44,6 +47,7 @@ class Batch:
     index: torch.Tensor | None = None
     episode: torch.Tensor | None = None
     caption_valid: torch.Tensor | None = None
+    negative_valid: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.ids.shape[0]

@@ -45,6 +45,7 @@ DATASET_KINDS: dict[str, DatasetKind] = {kind.name: kind for kind in (
     DatasetKind("folder", "folder:DIR", "class folders", _BOTH),
     DatasetKind("realms", "realms:DIR", "realm/class folders", frozenset({TEMPLATES})),
     DatasetKind("captions", "captions:FILE.csv|.jsonl", "image-caption retrieval"),
+    DatasetKind("hardneg", "hardneg:FILE.csv|.jsonl", "a caption against its hard negatives"),
     DatasetKind("sts", "sts:FILE.csv", "sentence similarity"),
     DatasetKind("multilabel", "multilabel:FILE.csv", "zero-shot multi-label", _BOTH),
     DatasetKind("masks", "masks:DIR", "object masks, VOC layout", frozenset({TEMPLATES})),

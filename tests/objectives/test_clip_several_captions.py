@@ -15,8 +15,9 @@ from nclip.data.loader import train_loader
 from nclip.models import build_model
 from nclip.objectives import build_objective, functional
 from nclip.train.accumulate import cached_step, online_towers
-from nclip.train.launch import DistContext, TrainStep, wrap_passes
+from nclip.train.launch import DistContext
 from nclip.train.snapshot import BufferSnapshot
+from nclip.train.step import TrainStep, wrap_passes
 
 from conftest import micro_sizes
 from distributed_utils import combine_ranks, loss_and_grads, run_ranks

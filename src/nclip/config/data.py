@@ -117,6 +117,12 @@ class DataConfig(Section):
     # caption_choice all: caption slots per image in a batch (more captions: the first kept; fewer:
     # padded and masked out of the loss); None: the most captions of any row of the CSV/JSONL file
     captions_per_image: int | None = Field(None, ge=1, le=64)
+    # hard negative captions (NegCLIP; nclip.data.hard_negatives): a CSV/TSV column (several split by
+    # data.caption_separator) or JSONL field (a string or a list of strings) holding an image's own
+    # negatives, or "swap" negatives made from each positive caption (data.hard_negatives); objectives
+    # with hard_negatives (clip, siglip) add them to the image's text candidates
+    hard_negative_key: str | None = Field(None, min_length=1)
+    hard_negatives: Literal["swap"] | None = None
     # a class-label column of the CSV: class ids are its distinct values in sorted order (label
     # kind "label"), for label-using objectives and data.tagging; None: the CSV has no labels
     csv_label_key: str | None = None
@@ -154,6 +160,7 @@ class DataConfig(Section):
             hint = " without data.csv_label_key" if self.source == "csv" else ""
             raise ValueError(f"data.tagging needs labelled data, but data.source {self.source}{hint} has no labels")
         self._caption_checks()
+        self._negative_checks()
         if (self.tagging.enabled and self.source in ("csv", "folder")
                 and self.tagging.label_key not in (None, USER_LABEL)):
             raise ValueError(f"data.tagging.label_key {self.tagging.label_key!r} is not a label of data.source "
@@ -184,7 +191,18 @@ class DataConfig(Section):
             raise ValueError("data.caption_choice all on WebDataset needs data.captions_per_image (the caption slots "
                              "per image: a stream cannot count its images' captions up front)")
 
-    def caption_keys(self) -> tuple[str, str, str | None]:
-        """(image column, caption column, caption separator) of a CSV/JSONL source: how evaluation
-        reads the file the run trained on (``nclip eval --dataset captions:FILE``)."""
-        return self.csv_image_key, self.csv_caption_key, self.caption_separator
+    def _negative_checks(self) -> None:
+        if self.hard_negative_key is not None and self.source != "csv":
+            raise ValueError(f"data.hard_negative_key names a column of a CSV/JSONL file: it needs data.source csv "
+                             f"(got {self.source}); data.hard_negatives swap makes negatives from any map-style source")
+        if self.hard_negative_key is not None and self.hard_negatives is not None:
+            raise ValueError("data.hard_negative_key and data.hard_negatives are two sources of negatives; set one")
+        if self.hard_negatives is not None and self.source == "webdataset":
+            raise ValueError("data.hard_negatives swap needs a map-style source (synthetic, digits, csv, folder), "
+                             "not webdataset")
+
+    def caption_keys(self) -> tuple[str, str, str | None, str | None]:
+        """(image column, caption column, caption separator, hard negative column) of a CSV/JSONL
+        source: how evaluation reads the file the run trained on (``nclip eval --dataset captions:FILE``,
+        ``hardneg:FILE``)."""
+        return self.csv_image_key, self.csv_caption_key, self.caption_separator, self.hard_negative_key

@@ -86,6 +86,11 @@ class RunConfig(Section):
             raise ValueError(f"data.caption_choice all makes every caption of an image a positive, and objective "
                              f"{self.objective.name!r} takes one caption per image; use caption_choice random or "
                              "first, or an objective that takes several (clip)")
+        negatives = self.data.hard_negative_key is not None or self.data.hard_negatives is not None
+        if negatives and not plan.hard_negatives:
+            key = "hard_negative_key" if self.data.hard_negative_key is not None else "hard_negatives"
+            raise ValueError(f"data.{key}: objective {self.objective.name!r} takes no hard negative captions; use an "
+                             "objective that does (clip, siglip)")
         heads = plan.heads
         if self.model.nclip_shared_layers and not {"clip", "nclip"} <= heads:
             raise ValueError(f"model.nclip_shared_layers {self.model.nclip_shared_layers}: objective "

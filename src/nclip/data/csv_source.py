@@ -34,6 +34,7 @@ from torch.utils.data import Dataset
 from nclip.config import RunConfig
 from nclip.data.bad_samples import first_good
 from nclip.data.captions import check_separator_found, field_captions, split_text
+from nclip.data.hard_negatives import row_negatives
 from nclip.data.transforms import augment, to_uint8_tensor
 from nclip.errors import NclipError
 from nclip.jsonio import jsonl_objects
@@ -129,11 +130,15 @@ def read_rows(path: str | Path, image_key: str, caption_key: str) -> tuple[list[
     return table.images, table.values[caption_key]
 
 
-def row_captions(path: str | Path, table: Table, caption_key: str, separator: str | None) -> list[tuple[str, ...]]:
+def row_captions(path: str | Path, table: Table, caption_key: str, separator: str | None,
+                 negative_key: str | None = None) -> list[tuple[str, ...]]:
     """Every row's captions (:mod:`nclip.data.captions`): a CSV cell split by ``separator``, a JSONL
-    field's string (split alike) or list of strings; an empty tuple for a row without a caption."""
+    field's string (split alike) or list of strings; an empty tuple for a row without a caption. The
+    separator must be found in the captions or in the hard negatives' column ``negative_key`` (one
+    caption and several negatives per image)."""
     cells = table.values[caption_key]
-    check_separator_found(cells, separator, f"{path} column {caption_key!r}")
+    also = table.values[negative_key] if negative_key is not None else []
+    check_separator_found([*cells, *also], separator, f"{path} column {caption_key!r}")
     if not is_jsonl(path):
         return [split_text(cell, separator) for cell in cells]
     return [field_captions(cell, separator, f"{table.where(row)}: field {caption_key!r}")
@@ -185,7 +190,9 @@ class CsvTrainPairs(Dataset):
     [(path, reason) of rows skipped for it], the row read). ``labels`` [N]: the class id of every row
     with ``data.csv_label_key`` (else None). ``caption_sets``: every row's captions; ``captions``: its
     first one, the caption of the readers that take one per image (the frozen teachers, ProtoCLIP's
-    episodic trainer); ``slots``: the most captions of any row.
+    episodic trainer); ``slots``: the most captions of any row. With ``data.hard_negative_key``,
+    ``negative_sets``: every row's negatives (:mod:`nclip.data.hard_negatives`), ``negative_slots``: the
+    most of any row (else None and 0).
 
     ``raw``: the un-augmented image instead (uint8 [H, W, 3]), from which the collate function crops
     two views (:mod:`nclip.data.views`). With ``data.tagging`` the caption column is not read:
@@ -197,15 +204,22 @@ class CsvTrainPairs(Dataset):
         columns = {} if d.tagging.enabled else {d.csv_caption_key: "data.csv_caption_key"}
         if d.csv_label_key is not None:
             columns[d.csv_label_key] = "data.csv_label_key"
+        if d.hard_negative_key is not None:
+            columns[d.hard_negative_key] = "data.hard_negative_key"
         table = read_table(d.csv, d.csv_image_key, columns)
         self.images, self.table = table.images, table._replace(values={})  # row positions, for messages
         self.labels = None
         if d.csv_label_key is not None:
             names, self.labels = class_ids(table, table.values[d.csv_label_key], d.csv_label_key)
         self.caption_sets = ([(names[c],) for c in self.labels] if d.tagging.enabled
-                             else row_captions(d.csv, table, d.csv_caption_key, d.caption_separator))
+                             else row_captions(d.csv, table, d.csv_caption_key, d.caption_separator,
+                                               d.hard_negative_key))
         self.captions = [c[0] if c else "" for c in self.caption_sets]
         self.slots = max(len(c) for c in self.caption_sets)
+        self.negative_sets, self.negative_slots = None, 0
+        if d.hard_negative_key is not None:
+            self.negative_sets = row_negatives(table, d.hard_negative_key, d.caption_separator, is_jsonl(d.csv))
+            self.negative_slots = max(len(n) for n in self.negative_sets)
 
     def __len__(self) -> int:
         return len(self.images)

@@ -35,6 +35,9 @@ What an objective needs beyond pixels, ids and mask comes from its class (``Obje
 - several captions per image (CSV/JSONL and WebDataset sources): ``data.caption_choice`` picks the
   caption a step sees, drawn by (seed, epoch of the step, index), or with ``all`` gives every caption,
   the batch's ids and mask then [B, C, L] with ``caption_valid`` [B, C]: :mod:`nclip.data.captions`.
+- hard negative captions (``data.hard_negative_key`` of a CSV/JSONL file, or ``data.hard_negatives:
+  swap`` made from the caption a step sees): N more text slots per image after the captions, ids and
+  mask [B, C + N, L] with ``negative_valid`` [B, N]: :mod:`nclip.data.hard_negatives`.
 
 :func:`train_loader` returns a :class:`TrainData`: iterate it for batches; ``skipped`` counts the
 bad samples skipped so far on this rank (named on stderr as they are, and summed up at the end of the
@@ -54,6 +57,7 @@ from nclip.batch import Batch
 from nclip.config import RunConfig
 from nclip.data.bad_samples import BadWindow, SkipLog, first_good
 from nclip.data.captions import choose, slot_rows
+from nclip.data.hard_negatives import swap_caption, text_slots
 from nclip.data.label_noise import RowLabels
 from nclip.data.labels import label_kind, tag_captions
 from nclip.data.shards import Bad
@@ -134,12 +138,15 @@ class _Keyed(Dataset):
     ``class_ids`` [N]: the rows' labels (of the row actually read: a bad row is replaced by the next
     good one), for ``labels`` (:class:`RowLabels`, by the requested index) and ``tags``;
     ``unlabelled``: every row's (train, true) labels are :data:`UNLABELLED` (a source without labels
-    for an objective whose labels are optional)."""
+    for an objective whose labels are optional); ``negatives``: every row's hard negatives, then the
+    items' seventh element (those of the row read)."""
 
     def __init__(self, dataset: Dataset, captions: StepCaptions, unlabelled: bool = False,
-                 class_ids: np.ndarray | None = None, labels: RowLabels | None = None, tags: Tagged | None = None):
+                 class_ids: np.ndarray | None = None, labels: RowLabels | None = None, tags: Tagged | None = None,
+                 negatives: list[tuple[str, ...]] | None = None):
         self.dataset, self.fixed = dataset, (UNLABELLED, UNLABELLED) if unlabelled else None
         self.captions, self.class_ids, self.labels, self.tags = captions, class_ids, labels, tags
+        self.negatives = negatives
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -153,6 +160,8 @@ class _Keyed(Dataset):
             labels = self.labels(index, int(self.class_ids[row]))
         if self.tags is not None:
             caption = self.tags(step, index, int(self.class_ids[row]))
+        if self.negatives is not None:
+            return image, caption, bad, labels, step, index, self.negatives[row]
         return image, caption, bad, labels, step, index
 
 
@@ -198,17 +207,33 @@ class Collate:
     [H, W, 3] and pixels become their :class:`nclip.data.views.ViewCrops` (finished by
     :func:`nclip.data.views.finish_views`), row i drawn as row ``rank`` × B + i of the step's global
     batch, seeded by (seed, step). ``slots`` (``data.caption_choice: all``): the items' captions are
-    tuples, padded to ``slots`` per image: ids and mask [B, slots, L], ``caption_valid`` [B, slots]."""
+    tuples, padded to ``slots`` per image: ids and mask [B, slots, L], ``caption_valid`` [B, slots].
+    ``negatives`` (hard negatives: :mod:`nclip.data.hard_negatives`): N negative slots per image after
+    the caption slots, ids and mask [B, C + N, L] and ``negative_valid`` [B, N]; the negatives are the
+    items' seventh element, or with ``swap`` the swap of each item's (first) caption, seeded by
+    (seed, dataset index)."""
 
     def __init__(self, tokenizer: CaptionTokenizer, views: ViewRecipe | None = None, seed: int = 0, rank: int = 0,
-                 with_index: bool = False, slots: int | None = None):
+                 with_index: bool = False, slots: int | None = None, negatives: int | None = None,
+                 swap: bool = False):
         self.tokenizer, self.views, self.seed, self.rank = tokenizer, views, seed, rank
-        self.with_index, self.slots = with_index, slots
+        self.with_index, self.slots, self.negatives, self.swap = with_index, slots, negatives, swap
+
+    def _negatives_of(self, item) -> tuple[str, ...]:
+        if not self.swap:
+            return item[6]
+        caption = item[1] if isinstance(item[1], str) else item[1][0]
+        swapped = swap_caption(caption, self.seed, item[5])
+        return () if swapped is None else (swapped,)
 
     def __call__(self, items) -> tuple[Batch, dict]:
         images, captions, bad = zip(*(item[:3] for item in items))
-        valid = None
-        if self.slots is None:
+        valid = negative_valid = None
+        if self.negatives is not None:
+            flat, valid, negative_valid = text_slots(list(captions), [self._negatives_of(item) for item in items],
+                                                     self.slots, self.negatives)
+            ids, mask = (t.reshape(len(items), -1, t.shape[-1]) for t in self.tokenizer(flat))
+        elif self.slots is None:
             ids, mask = self.tokenizer(list(captions))
         else:
             flat, valid = slot_rows(list(captions), self.slots)
@@ -221,6 +246,8 @@ class Collate:
         batch = Batch(pixels, ids, mask)
         if valid is not None:
             batch.caption_valid = torch.from_numpy(valid)
+        if negative_valid is not None:
+            batch.negative_valid = torch.from_numpy(negative_valid)
         if len(items[0]) > 3 and items[0][3] is not None:
             labels = torch.tensor([item[3] for item in items], dtype=torch.long)  # [B, 2]
             batch.labels, batch.true_labels = labels[:, 0], labels[:, 1]
@@ -306,6 +333,21 @@ def caption_slots(cfg: RunConfig, most: int | None = None) -> int | None:
     return most
 
 
+def negative_slots(cfg: RunConfig, most: int | None = None) -> int | None:
+    """The hard negative slots per image of a batch (None: no hard negatives): one swap negative, or
+    ``most``, the most negatives of any row of the CSV/JSONL file (read from it when not given)."""
+    d = cfg.data
+    if d.hard_negatives == "swap":
+        return 1
+    if d.hard_negative_key is None:
+        return None
+    if most is None:
+        from nclip.data.csv_source import CsvTrainPairs
+
+        most = CsvTrainPairs(cfg).negative_slots
+    return most
+
+
 def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 0,
                  rank: int = 0, world_size: int = 1, state: dict | None = None, views: int = 1,
                  labels: LabelRequest | None = None, device: torch.device | str | None = None) -> TrainData:
@@ -361,7 +403,7 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
     if d.source == "csv":
         dataset = _Keyed(pairs, StepCaptions(d.caption_choice, cfg.seed, sampler.epoch),
                          unlabelled=labels is not None and want is None, class_ids=pairs.labels,
-                         labels=row_labels, tags=tags)
+                         labels=row_labels, tags=tags, negatives=pairs.negative_sets)
         what = d.csv
     else:
         dataset = TrainPairs(samples, cfg, raw=views == 2, labels=row_labels, label_key=key, tags=tags)
@@ -370,8 +412,9 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
         dataset = _Excluding(dataset, kept)
     recipe = ViewRecipe(d.image_size, crop_scale=tuple(d.augment.crop_scale)) if views == 2 else None
     slots = caption_slots(cfg, pairs.slots if d.source == "csv" else None)
+    negatives = negative_slots(cfg, pairs.negative_slots if d.source == "csv" else None)
     collate = Collate(tokenizer, recipe, cfg.seed, rank, with_index=labels is not None and labels.frozen is not None,
-                      slots=slots)
+                      slots=slots, negatives=negatives, swap=d.hard_negatives == "swap")
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, **workers)
     skipped = int(state.get("skipped", 0)) if state and state.get("kind") == "map" else 0
     data = TrainData(loader, "map", steps, cfg, world_size, what, skipped=skipped, finish=device is None)

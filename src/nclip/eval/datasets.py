@@ -20,6 +20,8 @@ and the table of kinds are :mod:`nclip.dataset_specs`, and each kind's data is l
                        or a JSONL file
                        (``{"image": ..., "caption": ...}`` or ``{"image": ..., "captions": [...]}``);
                        image paths are relative to the file's folder
+``hardneg:FILE``       a caption against its hard negatives (SugarCrepe / ARO style): rows of an
+                       image, its caption and negatives, :mod:`nclip.eval.hardneg`
 ``sts:FILE``           text similarity: CSV/TSV with header ``sentence1,sentence2,score``
 ``multilabel:FILE``    zero-shot multi-label: a CSV (header row; columns image path, ``;``-separated
                        labels), :mod:`nclip.eval.multilabel_file`
@@ -418,6 +420,12 @@ def _imagefolder(arg: str, a: _BuildArgs) -> list[EvalData]:
     return [image_split(arg, a.classnames, a.templates)]
 
 
+def _hardneg(arg: str, a: _BuildArgs) -> list[EvalData]:
+    from nclip.eval.hardneg import hardneg_file
+
+    return [hardneg_file(arg, a.run_keys)]
+
+
 def _karpathy(arg: str, a: _BuildArgs) -> list[EvalData]:
     from nclip.eval.karpathy import karpathy
 
@@ -431,6 +439,7 @@ _BUILDERS: dict[str, Callable[[str | None, _BuildArgs], list[EvalData]]] = {
     "folder": lambda arg, a: [image_folder(arg, a.seed, a.classnames, a.templates)],
     "realms": lambda arg, a: [realm_folders(arg, a.seed, a.templates)],
     "captions": lambda arg, a: [caption_file(arg, a.image_key, a.caption_key, a.run_keys)],
+    "hardneg": _hardneg,
     "sts": lambda arg, a: [sts_file(arg)],
     "multilabel": _multilabel,
     "masks": _masks,

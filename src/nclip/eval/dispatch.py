@@ -21,6 +21,7 @@ from nclip.eval.cache import FeatureCache
 from nclip.eval.checkpoint import Checkpoint
 from nclip.eval.datasets import EvalData
 from nclip.eval.features import encode_texts, ensemble, extract, prompt_outputs, similarity
+from nclip.eval.hardneg import evaluate as hard_negative_accuracy
 from nclip.eval.probe import threads as _threads
 from nclip.eval.settings import TASK_TABLE, EvalSettings
 from nclip.heads import probe_output
@@ -159,7 +160,8 @@ def eval_dataset(st: EvalState, data: EvalData) -> None:
             if task in tasks:
                 runner(st, data)
         return
-    needs_text = data.retrieval and st.score is not None  # always: one cache entry serves every task list
+    # always: one cache entry serves every task list
+    needs_text = (data.retrieval or data.hard_negatives is not None) and st.score is not None
     flat = _features(st, data, "test", texts=needs_text)
     test = _Test(flat, _group(flat, "image"), _group(flat, "text"))
     _check_head(st, test.image)
@@ -209,6 +211,8 @@ def _single_label_kinds(data: EvalData, test: dict) -> list[str]:
 
 
 def _eval_retrieval(st: EvalState, data: EvalData, t: _Test, tasks: set[str]) -> None:
+    if data.hard_negatives is not None and t.text:
+        _eval_hard_negatives(st, data, t)
     if not (data.retrieval and t.text):
         return
     sim = similarity(t.image, t.text, st.score)
@@ -216,6 +220,23 @@ def _eval_retrieval(st: EvalState, data: EvalData, t: _Test, tasks: set[str]) ->
     fails = retrieval.failure_cases(sim, t.flat["text_to_image"], n=6)
     if fails:
         st.artifacts.setdefault("failures", {})[data.name] = (fails, data.splits["test"], t.flat["text_to_image"])
+
+
+def _eval_hard_negatives(st: EvalState, data: EvalData, t: _Test) -> None:
+    """A ``hardneg:`` file's rows: each true caption against the row's negatives (:mod:`nclip.eval.hardneg`)."""
+    flat = [text for negatives in data.hard_negatives for text in negatives]
+    owner = torch.tensor([row for row, negatives in enumerate(data.hard_negatives) for _ in negatives])
+    identity = st.identity(data=data.identity, negatives=len(flat), text_length=st.ck.cfg.data.text_length)
+
+    def compute():
+        st.log(f"encoding {data.name}'s hard negatives: {len(flat)} captions")
+        with _threads(st.extract_threads):
+            return encode_texts(st.model, flat, st.device, st.settings.batch_size, st.autocast)
+
+    negatives = st.cache.get(f"{data.name}-hardneg", identity, compute)
+    st.put("retrieval", data.name, hard_negative_accuracy(t.image[st.score.head], t.text[st.score.head],
+                                                          t.flat["text_to_image"], negatives[st.score.head], owner,
+                                                          st.score))
 
 
 def _eval_probes(st: EvalState, data: EvalData, t: _Test, tasks: set[str]) -> None:

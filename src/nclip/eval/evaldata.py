@@ -28,6 +28,8 @@ class EvalData:
     realm_hierarchy: (class kind, Hierarchy) whose realms label the samples for realm-wise probing
         instead of ``realm`` (``nclip eval --hierarchy``, :func:`nclip.eval.realms.attach_hierarchies`).
     sts: sentence pairs (a, b, score) for text STS, or None.
+    hard_negatives: every test sample's negative captions (``hardneg:FILE``, :mod:`nclip.eval.hardneg`),
+        scored by the retrieval task, or None.
     split_dirs: the folder a split was read from, where it is not named by the split (an ImageFolder
         ``val/`` evaluated as the "test" split), for the log.
     """
@@ -44,6 +46,7 @@ class EvalData:
     realm_hierarchy: tuple[str, object] | None = None
     split_dirs: dict[str, str] = field(default_factory=dict)
     sts: list[tuple[str, str, float]] | None = None
+    hard_negatives: list[tuple[str, ...]] | None = None
 
 
 def dataset_name(path: Path) -> str:

@@ -44,7 +44,7 @@ class Task:
 # help, the skip reasons and the dispatch read
 TASK_TABLE: dict[str, Task] = {task.name: task for task in (
     Task("zeroshot", "zero-shot", "class labels", text=True),
-    Task("retrieval", "retrieval", "captions (synthetic, digits, captions:FILE)", text=True),
+    Task("retrieval", "retrieval", "captions (synthetic, digits, captions:FILE, hardneg:FILE)", text=True),
     Task("multilabel", "zero-shot multi-label", "multi-label annotations (synthetic, multilabel:FILE.csv)", text=True),
     Task("linear", "linear probe", "class labels and a train split"),
     Task("knn", "k-NN", "class labels and a train split"),

@@ -200,6 +200,11 @@ class Objective(nn.Module):
     # says which hold a caption (the others are padding, to be left out of the loss); False: the run
     # config refuses caption_choice all in one line
     several_captions: ClassVar[bool] = False
+    # True: takes hard negative captions (data.hard_negative_key, data.hard_negatives): the text-side
+    # head outputs are then [B, C + N, ...], the last N slots an image's negatives, of which
+    # ``batch.negative_valid`` [B, N] says which hold one (nclip.objectives.hard_negatives); False: the
+    # run config refuses them in one line
+    hard_negatives: ClassVar[bool] = False
 
     @classmethod
     def build(cls, cfg: ObjectiveConfig, run_cfg=None) -> Objective:

@@ -39,6 +39,7 @@ class ObjectivePlan:
     collapse_watch: CollapseWatch | None  # what the collapse monitor reads (App. B.1)
     needs_label_space: bool  # built with the run's classes
     several_captions: bool  # takes several positive captions per image (data.caption_choice all)
+    hard_negatives: bool  # takes hard negative captions (data.hard_negative_key, data.hard_negatives)
     run_cfg: Any = None  # the RunConfig the plan was made for (None: the objective section alone)
     # a plugin's (path, sha256) of the file defining its class, as imported; None for a built-in
     source_file: tuple[str, str] | None = None
@@ -93,6 +94,7 @@ def plan_of(config: ObjectiveConfig, run_cfg=None) -> ObjectivePlan:
         collapse_watch=cls.collapse_watch(config),
         needs_label_space=bool(cls.needs_label_space),
         several_captions=bool(cls.several_captions),
+        hard_negatives=bool(cls.hard_negatives),
         run_cfg=run_cfg,
         source_file=plugin_source(config.name),
     )

@@ -10,6 +10,11 @@ averaged like any parameter's (it receives each rank's local-rows gradient).
 
 ``xsiglip``: SigLIP in place of CLIP in xCLIP's Eq. 5, λ_CLIP·L_SigLIP(g_I, g_T) +
 λ_nCLIP·L_nCLIP(h_I, h_T) on two separate heads, exactly as :class:`XclipObjective` combines them.
+
+Hard negative captions (``data.hard_negative_key``, ``data.hard_negatives``): SigLIP scores each as one
+more text, a pair with label −1 with every image (:func:`siglip_terms`). xSigLIP refuses them: its
+nCLIP term is built from the pairs' cluster assignments, and a negative caption has no paired image
+whose assignment it should predict.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from torch import nn
 from nclip.batch import Batch
 from nclip.objectives.base import BranchWeights, EncoderOutput, EntropyWeights, Objective, ObjectiveConfig
 from nclip.objectives.functional import siglip_terms
+from nclip.objectives.hard_negatives import split_negatives
 from nclip.objectives.nclip import nclip_head_terms
 
 
@@ -40,22 +46,23 @@ class XsiglipConfig(BranchWeights, EntropyWeights, SiglipConfig):
 class SiglipObjective(Objective):
     heads = frozenset({"clip"})
     zero_shot = "clip"
+    hard_negatives = True  # each negative caption a pair with label -1
 
     def __init__(self, cfg: SiglipConfig):
         super().__init__()
         self.cfg = cfg
         self.logit_bias = nn.Parameter(torch.tensor(float(cfg.bias_init)))
 
-    def _siglip(self, out: EncoderOutput) -> dict[str, torch.Tensor]:
-        t = siglip_terms(
-            out.image["clip"], out.text["clip"], out.logit_scale, self.logit_bias, global_batch=self.cfg.global_batch
-        )
+    def _siglip(self, out: EncoderOutput, batch: Batch | None = None) -> dict[str, torch.Tensor]:
+        text, negatives, negative_valid = split_negatives(out.text["clip"], batch)
+        t = siglip_terms(out.image["clip"], text, out.logit_scale, self.logit_bias, global_batch=self.cfg.global_batch,
+                         negatives=negatives, negative_valid=negative_valid)
         logged = {f"siglip/{k}": v for k, v in t.items() if k != "loss"}
         logged["siglip/logit_bias"] = self.logit_bias.detach()
         return {"loss": t["loss"], **logged}
 
     def forward(self, out: EncoderOutput, batch: Batch | None = None):
-        return self._siglip(out)
+        return self._siglip(out, batch)
 
 
 class XsiglipObjective(SiglipObjective):
@@ -64,6 +71,7 @@ class XsiglipObjective(SiglipObjective):
     heads = frozenset({"clip", "nclip"})
     zero_shot = "clip"
     head_stats_prefix = "nclip"
+    hard_negatives = False  # nCLIP's assignments: a negative caption has no paired image (module docstring)
 
     def __init__(self, cfg: XsiglipConfig):
         super().__init__(cfg)  # type: ignore[arg-type]

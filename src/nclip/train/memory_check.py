@@ -158,7 +158,7 @@ def saved_bytes(step: torch.nn.Module, batch: Batch) -> int:
 
 def probe_batch(model, cfg, n: int, views: int, label_request, device: torch.device) -> Batch:
     """A stand-in training batch of ``n`` rows, as the step gets it (normalised pixels on the device)."""
-    from nclip.data.loader import caption_slots
+    from nclip.data.loader import caption_slots, negative_slots
 
     size = cfg.data.image_size
     pixels = torch.rand(n, *((2,) if views == 2 else ()), 3, size, size, device=device)
@@ -167,6 +167,11 @@ def probe_batch(model, cfg, n: int, views: int, label_request, device: torch.dev
     if (slots := caption_slots(cfg)) is not None:  # data.caption_choice all: every slot through the text tower
         batch.ids, batch.mask = (t[:, None].expand(-1, slots, -1).contiguous() for t in (batch.ids, batch.mask))
         batch.caption_valid = torch.ones(n, slots, dtype=torch.bool, device=device)
+    if (negatives := negative_slots(cfg)) is not None:  # hard negatives: their slots after the captions
+        texts = batch.ids.shape[1] if batch.ids.ndim == 3 else 1
+        batch.ids, batch.mask = (t.reshape(n, texts, -1)[:, :1].expand(-1, texts + negatives, -1).contiguous()
+                                 for t in (batch.ids, batch.mask))
+        batch.negative_valid = torch.ones(n, negatives, dtype=torch.bool, device=device)
     if label_request is not None:
         batch.labels = batch.true_labels = torch.zeros(n, dtype=torch.long, device=device)
         if label_request.frozen is not None:
