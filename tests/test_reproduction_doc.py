@@ -263,7 +263,9 @@ OLD_VERDICTS = [
     ("| LN shape | tab9a | (0.3, 1) > (0.5, 1)", "reproduced", "inconclusive"),
     ("| LN shape | tabA1-3seeds | nCLIP > SwAV, SCSF, DINO", "not reproduced", "reproduced"),
     ("| ZS colour, I→T R@1, T→I R@1 | tabA1-3seeds | SCSF > DINO", "reproduced", "not reproduced"),
-    ("| mIoU (threshold 0) | tab13 | xCLIP > CLIP", "not reproduced", "inconclusive"),
+    # Tab. 13 was measured again under GroupViT's readout; its mistaken "overlap" sentence went with the old
+    # table, so the check is that the new one cannot be called inconclusive where its ranges are apart
+    ("| ZS shape | tab13 | xCLIP > CLIP", "not reproduced", "inconclusive"),
 ]
 
 
