@@ -51,6 +51,21 @@ def test_rows_from_negative_columns_jsonl_lists_and_the_training_file(tmp_path):
     assert data.splits["test"].captions == [("p", "q")] and data.hard_negatives == [("n1", "n2")]
 
 
+def test_a_training_jsonl_whose_captions_are_lists_evaluates_as_it_is(tmp_path):
+    _images(tmp_path)
+    rows = [{"filepath": "img/0.png", "captions": ["a red dog", "a dog, red"], "negatives": ["a dog red"]},
+            {"filepath": "img/1.png", "captions": "a cat", "negatives": ["a tac", "no cat"]}]
+    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    keys = resolve("micro", ["data.source=csv", f"data.csv={tmp_path / 'train.jsonl'}", "data.csv_caption_key=captions",
+                             "data.hard_negative_key=negatives", "objective.name=clip"]).data.caption_keys()
+    data = _build(f"hardneg:{tmp_path / 'train.jsonl'}", keys)
+    assert data.splits["test"].captions == [("a red dog", "a dog, red"), ("a cat",)]
+    assert data.hard_negatives == [("a dog red",), ("a tac", "no cat")]
+    (tmp_path / "bad.jsonl").write_text(json.dumps({**rows[0], "captions": []}) + "\n")
+    with pytest.raises(NclipError, match="bad.jsonl line 1: the caption list is empty"):
+        _build(f"hardneg:{tmp_path / 'bad.jsonl'}", keys)
+
+
 @pytest.mark.parametrize("content,needle", [
     ("image,caption\nimg/0.png,a\n", "set.csv line 1: the header needs an image column"),
     ("image,caption,negative\nimg/0.png,a,\n", "set.csv line 2: no negative caption"),

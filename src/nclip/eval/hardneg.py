@@ -7,9 +7,9 @@ column (``image``, ``filepath``, ... or the run's ``data.csv_image_key``), a cap
 or the run's ``data.csv_caption_key``) and the negatives: every column whose name starts with
 ``negative`` (one negative per cell), or the run's ``data.hard_negative_key`` column, split by its
 ``data.caption_separator``, so that a training file evaluates as it is. A JSONL row has the same
-fields, ``negatives`` (or ``negative``, or the run's key) a string or a list of strings. Image paths
-are relative to the file's folder. A row without a caption or without a negative is a one-line error
-naming the file and the line.
+fields, its caption and its ``negatives`` (or ``negative``, or the run's key) each a string or a list of
+strings, as a training file's are. Image paths are relative to the file's folder. A row without a
+caption or without a negative is a one-line error naming the file and the line.
 
 The score is ``retrieval/<name>/hardneg_top1``: the share of rows whose best true caption (a row's
 caption cell may hold several, split by the run's separator) scores above all of its negatives, a
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from nclip.data.captions import split_text
+from nclip.data.captions import field_captions, split_text
 from nclip.data.folders import FileSamples, fingerprint
 from nclip.errors import NclipError
 from nclip.eval.evaldata import EvalData
@@ -63,7 +63,8 @@ def hardneg_file(path: str | Path, run_keys: tuple | None = None) -> EvalData:
         image_path = image_path if image_path.is_absolute() else path.parent / image_path
         if not image_path.is_file():
             raise NclipError(f"{here}: image not found: {image_path}")
-        true = split_text(caption, separator if split_caption else None) if isinstance(caption, str) else ()
+        true = (field_captions(caption, separator if split_caption else None, here)
+                if isinstance(caption, (str, list)) else ())
         if not true:
             raise NclipError(f"{here}: no caption")
         negs = _negatives(negs, separator if split_negatives else None, here)
