@@ -49,6 +49,11 @@ def test_rows_from_negative_columns_jsonl_lists_and_the_training_file(tmp_path):
                              "data.hard_negative_key=negs", "objective.name=clip"]).data.caption_keys()
     data = _build(f"hardneg:{tmp_path / 'train.csv'}", keys)
     assert data.splits["test"].captions == [("p", "q")] and data.hard_negatives == [("n1", "n2")]
+    # the run's column named like a file's own negative columns: still the run's, split by its separator
+    (tmp_path / "train.csv").write_text("filepath,title,negatives\nimg/3.png,p|q,n1|n2\n")
+    keys = resolve("micro", ["data.source=csv", f"data.csv={tmp_path / 'train.csv'}", 'data.caption_separator="|"',
+                             "data.hard_negative_key=negatives", "objective.name=clip"]).data.caption_keys()
+    assert _build(f"hardneg:{tmp_path / 'train.csv'}", keys).hard_negatives == [("n1", "n2")]
 
 
 def test_a_training_jsonl_whose_captions_are_lists_evaluates_as_it_is(tmp_path):

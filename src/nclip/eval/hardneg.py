@@ -4,9 +4,9 @@ scored above every one of its negative captions by the model's zero-shot score?
 The file holds one row per test item: an image, its true caption and one or more negative captions
 (an image may appear in several rows, as SugarCrepe's does). A CSV/TSV has a header with an image
 column (``image``, ``filepath``, ... or the run's ``data.csv_image_key``), a caption column (``caption``
-or the run's ``data.csv_caption_key``) and the negatives: every column whose name starts with
-``negative`` (one negative per cell), or the run's ``data.hard_negative_key`` column, split by its
-``data.caption_separator``, so that a training file evaluates as it is. A JSONL row has the same
+or the run's ``data.csv_caption_key``) and the negatives: the run's ``data.hard_negative_key`` column
+where the file has it, split by its ``data.caption_separator`` so that a training file evaluates as it
+is, else every column whose name starts with ``negative`` (one negative per cell). A JSONL row has the same
 fields, its caption and its ``negatives`` (or ``negative``, or the run's key) each a string or a list of
 strings, as a training file's are. Image paths are relative to the file's folder. A row without a
 caption or without a negative is a one-line error naming the file and the line.
@@ -98,14 +98,15 @@ def _csv_rows(path: Path, run_image, run_caption, run_negative):
         reader.fieldnames = header
         image = _pick(header, (_lower(run_image), *_IMAGE_KEYS))
         caption = _pick(header, (_lower(run_caption), "caption"))
-        own = [h for h in header if h.startswith("negative")]
         run_negative = run_negative.strip().lower() if run_negative else None
-        negative_columns = own or ([run_negative] if run_negative in header else [])
+        # the run's own column holds several negatives split by its separator, even when its name
+        # starts with "negative" too
+        split_negatives = run_negative in header
+        negative_columns = [run_negative] if split_negatives else [h for h in header if h.startswith("negative")]
         if image is None or caption is None or not negative_columns:
             got = ",".join(header) or "nothing"
             raise NclipError(f"{path} line 1: the header needs an image column ({'/'.join(_IMAGE_KEYS)}), a caption "
                              f"column (caption) and negative columns (negative...), got {got}")
-        split_negatives = not own  # the run's own column holds several negatives split by its separator
         for row in reader:
             if None in row:
                 raise NclipError(f"{path} line {reader.line_num}: more fields than the header has")
