@@ -49,6 +49,26 @@ def test_rows_from_negative_columns_jsonl_lists_and_the_training_file(tmp_path):
                              "data.hard_negative_key=negs", "objective.name=clip"]).data.caption_keys()
     data = _build(f"hardneg:{tmp_path / 'train.csv'}", keys)
     assert data.splits["test"].captions == [("p", "q")] and data.hard_negatives == [("n1", "n2")]
+    # the run's column named like a file's own negative columns: still the run's, split by its separator
+    (tmp_path / "train.csv").write_text("filepath,title,negatives\nimg/3.png,p|q,n1|n2\n")
+    keys = resolve("micro", ["data.source=csv", f"data.csv={tmp_path / 'train.csv'}", 'data.caption_separator="|"',
+                             "data.hard_negative_key=negatives", "objective.name=clip"]).data.caption_keys()
+    assert _build(f"hardneg:{tmp_path / 'train.csv'}", keys).hard_negatives == [("n1", "n2")]
+
+
+def test_a_training_jsonl_whose_captions_are_lists_evaluates_as_it_is(tmp_path):
+    _images(tmp_path)
+    rows = [{"filepath": "img/0.png", "captions": ["a red dog", "a dog, red"], "negatives": ["a dog red"]},
+            {"filepath": "img/1.png", "captions": "a cat", "negatives": ["a tac", "no cat"]}]
+    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    keys = resolve("micro", ["data.source=csv", f"data.csv={tmp_path / 'train.jsonl'}", "data.csv_caption_key=captions",
+                             "data.hard_negative_key=negatives", "objective.name=clip"]).data.caption_keys()
+    data = _build(f"hardneg:{tmp_path / 'train.jsonl'}", keys)
+    assert data.splits["test"].captions == [("a red dog", "a dog, red"), ("a cat",)]
+    assert data.hard_negatives == [("a dog red",), ("a tac", "no cat")]
+    (tmp_path / "bad.jsonl").write_text(json.dumps({**rows[0], "captions": []}) + "\n")
+    with pytest.raises(NclipError, match="bad.jsonl line 1: the caption list is empty"):
+        _build(f"hardneg:{tmp_path / 'bad.jsonl'}", keys)
 
 
 @pytest.mark.parametrize("content,needle", [

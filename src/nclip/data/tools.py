@@ -1,9 +1,13 @@
-"""``nclip data``: export a built-in dataset to shards, and summarise a data source."""
+"""``nclip data``: export a built-in dataset to shards or as image files and caption tables, and summarise
+a data source."""
 
 from __future__ import annotations
 
 import collections
+import csv
+import json
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 
 from nclip.config import RunConfig
@@ -33,6 +37,47 @@ def write_shards(cfg: RunConfig, split: str, count: int, out: str | Path, shard_
                     "labels": {k: int(v) for k, v in s.labels.items()}}
             writer.write(s.image, s.caption, meta)
     return n, writer.paths, writer.pattern()
+
+
+def write_pairs(dataset: Sequence, out: str | Path, separator: str = "|") -> tuple[Path, Path]:
+    """Write a built-in dataset (:class:`nclip.data.synthetic.SyntheticScenes`, digits) as a user's own
+    data comes: ``OUT/images/NNNNN.png`` and two tables of the same rows, ``OUT/pairs.jsonl`` (the
+    captions and negatives as JSON lists) and ``OUT/pairs.csv`` (each list one cell joined by
+    ``separator``). A row holds the image's path (relative to the tables), its reference captions
+    (``captions``) and, for scenes made in hard-negative groups (``hard_negative_group`` > 1), its hard
+    negatives (``negatives``): the first caption of each other scene of its group, which differs from it
+    only in its shapes (a scene with the same shapes gives none; a row left without any holds an empty
+    text, an image without negatives). Returns the two tables' paths; an ``OUT`` that holds anything is
+    refused, so nothing is overwritten."""
+    from PIL import Image
+
+    out = Path(out)
+    if len(dataset) == 0:
+        raise NclipError("write_pairs: the dataset is empty")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise NclipError(f"{out} already exists and is not an empty folder: write the pairs to a new one")
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    group = getattr(dataset, "hard_negative_group", 1)
+    samples = [dataset[i] for i in range(len(dataset))]
+    rows = []
+    for i, sample in enumerate(samples):
+        path = f"images/{i:05d}.png"
+        Image.fromarray(sample.image).save(out / path)
+        row = {"filepath": path, "captions": list(sample.captions)}
+        if group > 1:
+            siblings = samples[i - i % group:i - i % group + group]
+            shapes = sorted(sample.mask_classes.tolist())
+            negatives = [s.captions[0] for s in siblings if sorted(s.mask_classes.tolist()) != shapes]
+            row["negatives"] = negatives or ""
+        rows.append(row)
+    jsonl, table = out / "pairs.jsonl", out / "pairs.csv"
+    jsonl.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    with table.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: v if isinstance(v, str) else separator.join(v) for k, v in row.items()})
+    return jsonl, table
 
 
 def shard_urls(source: str) -> list[str]:

@@ -215,7 +215,8 @@ def _option(location: str) -> str:
     return _OPTIONS.get(name, "--" + name.replace("_", "-")) if name else ""
 
 
-_SUMMARY = ("/top1", "/mean_recall", "/mAP", "/mean_top1", "/spearman", "/jaccard", "/ari", "/miou", "/macc")
+_SUMMARY = ("/top1", "/hardneg_top1", "/mean_recall", "/mAP", "/mean_top1", "/spearman", "/jaccard", "/ari",
+            "/miou", "/macc")
 
 
 def _suite_rows(section: dict) -> list[tuple[str, str]]:

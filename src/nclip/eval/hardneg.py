@@ -4,12 +4,12 @@ scored above every one of its negative captions by the model's zero-shot score?
 The file holds one row per test item: an image, its true caption and one or more negative captions
 (an image may appear in several rows, as SugarCrepe's does). A CSV/TSV has a header with an image
 column (``image``, ``filepath``, ... or the run's ``data.csv_image_key``), a caption column (``caption``
-or the run's ``data.csv_caption_key``) and the negatives: every column whose name starts with
-``negative`` (one negative per cell), or the run's ``data.hard_negative_key`` column, split by its
-``data.caption_separator``, so that a training file evaluates as it is. A JSONL row has the same
-fields, ``negatives`` (or ``negative``, or the run's key) a string or a list of strings. Image paths
-are relative to the file's folder. A row without a caption or without a negative is a one-line error
-naming the file and the line.
+or the run's ``data.csv_caption_key``) and the negatives: the run's ``data.hard_negative_key`` column
+where the file has it, split by its ``data.caption_separator`` so that a training file evaluates as it
+is, else every column whose name starts with ``negative`` (one negative per cell). A JSONL row has the same
+fields, its caption and its ``negatives`` (or ``negative``, or the run's key) each a string or a list of
+strings, as a training file's are. Image paths are relative to the file's folder. A row without a
+caption or without a negative is a one-line error naming the file and the line.
 
 The score is ``retrieval/<name>/hardneg_top1``: the share of rows whose best true caption (a row's
 caption cell may hold several, split by the run's separator) scores above all of its negatives, a
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from nclip.data.captions import split_text
+from nclip.data.captions import field_captions, split_text
 from nclip.data.folders import FileSamples, fingerprint
 from nclip.errors import NclipError
 from nclip.eval.evaldata import EvalData
@@ -63,7 +63,8 @@ def hardneg_file(path: str | Path, run_keys: tuple | None = None) -> EvalData:
         image_path = image_path if image_path.is_absolute() else path.parent / image_path
         if not image_path.is_file():
             raise NclipError(f"{here}: image not found: {image_path}")
-        true = split_text(caption, separator if split_caption else None) if isinstance(caption, str) else ()
+        true = (field_captions(caption, separator if split_caption else None, here)
+                if isinstance(caption, (str, list)) else ())
         if not true:
             raise NclipError(f"{here}: no caption")
         negs = _negatives(negs, separator if split_negatives else None, here)
@@ -97,14 +98,15 @@ def _csv_rows(path: Path, run_image, run_caption, run_negative):
         reader.fieldnames = header
         image = _pick(header, (_lower(run_image), *_IMAGE_KEYS))
         caption = _pick(header, (_lower(run_caption), "caption"))
-        own = [h for h in header if h.startswith("negative")]
         run_negative = run_negative.strip().lower() if run_negative else None
-        negative_columns = own or ([run_negative] if run_negative in header else [])
+        # the run's own column holds several negatives split by its separator, even when its name
+        # starts with "negative" too
+        split_negatives = run_negative in header
+        negative_columns = [run_negative] if split_negatives else [h for h in header if h.startswith("negative")]
         if image is None or caption is None or not negative_columns:
             got = ",".join(header) or "nothing"
             raise NclipError(f"{path} line 1: the header needs an image column ({'/'.join(_IMAGE_KEYS)}), a caption "
                              f"column (caption) and negative columns (negative...), got {got}")
-        split_negatives = not own  # the run's own column holds several negatives split by its separator
         for row in reader:
             if None in row:
                 raise NclipError(f"{path} line {reader.line_num}: more fields than the header has")

@@ -22,8 +22,8 @@ from nclip.eval.headline import headline_picks
 from nclip.jsonio import read_jsonl
 
 # metrics shown as percentages (fractions in results.json)
-_PERCENT = ("top1", "top5", "mean_per_class", "chance", "mean_recall", "mAP", "ari", "ami", "nmi", "jaccard",
-            "miou", "macc",
+_PERCENT = ("top1", "hardneg_top1", "top5", "mean_per_class", "chance", "mean_recall", "mAP", "ari", "ami", "nmi",
+            "jaccard", "miou", "macc",
             "mean_heads", "mean_top1", "relative", "mean_relative",
             "val_top1")
 _PERCENT_PREFIX = ("i2t@", "t2i@", "f1@", "precision@", "recall@", "head")
