@@ -183,7 +183,8 @@ class Measured:
             measured.cells[key] = {}
             for col, names, split in columns:
                 cell, both = row[col], row[col].endswith(" (both seeds)")
-                parts = cell.removesuffix(" (both seeds)").split(" / ") if split else [cell]
+                bare = cell.removesuffix(" (both seeds)")
+                parts = bare.split(" / ") if split else [bare]
                 if len(parts) != len(names):
                     raise RuleError(f"table {measured.name}, row {key!r}: {cell!r} does not hold {names}")
                 for name, part in zip(names, parts):
