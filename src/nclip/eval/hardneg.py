@@ -19,7 +19,6 @@ tie counting as wrong; ``hardneg_rows`` is the number of rows.
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 
 import torch
@@ -29,6 +28,7 @@ from nclip.data.folders import FileSamples, fingerprint
 from nclip.errors import NclipError
 from nclip.eval.evaldata import EvalData
 from nclip.eval.evaldata import dataset_name as _dataset_name
+from nclip.jsonio import jsonl_objects
 from nclip.objectives.scores import Score
 
 _IMAGE_KEYS = ("image", "image_path", "filepath", "file", "path")
@@ -119,15 +119,7 @@ def _jsonl_rows(path: Path, run_image, run_caption, run_negative):
     """(line, image, caption, negatives, whether the caption and the negatives are split by the run's
     separator) of every JSONL row."""
     with path.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise NclipError(f"{path} line {n}: invalid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise NclipError(f"{path} line {n}: expected an object with 'image', 'caption' and 'negatives'")
+        for n, row in jsonl_objects(fh, path):
             image = _pick(list(row), (run_image, *_IMAGE_KEYS))
             caption = _pick(list(row), (run_caption, "caption"))
             negative = _pick(list(row), (*_NEGATIVE_FIELDS, run_negative))
