@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from nclip.batch import Batch
+from nclip.defaults import has_labels
 
 # the detached nCLIP-head statistics every objective with such a head logs under its
 # head_stats_prefix (functional.distribution_diagnostics): Tab. B2's Acc_nC, Fig. B1's row/column
@@ -96,6 +97,15 @@ class LabelRequest:
     # layer then fills the batch's ``index`` (the samples' dataset indices), and the trainer hands the
     # objective the table [N, Da] (:meth:`Objective.attach_frozen_embedding`)
     frozen: FrozenEmbedding | None = None
+
+
+def every_row_labelled(run_cfg) -> LabelRequest | None:
+    """The request of a supervised objective that labels every row: the objective's ``label_key``
+    with its ``label_noise``; None on unlabelled data, which the objective's ``check_run`` refuses."""
+    if not has_labels(run_cfg.data):
+        return None
+    cfg = run_cfg.objective
+    return LabelRequest(cfg.label_key, cfg.label_noise, 1.0)
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,15 @@ from pydantic import Field
 from nclip.batch import Batch
 from nclip.defaults import BUILTIN_SOURCES, has_labels, unlabelled_reason
 from nclip.objectives import functional
-from nclip.objectives.base import EncoderOutput, LabelRequest, LabelSpace, Objective, ObjectiveConfig, class_count
+from nclip.objectives.base import (
+    EncoderOutput,
+    LabelRequest,
+    LabelSpace,
+    Objective,
+    ObjectiveConfig,
+    class_count,
+    every_row_labelled,
+)
 from nclip.objectives.cmsf_bank import MemoryBank
 
 _DRAW_MIX = 0x9E3779B97F4A7C15  # golden-ratio multiplier: (seed, step, forward) → one 63-bit generator seed
@@ -143,10 +151,7 @@ class SupconObjective(Objective):
 
     @classmethod
     def label_request(cls, run_cfg) -> LabelRequest | None:
-        if not has_labels(run_cfg.data):
-            return None  # refused by check_run
-        cfg = run_cfg.objective
-        return LabelRequest(cfg.label_key, cfg.label_noise, 1.0)
+        return every_row_labelled(run_cfg)
 
     def forward(self, out: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
         terms = self.supcon_terms(out, batch.labels)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from nclip.batch import Batch
 from nclip.defaults import has_labels, unlabelled_reason
 from nclip.objectives import functional
-from nclip.objectives.base import EncoderOutput, LabelRequest, Objective
+from nclip.objectives.base import EncoderOutput, LabelRequest, Objective, every_row_labelled
 from nclip.objectives.cmsf import LabelFields
 
 
@@ -44,10 +44,7 @@ class XentObjective(Objective):
 
     @classmethod
     def label_request(cls, run_cfg) -> LabelRequest | None:
-        if not has_labels(run_cfg.data):
-            return None  # refused by check_run
-        cfg = run_cfg.objective
-        return LabelRequest(cfg.label_key, cfg.label_noise, 1.0)
+        return every_row_labelled(run_cfg)
 
     def forward(self, out: EncoderOutput, batch: Batch) -> dict[str, torch.Tensor]:
         if "xent" not in out.image or batch.labels is None:
