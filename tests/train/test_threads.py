@@ -3,6 +3,9 @@ busy, and the start-up block says so in one line naming the setting."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -44,7 +47,7 @@ def test_a_busy_machine_gets_fewer_threads_and_the_start_up_line_names_the_setti
     threads.set_threads("auto", CFG, "cpu")
     assert torch.get_num_threads() == 1
     line = threads.describe("auto")
-    assert line.startswith("1 (auto: 2 cores; the one-minute load says 1 are busy") and "train.threads=N" in line
+    assert line.startswith("1 (auto: 2 cores; 1 busy with other processes") and "train.threads=N" in line
     monkeypatch.setattr(threads, "busy_cores", lambda: 0)
     threads.set_threads("auto", CFG, "cpu")
     assert torch.get_num_threads() == 2 and threads.describe("auto") == "2 (auto: 2 cores)"
@@ -53,3 +56,37 @@ def test_a_busy_machine_gets_fewer_threads_and_the_start_up_line_names_the_setti
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # set by the job (torchrun: 1 for several ranks)
     threads.set_threads("auto", CFG, "cpu")
     assert torch.get_num_threads() == 1 and threads.describe("auto") == "1 (auto: OMP_NUM_THREADS)"
+
+
+def test_cpu_times_sum_the_busy_and_all_ticks_of_the_process_cores(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  30 0 10 50 10 0 0 0 0 0\n"
+                    "cpu0 10 0 5 20 5 0 0 0 0 0\n"
+                    "cpu1 20 0 5 30 5 0 0 0 0 0\n"
+                    "intr 1 2 3\n")
+    assert threads.cpu_times({0}, str(stat)) == (15, 40)
+    assert threads.cpu_times({0, 1}, str(stat)) == (40, 100)
+    assert threads.cpu_times({5}, str(stat)) is None
+    assert threads.cpu_times({0}, str(tmp_path / "missing")) is None
+
+
+def test_busy_cores_counts_what_is_busy_now_not_the_load_average(monkeypatch):
+    # two samples 40 ticks apart on two cores, one of them busy throughout
+    samples = iter([(100, 400), (120, 440)])
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(threads, "cpu_times", lambda cores: next(samples))
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (5.0, 5.0, 5.0))  # a finished install's lag
+    assert threads.busy_cores(seconds=0) == 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/stat is Linux's")
+def test_busy_cores_sees_a_process_spinning_on_one_of_our_cores():
+    core = min(threads.os.sched_getaffinity(0))
+    spin = f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"
+    spinner = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        threads.time.sleep(0.3)
+        assert threads.busy_cores(seconds=0.5) >= 1
+    finally:
+        spinner.kill()
+        spinner.wait()

@@ -4,8 +4,11 @@ torch's default takes every core the machine has. When another process keeps one
 two OpenMP threads of every operation wait on each other and a CPU step runs about 4× slower than with
 one thread (``--preset tiny``: 26 against 109 samples/s, the same losses). ``auto`` therefore takes the
 cores this process may run on (its CPU affinity), shared among torchrun's local ranks, less the data
-workers and less the cores the one-minute load average says other processes keep busy, and at least
-one. The start-up block gives the count and, where the load took cores away, a line naming the setting.
+workers and less the cores other processes keep busy now, and at least one. "Now" is a fifth of a second
+of ``/proc/stat``, not the one-minute load average: that average lags, so a run started right after
+``pip install`` (``make demo``) counted the finished install as a busy core and trained an idle machine on
+one thread. Where there is no ``/proc/stat`` (macOS) the load average stands in. The start-up block gives
+the count and, where busy cores took threads away, a line naming the setting.
 Where the environment sets ``OMP_NUM_THREADS`` (torchrun sets 1 for several ranks per machine; a job
 script or a test suite may pin it), ``auto`` takes that count instead: a number the user chose. A number
 is used as it is; ``null`` leaves torch's default.
@@ -14,8 +17,11 @@ is used as it is; ``null`` leaves torch's default.
 from __future__ import annotations
 
 import os
+import time
 
 import torch
+
+SAMPLE_SECONDS = 0.2
 
 # the last decision of set_threads, for the start-up block
 last_decision: dict = {}
@@ -29,8 +35,39 @@ def process_cores() -> int:
         return os.cpu_count() or 1
 
 
-def busy_cores() -> int:
-    """Cores the one-minute load average says are in use (0 where the platform has no load average)."""
+def cpu_times(cores: set[int], path: str = "/proc/stat") -> tuple[int, int] | None:
+    """(busy, total) clock ticks so far, summed over ``cores``, from ``/proc/stat``; None without it.
+    Idle and waiting on I/O count as not busy."""
+    try:
+        with open(path) as stat:
+            lines = stat.read().splitlines()
+    except OSError:
+        return None
+    busy = total = 0
+    for line in lines:
+        name, *ticks = line.split()
+        if not (name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cores):
+            continue
+        values = [int(t) for t in ticks[:8]]  # user nice system idle iowait irq softirq steal
+        total += sum(values)
+        busy += sum(values) - values[3] - values[4]
+    return (busy, total) if total else None
+
+
+def busy_cores(seconds: float = SAMPLE_SECONDS) -> int:
+    """Cores of this process's affinity that other processes keep busy now: ``/proc/stat`` sampled over
+    ``seconds`` while this process sleeps, rounded to whole cores; the one-minute load average where
+    there is no ``/proc/stat``, and 0 where there is neither."""
+    try:
+        cores = os.sched_getaffinity(0)
+    except AttributeError:
+        cores = set()
+    before = cpu_times(cores)
+    if before is not None:
+        time.sleep(seconds)
+        after = cpu_times(cores)
+        if after is not None and after[1] > before[1]:
+            return int(round(len(cores) * (after[0] - before[0]) / (after[1] - before[1])))
     try:
         return int(round(os.getloadavg()[0]))
     except (AttributeError, OSError):
@@ -87,6 +124,6 @@ def describe(setting: int | str | None) -> str:
         return f"{torch.get_num_threads()} (auto)"
     line = f"{d['threads']} (auto: {d['cores']} cores"
     if d["threads"] < d["idle"]:
-        line += (f"; the one-minute load says {d['busy']} are busy, so {d['threads']} instead of {d['idle']}: "
+        line += (f"; {d['busy']} busy with other processes, so {d['threads']} instead of {d['idle']}: "
                  "--set train.threads=N to choose")
     return line + ")"
