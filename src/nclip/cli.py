@@ -122,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_key_args(q, caption=True)
     q.add_argument("--caption-separator", help="splits a caption cell into several (as data.caption_separator)")
     q.add_argument("--json-caption-key", help="shards: the .json field of the captions (as data.json_caption_key)")
+    q.add_argument("--hard-negative-key", help="the column or .json field of negatives (as data.hard_negative_key)")
     q.add_argument("--json", action="store_true", help="print the summary as JSON")
     q = data.add_parser("dedup", help="find target images that duplicate reference images by dHash "
                         "(OmniBenchmark Sec. 3.4): duplicates.json, duplicates.html, a filtered target")
@@ -338,7 +339,7 @@ def _cmd_data(args) -> int:
         return 0
     summary = tools.inspect_source(args.source, args.limit, csv_image_key=args.image_key,
                                    csv_caption_key=args.caption_key, caption_separator=args.caption_separator,
-                                   json_caption_key=args.json_caption_key)
+                                   json_caption_key=args.json_caption_key, hard_negative_key=args.hard_negative_key)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:

@@ -1,11 +1,14 @@
-"""Hard negative captions in training data (nclip.data.hard_negatives): a CSV/TSV column or JSONL field
-of the user's own (data.hard_negative_key), or NegCLIP's swaps of the positive caption
-(data.hard_negatives swap); their slots in the batch; a run that trains and resumes bitwise; one-line
-errors for bad input and for objectives that cannot take them."""
+"""Hard negative captions in training data (nclip.data.hard_negatives): a CSV/TSV column, JSONL field or
+shard sample's .json field of the user's own (data.hard_negative_key), or NegCLIP's swaps of the positive
+caption (data.hard_negatives swap); their slots in the batch; a run that trains and resumes bitwise;
+`nclip data inspect` and the start-up block count them; one-line errors for bad input and for
+objectives that cannot take them."""
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
 
 import numpy as np
 import pytest
@@ -14,7 +17,7 @@ from PIL import Image
 
 from nclip.cli import main
 from nclip.config import resolve
-from nclip.data.hard_negatives import swap_caption
+from nclip.data.hard_negatives import record_negatives, swap_caption
 from nclip.data.loader import train_loader
 from nclip.data.tokenization import CaptionTokenizer
 from nclip.errors import NclipError
@@ -184,12 +187,127 @@ def test_an_objective_that_cannot_take_negatives_refuses_them_in_one_line(tmp_pa
 
 
 @pytest.mark.parametrize("sets,needle", [
-    (["data.hard_negative_key=negs"], "data.hard_negative_key names a column of a CSV/JSONL file"),
+    (["data.hard_negative_key=negs"], "data.hard_negative_key names a column of a CSV/JSONL file or a field"),
     (["data.source=csv", "data.csv=x.csv", "data.hard_negative_key=negs", "data.hard_negatives=swap"],
      "two sources of negatives; set one"),
-    (["data.source=webdataset", "data.shards=x.tar", "data.hard_negatives=swap"], "needs a map-style source"),
+    (["data.source=webdataset", "data.shards=x.tar", "data.hard_negative_key=negs"],
+     "needs data.negatives_per_image (the negative slots per image"),
+    (["data.source=csv", "data.csv=x.csv", "data.negatives_per_image=2"], "sizes the negative slots of"),
 ])
 def test_negative_settings_that_cannot_apply_are_one_line(sets, needle):
     with pytest.raises((NclipError, ValueError)) as e:
         _cfg(*sets)
     assert needle in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# WebDataset shards, inspect, the start-up block
+# ---------------------------------------------------------------------------------------------
+
+
+def _shard(root, negatives=_negatives) -> str:
+    """N samples: sample i's .json holds its negatives under "negs" (none: the field left out)."""
+    path = root / "negs.tar"
+    with tarfile.open(path, "w") as tar:
+        for i in range(N):
+            buf = io.BytesIO()
+            Image.fromarray(np.random.default_rng(i).integers(0, 256, (20, 20, 3), dtype=np.uint8)).save(buf, "PNG")
+            meta = {"negs": negatives(i)} if negatives(i) else {}
+            for name, data in ((f"{i:04d}.png", buf.getvalue()), (f"{i:04d}.txt", f"photo {i}".encode()),
+                               (f"{i:04d}.json", json.dumps(meta).encode())):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return str(path)
+
+
+def _stream(url: str, *extra) -> list[str]:
+    return ["data.source=webdataset", f"data.shards={url}", "data.shuffle_buffer=0", "data.num_workers=0", *extra]
+
+
+def test_a_shard_samples_negatives_come_from_its_json_field():
+    assert record_negatives({"json": b'{"negs": ["a ", "", "b"]}'}, "negs") == ("a", "b")
+    assert record_negatives({"json": b'{"negs": "one"}'}, "negs") == ("one",)
+    for absent in ({}, {"json": b"{}"}, {"json": b'{"negs": []}'}, {"json": b'{"negs": null}'}):
+        assert record_negatives(absent, "negs") == ()  # an image without negatives
+    assert "is not valid JSON" in record_negatives({"json": b"{broken"}, "negs")
+    assert "the caption list holds 3 (int)" in record_negatives({"json": b'{"negs": ["a", 3]}'}, "negs")
+    assert "must be a string or a list" in record_negatives({"json": b'{"negs": 5}'}, "negs")
+
+
+def test_webdataset_batches_carry_each_samples_negatives_in_its_slots(tmp_path, tokenizer):
+    cfg = _cfg(*_stream(_shard(tmp_path), "data.hard_negative_key=negs", "data.negatives_per_image=2"))
+    batches = list(train_loader(cfg, tokenizer))
+    for step, batch in enumerate(batches[:3]):  # records in tar order, 4 per batch
+        assert batch.ids.shape[:2] == (4, 3)
+        for row in range(4):
+            i = 4 * step + row
+            assert torch.equal(batch.ids[row, 0], _ids(tokenizer, f"photo {i}"))
+            assert batch.negative_valid[row].tolist() == [j < i % 3 for j in range(2)]
+            for j, text in enumerate(_negatives(i)):
+                assert torch.equal(batch.ids[row, 1 + j], _ids(tokenizer, text))
+    one = next(iter(train_loader(_cfg(*_stream(_shard(tmp_path), "data.hard_negative_key=negs",
+                                                "data.negatives_per_image=1")), tokenizer)))
+    assert one.ids.shape[:2] == (4, 2) and torch.equal(one.ids[2, 1], _ids(tokenizer, "not photo 2 but 0"))
+
+
+def test_webdataset_swap_negatives_are_the_swaps_of_the_stream_captions(tmp_path, tokenizer):
+    swappable = lambda i: []  # noqa: E731
+    url = _shard(tmp_path, negatives=swappable)
+    cfg = _cfg(*_stream(url, "data.hard_negatives=swap"))
+    batch = next(iter(train_loader(cfg, tokenizer)))
+    assert batch.ids.shape[:2] == (4, 2) and not batch.negative_valid.any()  # "photo i": nothing to swap
+    (tmp_path / "s").mkdir()
+    with tarfile.open(tmp_path / "s" / "s.tar", "w") as tar:
+        for i in range(4):
+            buf = io.BytesIO()
+            Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(buf, "PNG")
+            for name, data in ((f"{i}.png", buf.getvalue()), (f"{i}.txt", b"a red circle left of a blue square")):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    batch = next(iter(train_loader(_cfg(*_stream(str(tmp_path / "s" / "s.tar"), "data.hard_negatives=swap")),
+                                   tokenizer)))
+    assert batch.negative_valid.all()
+    for row in range(4):
+        want = swap_caption("a red circle left of a blue square", cfg.seed, [0, 0, 0, row])
+        assert torch.equal(batch.ids[row, 1], _ids(tokenizer, want))
+
+
+def test_a_sample_with_a_malformed_negative_field_is_skipped_and_counted(tmp_path, tokenizer):
+    url = _shard(tmp_path, negatives=lambda i: [3] if i == 1 else _negatives(i))
+    cfg = _cfg(*_stream(url, "data.hard_negative_key=negs", "data.negatives_per_image=2", "data.bad_window=10",
+                        "data.max_bad_fraction=0.5"))
+    data = train_loader(cfg, tokenizer)
+    batch = next(iter(data))
+    assert torch.equal(batch.ids[1, 0], _ids(tokenizer, "photo 2")) and data.skipped == 1
+
+
+def test_a_webdataset_run_with_negatives_trains_and_resumes_bitwise(tmp_path):
+    cfg = _cfg(*_stream(_shard(tmp_path), "data.hard_negative_key=negs", "data.negatives_per_image=2"),
+               "train.checkpoint_every=3", "train.log_every=1")
+    rows, again = metrics_then_resumed(cfg, tmp_path / "run")
+    assert len(rows) == 6 and again == rows and "clip/acc_hard" in rows[0]
+
+
+def test_inspect_counts_negatives_per_image(tmp_path, capsys):
+    for argv in (["data", "inspect", _csv(tmp_path), "--caption-separator", "|", "--hard-negative-key", "negs"],
+                 ["data", "inspect", _jsonl(tmp_path), "--hard-negative-key", "negs"],
+                 ["data", "inspect", _shard(tmp_path), "--hard-negative-key", "negs"]):
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+        assert "negatives/img min 0, mean 1.0, max 2" in out, out
+    assert main(["data", "inspect", _shard(tmp_path), "--json"]) == 0
+    assert "negatives_per_image" not in json.loads(capsys.readouterr().out)
+
+
+def test_the_start_up_block_says_what_texts_an_image_has(tmp_path, capsys):
+    assert _train(tmp_path, _sets(_csv(tmp_path), "train.steps=1")) == 0
+    rows = {line.split()[0]: line.split(None, 1)[1] for line in capsys.readouterr().err.splitlines()
+            if line.startswith("  ")}
+    assert rows["texts"] == "hard negatives: 'negs', 0–2 per image (mean 1.0)", rows
+    assert main(["train", "--preset", "micro", "--out", str(tmp_path / "swap"), "--no-progress", "--no-eval",
+                 "--set", "objective.name=clip", "--set", "data.hard_negatives=swap", "--set", "train.steps=1",
+                 "--set", "data.caption_choice=first"]) == 0
+    assert "  texts  " in (err := capsys.readouterr().err)
+    assert "captions: first; hard negatives: a swap of the caption (1 slot)" in err, err

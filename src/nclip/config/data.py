@@ -118,11 +118,15 @@ class DataConfig(Section):
     # padded and masked out of the loss); None: the most captions of any row of the CSV/JSONL file
     captions_per_image: int | None = Field(None, ge=1, le=64)
     # hard negative captions (NegCLIP; nclip.data.hard_negatives): a CSV/TSV column (several split by
-    # data.caption_separator) or JSONL field (a string or a list of strings) holding an image's own
-    # negatives, or "swap" negatives made from each positive caption (data.hard_negatives); objectives
-    # with hard_negatives (clip, siglip) add them to the image's text candidates
+    # data.caption_separator), JSONL field or field of WebDataset samples' .json (a string or a list of
+    # strings) holding an image's own negatives, or "swap" negatives made from each positive caption
+    # (data.hard_negatives); objectives with hard_negatives (clip, siglip) add them to the image's text
+    # candidates
     hard_negative_key: str | None = Field(None, min_length=1)
     hard_negatives: Literal["swap"] | None = None
+    # data.hard_negative_key: negative slots per image in a batch (more negatives: the first kept;
+    # fewer: padded and masked out of the loss); None: the most negatives of any row of the CSV/JSONL file
+    negatives_per_image: int | None = Field(None, ge=1, le=64)
     # a class-label column of the CSV: class ids are its distinct values in sorted order (label
     # kind "label"), for label-using objectives and data.tagging; None: the CSV has no labels
     csv_label_key: str | None = None
@@ -192,14 +196,17 @@ class DataConfig(Section):
                              "per image: a stream cannot count its images' captions up front)")
 
     def _negative_checks(self) -> None:
-        if self.hard_negative_key is not None and self.source != "csv":
-            raise ValueError(f"data.hard_negative_key names a column of a CSV/JSONL file: it needs data.source csv "
-                             f"(got {self.source}); data.hard_negatives swap makes negatives from any map-style source")
+        if self.hard_negative_key is not None and self.source not in ("csv", "webdataset"):
+            raise ValueError(f"data.hard_negative_key names a column of a CSV/JSONL file or a field of WebDataset "
+                             f"samples' .json: it needs data.source csv or webdataset (got {self.source}); "
+                             "data.hard_negatives swap makes negatives from any source")
         if self.hard_negative_key is not None and self.hard_negatives is not None:
             raise ValueError("data.hard_negative_key and data.hard_negatives are two sources of negatives; set one")
-        if self.hard_negatives is not None and self.source == "webdataset":
-            raise ValueError("data.hard_negatives swap needs a map-style source (synthetic, digits, csv, folder), "
-                             "not webdataset")
+        if self.negatives_per_image is not None and self.hard_negative_key is None:
+            raise ValueError("data.negatives_per_image sizes the negative slots of data.hard_negative_key")
+        if self.source == "webdataset" and self.hard_negative_key is not None and self.negatives_per_image is None:
+            raise ValueError("data.hard_negative_key on WebDataset needs data.negatives_per_image (the negative slots "
+                             "per image: a stream cannot count its images' negatives up front)")
 
     def caption_keys(self) -> tuple[str, str, str | None, str | None]:
         """(image column, caption column, caption separator, hard negative column) of a CSV/JSONL

@@ -69,6 +69,10 @@ class DeviceFeed:
         return getattr(self.source, "size", None)
 
     @property
+    def text_counts(self) -> dict:
+        return getattr(self.source, "text_counts", {})
+
+    @property
     def skipped(self) -> int:
         return self._seen[1] if self._seen is not None else self.source.skipped
 

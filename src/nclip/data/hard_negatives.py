@@ -6,9 +6,12 @@ Two sources, one at a time:
 - ``data.hard_negative_key``: a column of a CSV/TSV file (several negatives in a cell split by
   ``data.caption_separator``) or a field of a JSONL row (a string, split alike, or a list of
   strings) holding the image's own negatives. An empty cell is an image without negatives; an empty
-  JSON list, or a column without a single negative, is a one-line error.
+  JSON list, or a column without a single negative, is a one-line error. In WebDataset shards it is
+  a field of each sample's ``.json`` member, a string or a list of strings (:func:`record_negatives`):
+  a stream is never read whole up front, so a sample without the field (or with null or an empty
+  list) has no negatives, and one whose field is malformed is a bad sample, skipped and counted.
 - ``data.hard_negatives: swap``: one negative per image made from the caption the step trains on
-  (:func:`swap_caption`), for any map-style source.
+  (:func:`swap_caption`), for any source.
 
 In a batch the negatives follow the captions in the text slots: ids and mask [B, C + N, L], the last
 N slots the negatives, ``Batch.negative_valid`` [B, N] which of them hold one
@@ -17,11 +20,13 @@ N slots the negatives, ``Batch.negative_valid`` [B, N] which of them hold one
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Sequence
 
 import numpy as np
 
-from nclip.data.captions import field_captions, slot_rows, split_text
+from nclip.data.captions import field_captions, list_problem, slot_rows, split_text
 from nclip.errors import NclipError
 
 _SWAP_STREAM = 0x5A9  # separates the swap draws from the other users of the seed
@@ -55,10 +60,28 @@ def row_negatives(table, key: str, separator: str | None, jsonl: bool) -> list[t
     return rows
 
 
-def swap_caption(caption: str, seed: int, index: int) -> str | None:
-    """NegCLIP's swap negative of ``caption`` for the image at dataset index ``index``: a pure function
-    of (seed, index, caption), so that a resumed run, any number of workers and any number of ranks
-    make the same.
+def record_negatives(parts: dict[str, bytes], key: str) -> tuple[str, ...] | str:
+    """The negatives in the field ``key`` (``data.hard_negative_key``) of a shard sample's ``.json``
+    member (``parts``: the sample's members by extension), or why the sample is bad (module docstring)."""
+    if "json" not in parts:
+        return ()
+    try:
+        meta = json.loads(parts["json"])
+    except (ValueError, UnicodeDecodeError):
+        return f"the .json member (data.hard_negative_key {key!r}) is not valid JSON"
+    value = meta.get(key) if isinstance(meta, dict) else None
+    if value is None or value == []:
+        return ()
+    value = [value] if isinstance(value, str) else value
+    if (problem := list_problem(value)) is not None:
+        return f"hard negatives {key!r}: {problem}"
+    return tuple(t for t in (v.strip() for v in value) if t)
+
+
+def swap_caption(caption: str, seed: int, index: int | Sequence[int]) -> str | None:
+    """NegCLIP's swap negative of ``caption`` for the image at dataset index ``index`` (a stream's
+    sample: the integers that identify its record): a pure function of (seed, index, caption), so that
+    a resumed run, any number of workers and any number of ranks make the same.
 
     The candidates are the caption's attribute swaps (the attributes of two noun phrases with
     different attributes exchanged: "a red circle left of a blue square" → "a blue circle left of a
@@ -77,7 +100,7 @@ def swap_caption(caption: str, seed: int, index: int) -> str | None:
                        if [cores[k] for k in a] != [cores[k] for k in b]]
     if not word_swaps and not attribute_swaps:
         return None
-    rng = np.random.default_rng([seed, _SWAP_STREAM, index])
+    rng = np.random.default_rng([seed, _SWAP_STREAM, *np.atleast_1d(index).tolist()])
     kinds = [k for k in (attribute_swaps, word_swaps) if k]
     swaps = kinds[int(rng.integers(len(kinds)))]
     first, second = swaps[int(rng.integers(len(swaps)))]

@@ -35,9 +35,10 @@ What an objective needs beyond pixels, ids and mask comes from its class (``Obje
 - several captions per image (CSV/JSONL and WebDataset sources): ``data.caption_choice`` picks the
   caption a step sees, drawn by (seed, epoch of the step, index), or with ``all`` gives every caption,
   the batch's ids and mask then [B, C, L] with ``caption_valid`` [B, C]: :mod:`nclip.data.captions`.
-- hard negative captions (``data.hard_negative_key`` of a CSV/JSONL file, or ``data.hard_negatives:
-  swap`` made from the caption a step sees): N more text slots per image after the captions, ids and
-  mask [B, C + N, L] with ``negative_valid`` [B, N]: :mod:`nclip.data.hard_negatives`.
+- hard negative captions (``data.hard_negative_key`` of a CSV/JSONL file or of shard samples'
+  ``.json``, or ``data.hard_negatives: swap`` made from the caption a step sees): N more text slots
+  per image after the captions, ids and mask [B, C + N, L] with ``negative_valid`` [B, N]:
+  :mod:`nclip.data.hard_negatives`.
 
 :func:`train_loader` returns a :class:`TrainData`: iterate it for batches; ``skipped`` counts the
 bad samples skipped so far on this rank (named on stderr as they are, and summed up at the end of the
@@ -56,7 +57,7 @@ from torch.utils.data import DataLoader, Dataset
 from nclip.batch import Batch
 from nclip.config import RunConfig
 from nclip.data.bad_samples import BadWindow, SkipLog, first_good
-from nclip.data.captions import choose, slot_rows
+from nclip.data.captions import choose, count_summary, slot_rows
 from nclip.data.hard_negatives import swap_caption, text_slots
 from nclip.data.label_noise import RowLabels
 from nclip.data.labels import label_kind, tag_captions
@@ -269,6 +270,8 @@ class TrainData:
         self.finish = finish
         self._skipped = skipped  # map-style sources
         self.size: int | None = None  # samples of a map-style source (None: streamed)
+        # {"captions": ..., "negatives": ...} per image ({min, mean, max}) of a CSV/JSONL file: what it read
+        self.text_counts: dict = {}
         # streamed sources: [records consumed, bad skipped, *per-source consumed (data.sampling per_source)]
         self.streams = streams or []
         self._window = BadWindow(cfg.data.bad_window, cfg.data.max_bad_fraction)  # map-style: checked here
@@ -335,12 +338,15 @@ def caption_slots(cfg: RunConfig, most: int | None = None) -> int | None:
 
 def negative_slots(cfg: RunConfig, most: int | None = None) -> int | None:
     """The hard negative slots per image of a batch (None: no hard negatives): one swap negative, or
-    ``most``, the most negatives of any row of the CSV/JSONL file (read from it when not given)."""
+    ``data.negatives_per_image``, else ``most``, the most negatives of any row of the CSV/JSONL file
+    (read from it when not given; the config makes WebDataset name its count)."""
     d = cfg.data
     if d.hard_negatives == "swap":
         return 1
     if d.hard_negative_key is None:
         return None
+    if d.negatives_per_image is not None:
+        return d.negatives_per_image
     if most is None:
         from nclip.data.csv_source import CsvTrainPairs
 
@@ -372,7 +378,8 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
     if d.source == "webdataset":
         from nclip.data.webdataset import ShardStreamDataset
 
-        ds = ShardStreamDataset(cfg, Collate(tokenizer, slots=caption_slots(cfg)), local, rank, world_size, start_step)
+        collate = Collate(tokenizer, slots=caption_slots(cfg), negatives=negative_slots(cfg))
+        ds = ShardStreamDataset(cfg, collate, local, rank, world_size, start_step)
         ds.plan_resume(state, d.exact_resume)
         loader = DataLoader(ds, batch_size=None, **workers)
         return TrainData(loader, "stream", steps, cfg, world_size, "data.shards", streams=ds.initial_streams())
@@ -419,4 +426,8 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
     skipped = int(state.get("skipped", 0)) if state and state.get("kind") == "map" else 0
     data = TrainData(loader, "map", steps, cfg, world_size, what, skipped=skipped, finish=device is None)
     data.size = n if kept is None else len(kept)  # training rows, for the start-up block
+    if d.source == "csv":  # captions and negatives per row, for the start-up block
+        data.text_counts = {"captions": count_summary([len(c) for c in pairs.caption_sets])}
+        if pairs.negative_sets is not None:
+            data.text_counts["negatives"] = count_summary([len(c) for c in pairs.negative_sets])
     return data

@@ -13,6 +13,7 @@ from pathlib import Path
 from nclip.config import RunConfig
 from nclip.data.captions import count_summary
 from nclip.data.csv_source import JSONL_SUFFIXES, is_jsonl, load_pair, read_table, row_captions
+from nclip.data.hard_negatives import record_negatives, row_negatives
 from nclip.data.shards import Bad, ShardWriter, check_shards, decode_captions, expand_shards, iter_records
 from nclip.defaults import BUILTIN_SOURCES
 from nclip.errors import NclipError
@@ -93,14 +94,17 @@ def shard_urls(source: str) -> list[str]:
 
 def inspect_source(source: str, limit: int = 10000, examples: int = 3, csv_image_key: str = "filepath",
                    csv_caption_key: str = "title", caption_separator: str | None = None,
-                   json_caption_key: str | None = None) -> dict:
+                   json_caption_key: str | None = None, hard_negative_key: str | None = None) -> dict:
     """Summary of a shard pattern / shard directory / CSV-TSV or JSONL file: samples read, bad ones
     by reason, image sizes, captions per image, caption lengths (of every caption), a few examples.
     Reads at most ``limit`` samples. ``caption_separator`` splits a file's caption cells and
     ``json_caption_key`` names the shards' caption field, as ``data.caption_separator`` and
-    ``data.json_caption_key`` do (:mod:`nclip.data.captions`)."""
+    ``data.json_caption_key`` do (:mod:`nclip.data.captions`); ``hard_negative_key``: the column or
+    field of the hard negatives, as ``data.hard_negative_key`` (:mod:`nclip.data.hard_negatives`),
+    counted per image."""
     sizes: list[tuple[int, int]] = []
     per_image: list[int] = []
+    negatives_per_image: list[int] = []
     chars: list[int] = []
     words: list[int] = []
     reasons: collections.Counter = collections.Counter()
@@ -108,9 +112,10 @@ def inspect_source(source: str, limit: int = 10000, examples: int = 3, csv_image
     seen = 0
     summary: dict = {"source": source}
 
-    def take(key: str, image, captions: tuple[str, ...]) -> None:
+    def take(key: str, image, captions: tuple[str, ...], negatives: tuple[str, ...] = ()) -> None:
         sizes.append((int(image.shape[1]), int(image.shape[0])))
         per_image.append(len(captions))
+        negatives_per_image.append(len(negatives))
         chars.extend(len(caption) for caption in captions)
         words.extend(len(caption.split()) for caption in captions)
         if len(shown) < examples:
@@ -118,16 +123,21 @@ def inspect_source(source: str, limit: int = 10000, examples: int = 3, csv_image
                           "captions": len(captions)})
 
     if source.lower().endswith((".csv", ".tsv", *JSONL_SUFFIXES)):
-        table = read_table(source, csv_image_key, {csv_caption_key: "data.csv_caption_key"})
-        captions = row_captions(source, table, csv_caption_key, caption_separator)
+        columns = {csv_caption_key: "data.csv_caption_key"}
+        if hard_negative_key is not None:
+            columns[hard_negative_key] = "data.hard_negative_key"
+        table = read_table(source, csv_image_key, columns)
+        captions = row_captions(source, table, csv_caption_key, caption_separator, hard_negative_key)
+        negatives = (row_negatives(table, hard_negative_key, caption_separator, is_jsonl(source))
+                     if hard_negative_key is not None else [()] * len(captions))
         summary.update(kind="jsonl" if is_jsonl(source) else "csv", rows=len(table.images))
-        for path, caption in zip(table.images[:limit], captions[:limit]):
+        for path, caption, negative in zip(table.images[:limit], captions[:limit], negatives[:limit]):
             seen += 1
             out = load_pair(path, caption)
             if isinstance(out, str):
                 reasons[out] += 1
             else:
-                take(Path(path).name, *out)
+                take(Path(path).name, *out, negative)
     else:
         urls = shard_urls(source)
         summary.update(kind="webdataset", shards=len(urls))
@@ -137,10 +147,15 @@ def inspect_source(source: str, limit: int = 10000, examples: int = 3, csv_image
                     break
                 seen += 1
                 out = decode_captions(rec, json_caption_key)
+                negative: tuple[str, ...] | str = ()
+                if hard_negative_key is not None and not isinstance(out, Bad):
+                    negative = record_negatives(rec.parts, hard_negative_key)
                 if isinstance(out, Bad):
                     reasons[out.reason.split(":")[0]] += 1
+                elif isinstance(negative, str):
+                    reasons[negative] += 1
                 else:
-                    take(rec.key, out[0], out[1])
+                    take(rec.key, out[0], out[1], negative)
             if seen >= limit:
                 break
     good = len(sizes)
@@ -151,6 +166,8 @@ def inspect_source(source: str, limit: int = 10000, examples: int = 3, csv_image
         summary["image_width"] = {"min": min(ws), "median": statistics.median(ws), "max": max(ws)}
         summary["image_height"] = {"min": min(hs), "median": statistics.median(hs), "max": max(hs)}
         summary["captions_per_image"] = count_summary(per_image)
+        if hard_negative_key is not None:
+            summary["negatives_per_image"] = count_summary(negatives_per_image)
         summary["caption_chars"] = {"min": min(chars), "mean": round(statistics.fmean(chars), 1), "max": max(chars)}
         summary["caption_words"] = {"min": min(words), "mean": round(statistics.fmean(words), 1), "max": max(words)}
     summary["examples"] = shown
@@ -168,7 +185,8 @@ def format_summary(s: dict) -> str:
     for reason, n in s["bad_reasons"].items():
         lines.append(f"  bad: {n} × {reason}")
     for key, label in (("image_width", "width"), ("image_height", "height"), ("captions_per_image", "captions/img"),
-                       ("caption_chars", "caption chars"), ("caption_words", "caption words")):
+                       ("negatives_per_image", "negatives/img"), ("caption_chars", "caption chars"),
+                       ("caption_words", "caption words")):
         if key in s:
             v = s[key]
             mid = f"median {v['median']}" if "median" in v else f"mean {v['mean']}"

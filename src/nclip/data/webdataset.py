@@ -51,6 +51,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from nclip.config import RunConfig
 from nclip.data.bad_samples import BadWindow
 from nclip.data.captions import choose
+from nclip.data.hard_negatives import record_negatives, swap_caption
 from nclip.data.shards import Bad, Record, check_shards, decode_captions, expand_shards, iter_records
 from nclip.data.transforms import augment, to_uint8_tensor
 from nclip.errors import NclipError
@@ -275,17 +276,30 @@ class ShardStreamDataset(IterableDataset):
         """(pixels, uint8 [3, S, S], caption, []) of the stream's ``index``-th raw record, augmented with
         randomness seeded by (seed, rank, stream, index), its caption chosen by ``data.caption_choice``
         from the same (:mod:`nclip.data.captions`: the record number stands in for the epoch and the
-        index, which a stream has not); None for a bad record (counted in ``window``)."""
+        index, which a stream has not); with hard negatives, the item's seventh element is the
+        record's negatives (:mod:`nclip.data.hard_negatives`: its ``.json`` field, or the swap of its
+        caption drawn by the same integers). None for a bad record (counted in ``window``)."""
         d = self.cfg.data
         out = decode_captions(rec, d.json_caption_key)
+        if not isinstance(out, Bad) and d.hard_negative_key is not None:
+            negatives = record_negatives(rec.parts, d.hard_negative_key)
+            if isinstance(negatives, str):
+                out = Bad(rec.key, rec.url, negatives)
         window.add(out if isinstance(out, Bad) else None, rec.url)
         if isinstance(out, Bad):
             self._bad.append((f"{out.url} {out.key}".rstrip(), out.reason))
             return None
         image, captions, _ = out
-        rng = np.random.default_rng([self.cfg.seed, _AUG_TAG, self.reseed, self.rank, stream, index])
-        caption = choose(captions, d.caption_choice, [self.cfg.seed, self.reseed, self.rank, stream, index])
-        return to_uint8_tensor(augment(image, d.image_size, d.augment, rng)), caption, []
+        draw = [self.reseed, self.rank, stream, index]
+        rng = np.random.default_rng([self.cfg.seed, _AUG_TAG, *draw])
+        caption = choose(captions, d.caption_choice, [self.cfg.seed, *draw])
+        pixels = to_uint8_tensor(augment(image, d.image_size, d.augment, rng))
+        if d.hard_negatives == "swap":
+            swapped = swap_caption(caption if isinstance(caption, str) else caption[0], self.cfg.seed, draw)
+            negatives = () if swapped is None else (swapped,)
+        elif d.hard_negative_key is None:
+            return pixels, caption, []
+        return pixels, caption, [], None, None, None, negatives
 
     def _per_source_batches(self, worker: int, workers: int, stream: int, slot: int, slots: int,
                             position: list[int], window: BadWindow):

@@ -6,9 +6,10 @@ The file holds one row per test item: an image, its true caption and one or more
 column (``image``, ``filepath``, ... or the run's ``data.csv_image_key``), a caption column (``caption``
 or the run's ``data.csv_caption_key``) and the negatives: the run's ``data.hard_negative_key`` column
 where the file has it, split by its ``data.caption_separator`` so that a training file evaluates as it
-is, else every column whose name starts with ``negative`` (one negative per cell). A JSONL row has the same
-fields, its caption and its ``negatives`` (or ``negative``, or the run's key) each a string or a list of
-strings, as a training file's are. Image paths are relative to the file's folder. A row without a
+is, else every column whose name starts with ``negative`` (one negative per cell). A JSONL row has the
+same fields (its caption may be ``captions``, as :func:`nclip.data.tools.write_pairs` writes it), its
+caption and its ``negatives`` (or ``negative``, or the run's key) each a string or a list of strings,
+as a training file's are. Image paths are relative to the file's folder. A row without a
 caption or without a negative is a one-line error naming the file and the line.
 
 The score is ``retrieval/<name>/hardneg_top1``: the share of rows whose best true caption (a row's
@@ -32,6 +33,9 @@ from nclip.jsonio import jsonl_objects
 from nclip.objectives.scores import Score
 
 _IMAGE_KEYS = ("image", "image_path", "filepath", "file", "path")
+# a JSONL's list of captions may be "captions", as nclip.data.tools.write_pairs writes it (a CSV's
+# cell of them joined by a separator is split only as the run's own column)
+_CAPTION_KEYS = ("caption", "captions")
 _NEGATIVE_FIELDS = ("negatives", "negative")
 _CHUNK = 512  # rows scored at once against their own negatives
 
@@ -121,7 +125,7 @@ def _jsonl_rows(path: Path, run_image, run_caption, run_negative):
     with path.open(encoding="utf-8") as fh:
         for n, row in jsonl_objects(fh, path):
             image = _pick(list(row), (run_image, *_IMAGE_KEYS))
-            caption = _pick(list(row), (run_caption, "caption"))
+            caption = _pick(list(row), (run_caption, *_CAPTION_KEYS))
             negative = _pick(list(row), (*_NEGATIVE_FIELDS, run_negative))
             if negative is None:
                 raise NclipError(f"{path} line {n}: no field 'negatives' (a string or a list of strings)")

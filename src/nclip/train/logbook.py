@@ -90,6 +90,7 @@ def startup_block(info, model, data, periodic, preset: str | None) -> str:
         *_lora(cfg, model),
         ("heads", f"{', '.join(sorted(model.heads))} ({heads / 1e6:.2f}M params)"),
         ("data", _data(cfg, getattr(data, "size", None)) + _gave_way(preset, cfg)),
+        *_text(cfg, getattr(data, "text_counts", {})),
         ("device", f"{ctx.device}, {ctx.world_size} rank{'s' * (ctx.world_size > 1)}, {precision}"),
         ("threads", threads.describe(t.threads)),
         ("steps", f"{steps}, lr {t.lr:g} ({t.warmup_steps} warm-up, cosine to {t.min_lr:g}), log every "
@@ -101,6 +102,27 @@ def startup_block(info, model, data, periodic, preset: str | None) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(["nclip train"] + [f"  {k:<{width}}  {v}" for k, v in rows])
+
+
+def _text(cfg, counts: dict) -> list[tuple[str, str]]:
+    """The start-up block's row on an image's texts, where the run has several captions per image or
+    hard negatives: which caption a step takes, the negatives' source and slots, and, for a CSV/JSONL
+    file, how many of each its rows hold (``counts``: :attr:`nclip.data.loader.TrainData.text_counts`)."""
+    d = cfg.data
+
+    def spread(key: str) -> str:
+        c = counts.get(key)
+        return f", {c['min']}–{c['max']} per image (mean {c['mean']})" if c else ""
+
+    several = d.caption_choice != "random" or (counts.get("captions") or {}).get("max", 1) > 1
+    parts = [f"captions: {d.caption_choice}" + (f", {d.captions_per_image} slots" if d.captions_per_image else "")
+             + spread("captions")] if several else []
+    if d.hard_negatives == "swap":
+        parts.append("hard negatives: a swap of the caption (1 slot)")
+    elif d.hard_negative_key is not None:
+        slots = f", {d.negatives_per_image} slots" if d.negatives_per_image else ""
+        parts.append(f"hard negatives: {d.hard_negative_key!r}{slots}{spread('negatives')}")
+    return [("texts", "; ".join(parts))] if parts else []
 
 
 def _lora(cfg, model) -> list[tuple[str, str]]:
