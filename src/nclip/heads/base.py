@@ -132,16 +132,23 @@ class TwoSidedHead(Head):
 _HEADS: dict[str, type[Head]] = {}
 
 
+def add_named(registry: dict, cls: type, kind: str) -> type:
+    """Register ``cls`` in ``registry`` under ``cls.name``, an identifier; a name another class holds
+    is refused (ValueError naming both). Head and score kinds register alike."""
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"{kind} class {cls.__qualname__} needs a name that is an identifier, got {name!r}")
+    known = registry.get(name)
+    if known is not None and known is not cls:
+        raise ValueError(f"{kind} {name!r} is registered twice: {known.__qualname__} and {cls.__qualname__}")
+    registry[name] = cls
+    return cls
+
+
 def register_head(cls: type[Head]) -> type[Head]:
     """Class decorator: register a head kind under ``cls.name``. A model builds its heads in the
     order they were registered (so parameters are created, and ordered, the same run after run)."""
-    if not isinstance(getattr(cls, "name", None), str) or not cls.name.isidentifier():
-        raise ValueError(f"head class {cls.__qualname__} needs a name that is an identifier")
-    known = _HEADS.get(cls.name)
-    if known is not None and known is not cls:
-        raise ValueError(f"head {cls.name!r} is registered twice: {known.__qualname__} and {cls.__qualname__}")
-    _HEADS[cls.name] = cls
-    return cls
+    return add_named(_HEADS, cls, "head")
 
 
 def head_class(name: str) -> type[Head]:

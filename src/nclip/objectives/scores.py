@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from nclip.defaults import NCLIP_SCORES
+from nclip.heads.base import add_named
 from nclip.objectives.functional import nclip_similarity, yclip_similarity
 
 
@@ -122,13 +123,7 @@ def register_score(cls: type[Score]) -> type[Score]:
     missing = [a for a in ("name", "head", "normalised") if not hasattr(cls, a)]
     if missing:
         raise ValueError(f"score class {cls.__qualname__} does not define {', '.join(missing)}")
-    if not isinstance(cls.name, str) or not cls.name.isidentifier():
-        raise ValueError(f"score class {cls.__qualname__} needs a name that is an identifier, got {cls.name!r}")
-    known = _SCORES.get(cls.name)
-    if known is not None and known is not cls:
-        raise ValueError(f"score {cls.name!r} is registered twice: {known.__qualname__} and {cls.__qualname__}")
-    _SCORES[cls.name] = cls
-    return cls
+    return add_named(_SCORES, cls, "score")
 
 
 def score_named(name: str) -> Score:
