@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+from pathlib import Path
 
 import pytest
 from bench_helpers import count_builds, scratch_home
@@ -201,7 +202,7 @@ def _fake_open_clip():
 
     mod = types.ModuleType("open_clip")
     mod.__spec__ = importlib.machinery.ModuleSpec("open_clip", None)
-    mod.create_model = lambda name, pretrained=None: Tiny()
+    mod.model = types.SimpleNamespace(CLIP=lambda **towers: Tiny())
     mod.loss = types.SimpleNamespace(ClipLoss=clip_loss)
     return mod
 
@@ -211,11 +212,30 @@ def test_the_open_clip_row_alternates_one_nclip_run_with_one_open_clip_model(mon
     import sys
 
     from nclip.bench.objective_cost import config_with_objective
-    from nclip.bench.open_clip_step import nclip_over_open_clip
+    from nclip.bench.open_clip_step import nclip_over_open_clip, open_clip_towers
 
     monkeypatch.setitem(sys.modules, "open_clip", _fake_open_clip())
     builds = count_builds(monkeypatch)
     cfg = config_with_objective("micro", ["train.threads=1"], "clip")
-    r = nclip_over_open_clip(cfg, repeats=2, window_s=0.01, warmup=1)
+    r = nclip_over_open_clip(cfg, open_clip_towers(cfg), repeats=2, window_s=0.01, warmup=1)
     assert len(builds) == 1 and r["repeats"] == 2 and r["ratio"] > 0
     assert r["nclip_samples_per_s"] > 0 and r["open_clip_samples_per_s"] > 0 and r["batch_size"] == 16
+
+
+def test_open_clip_is_compared_on_the_runs_own_towers():
+    """At vit-b16-xclip the towers are open_clip's own ViT-B-16 config (its model_configs file), but for
+    the run's vocabulary; a run whose towers open_clip cannot express is named, not compared."""
+    from nclip.bench.open_clip_step import open_clip_towers
+    from nclip.data.tokenization import CaptionTokenizer
+
+    open_clip = pytest.importorskip("open_clip")
+    b16 = json.loads((Path(open_clip.__file__).parent / "model_configs" / "ViT-B-16.json").read_text())
+    cfg = resolve("vit-b16-xclip")
+    towers = open_clip_towers(cfg)
+    b16["text_cfg"]["vocab_size"] = CaptionTokenizer(77, cfg.model.text.tokenizer).vocab_size
+    defaults = {"head_width": 64, "mlp_ratio": 4.0}  # open_clip's CLIPVisionCfg / CLIPTextCfg defaults
+    assert towers["vision_cfg"] == {**b16["vision_cfg"], **defaults}
+    assert towers["text_cfg"] == {**b16["text_cfg"], "mlp_ratio": 4.0}
+    assert towers["embed_dim"] == b16["embed_dim"] and towers["quick_gelu"] is False
+    assert "image tower 'convnet'" in open_clip_towers(resolve("tiny"))
+    assert "text tower 'pretrained'" in open_clip_towers(resolve("micro", ["model.text.kind=pretrained"]))

@@ -180,7 +180,7 @@ def _stage_eval(b: Bench) -> None:
     b.rep.add("embed images/s / bare forward", r["ratio"], r["detail"])
 
 
-OPEN_CLIP_ROW = "nclip clip / open_clip ViT-B-16 samples/s"
+OPEN_CLIP_ROW = "nclip clip / open_clip samples/s (same towers)"
 
 
 def _stage_open_clip(b: Bench) -> None:
@@ -192,14 +192,21 @@ def _stage_open_clip(b: Bench) -> None:
         b.log("bench: --compare open_clip skipped: open_clip is not installed")
         return
     from nclip.bench.objective_cost import config_with_objective
-    from nclip.bench.open_clip_step import nclip_over_open_clip
+    from nclip.bench.open_clip_step import nclip_over_open_clip, open_clip_towers
 
-    r = nclip_over_open_clip(config_with_objective(b.preset, b.overrides, "clip"), repeats=b.sizes.loop_repeats,
-                             window_s=b.sizes.loop_window_s, deadline=b.budget.deadline())
+    cfg = config_with_objective(b.preset, b.overrides, "clip")
+    towers = open_clip_towers(cfg)
+    if isinstance(towers, str):
+        b.details["open_clip"] = None
+        b.rep.skip(OPEN_CLIP_ROW, f"skipped: {towers}")
+        b.log(f"bench: --compare open_clip skipped: {towers}")
+        return
+    r = nclip_over_open_clip(cfg, towers, repeats=b.sizes.loop_repeats, window_s=b.sizes.loop_window_s,
+                             deadline=b.budget.deadline())
     b.add_ratio("nclip_over_open_clip", OPEN_CLIP_ROW, r,
                 f"nclip {r['nclip_samples_per_s']:.1f}, open_clip {r['open_clip_samples_per_s']:.1f} samples/s at "
-                f"batch {r['batch_size']} ({r['clock']} time; nclip's CLIP trainer step; compare at --preset "
-                "vit-b16-xclip; target 1.1)", "open_clip")
+                f"batch {r['batch_size']} ({r['clock']} time; nclip's CLIP trainer step, both on the run's ViT and "
+                f"text transformer, {cfg.data.image_size} px; target 1.1)", "open_clip")
 
 
 BATCH_ROWS = {"none": "largest batch (plain)", "grad checkpointing": "largest batch (grad checkpointing)",
