@@ -45,8 +45,8 @@ def cpu_times(cores: set[int], path: str = "/proc/stat") -> tuple[int, int] | No
         return None
     busy = total = 0
     for line in lines:
-        name, *ticks = line.split()
-        if not (name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cores):
+        name, *ticks = line.split() or [""]
+        if not (name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cores and len(ticks) >= 8):
             continue
         values = [int(t) for t in ticks[:8]]  # user nice system idle iowait irq softirq steal
         total += sum(values)
