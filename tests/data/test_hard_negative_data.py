@@ -252,8 +252,7 @@ def test_webdataset_batches_carry_each_samples_negatives_in_its_slots(tmp_path, 
 
 
 def test_webdataset_swap_negatives_are_the_swaps_of_the_stream_captions(tmp_path, tokenizer):
-    swappable = lambda i: []  # noqa: E731
-    url = _shard(tmp_path, negatives=swappable)
+    url = _shard(tmp_path, negatives=lambda i: [])
     cfg = _cfg(*_stream(url, "data.hard_negatives=swap"))
     batch = next(iter(train_loader(cfg, tokenizer)))
     assert batch.ids.shape[:2] == (4, 2) and not batch.negative_valid.any()  # "photo i": nothing to swap
