@@ -310,3 +310,20 @@ def test_the_start_up_block_says_what_texts_an_image_has(tmp_path, capsys):
                  "--set", "data.caption_choice=first"]) == 0
     assert "  texts  " in (err := capsys.readouterr().err)
     assert "captions: first; hard negatives: a swap of the caption (1 slot)" in err, err
+
+
+def test_the_caption_and_negative_slots_read_the_file_once(tmp_path, monkeypatch):
+    from nclip.data import csv_source
+    from nclip.data.loader import slot_counts
+
+    cfg = _cfg(*_sets(_csv(tmp_path)), "data.caption_choice=all")
+    reads = []
+    real = csv_source.CsvTrainPairs.__init__
+
+    def counted(self, *args, **kwargs):
+        reads.append(1)
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(csv_source.CsvTrainPairs, "__init__", counted)
+    assert slot_counts(cfg) == (1, 2) and len(reads) == 1  # one caption a row, at most two negatives
+    assert slot_counts(_cfg("data.hard_negatives=swap")) == (None, 1) and len(reads) == 1  # nothing to read

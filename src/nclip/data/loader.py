@@ -320,38 +320,26 @@ class TrainData:
             self._window.add(None, self.what)
 
 
-def caption_slots(cfg: RunConfig, most: int | None = None) -> int | None:
-    """The caption slots per image of a batch under ``data.caption_choice: all`` (None otherwise):
-    ``data.captions_per_image``, else ``most``, the most captions of any row of the CSV/JSONL file (read
-    from it when not given; the config makes WebDataset name its count)."""
+def slot_counts(cfg: RunConfig, pairs=None) -> tuple[int | None, int | None]:
+    """(caption slots, hard negative slots) per image of a batch, each None where the run has none.
+    Caption slots: under ``data.caption_choice: all``, ``data.captions_per_image``, else the most captions
+    of any row of the CSV/JSONL file. Negative slots: one swap negative, or ``data.negatives_per_image``,
+    else the most negatives of any row of the file. The file is read once, where a count needs it and
+    ``pairs`` (its :class:`nclip.data.csv_source.CsvTrainPairs`) is not given; the config makes
+    WebDataset name both counts."""
     d = cfg.data
-    if d.caption_choice != "all":
-        return None
-    if d.captions_per_image is not None:
-        return d.captions_per_image
-    if most is None:
-        from nclip.data.csv_source import CsvTrainPairs
+    captions = d.captions_per_image if d.caption_choice == "all" else None
+    negatives = 1 if d.hard_negatives == "swap" else d.negatives_per_image
+    count_captions = d.caption_choice == "all" and captions is None
+    count_negatives = d.hard_negative_key is not None and negatives is None
+    if count_captions or count_negatives:
+        if pairs is None:
+            from nclip.data.csv_source import CsvTrainPairs
 
-        most = CsvTrainPairs(cfg).slots
-    return most
-
-
-def negative_slots(cfg: RunConfig, most: int | None = None) -> int | None:
-    """The hard negative slots per image of a batch (None: no hard negatives): one swap negative, or
-    ``data.negatives_per_image``, else ``most``, the most negatives of any row of the CSV/JSONL file
-    (read from it when not given; the config makes WebDataset name its count)."""
-    d = cfg.data
-    if d.hard_negatives == "swap":
-        return 1
-    if d.hard_negative_key is None:
-        return None
-    if d.negatives_per_image is not None:
-        return d.negatives_per_image
-    if most is None:
-        from nclip.data.csv_source import CsvTrainPairs
-
-        most = CsvTrainPairs(cfg).negative_slots
-    return most
+            pairs = CsvTrainPairs(cfg)
+        captions = pairs.slots if count_captions else captions
+        negatives = pairs.negative_slots if count_negatives else negatives
+    return captions, negatives
 
 
 def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 0,
@@ -378,7 +366,8 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
     if d.source == "webdataset":
         from nclip.data.webdataset import ShardStreamDataset
 
-        collate = Collate(tokenizer, slots=caption_slots(cfg), negatives=negative_slots(cfg))
+        slots, negatives = slot_counts(cfg)
+        collate = Collate(tokenizer, slots=slots, negatives=negatives)
         ds = ShardStreamDataset(cfg, collate, local, rank, world_size, start_step)
         ds.plan_resume(state, d.exact_resume)
         loader = DataLoader(ds, batch_size=None, **workers)
@@ -418,8 +407,7 @@ def train_loader(cfg: RunConfig, tokenizer: CaptionTokenizer, start_step: int = 
     if kept is not None:
         dataset = _Excluding(dataset, kept)
     recipe = ViewRecipe(d.image_size, crop_scale=tuple(d.augment.crop_scale)) if views == 2 else None
-    slots = caption_slots(cfg, pairs.slots if d.source == "csv" else None)
-    negatives = negative_slots(cfg, pairs.negative_slots if d.source == "csv" else None)
+    slots, negatives = slot_counts(cfg, pairs if d.source == "csv" else None)
     collate = Collate(tokenizer, recipe, cfg.seed, rank, with_index=labels is not None and labels.frozen is not None,
                       slots=slots, negatives=negatives, swap=d.hard_negatives == "swap")
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, **workers)

@@ -156,18 +156,22 @@ def saved_bytes(step: torch.nn.Module, batch: Batch) -> int:
     return total
 
 
-def probe_batch(model, cfg, n: int, views: int, label_request, device: torch.device) -> Batch:
-    """A stand-in training batch of ``n`` rows, as the step gets it (normalised pixels on the device)."""
-    from nclip.data.loader import caption_slots, negative_slots
+def probe_batch(model, cfg, n: int, views: int, label_request, device: torch.device,
+                slots: tuple[int | None, int | None] | None = None) -> Batch:
+    """A stand-in training batch of ``n`` rows, as the step gets it (normalised pixels on the device);
+    ``slots``: the run's (caption, negative) slots per image (:func:`nclip.data.loader.slot_counts`,
+    which reads a CSV/JSONL file for them: counted here when not given)."""
+    from nclip.data.loader import slot_counts
 
     size = cfg.data.image_size
     pixels = torch.rand(n, *((2,) if views == 2 else ()), 3, size, size, device=device)
     ids, mask = model.tokenizer(["a photo of a thing"] * n)
     batch = Batch(pixels, ids.to(device), mask.to(device))
-    if (slots := caption_slots(cfg)) is not None:  # data.caption_choice all: every slot through the text tower
-        batch.ids, batch.mask = (t[:, None].expand(-1, slots, -1).contiguous() for t in (batch.ids, batch.mask))
-        batch.caption_valid = torch.ones(n, slots, dtype=torch.bool, device=device)
-    if (negatives := negative_slots(cfg)) is not None:  # hard negatives: their slots after the captions
+    captions, negatives = slot_counts(cfg) if slots is None else slots
+    if captions is not None:  # data.caption_choice all: every slot through the text tower
+        batch.ids, batch.mask = (t[:, None].expand(-1, captions, -1).contiguous() for t in (batch.ids, batch.mask))
+        batch.caption_valid = torch.ones(n, captions, dtype=torch.bool, device=device)
+    if negatives is not None:  # hard negatives: their slots after the captions
         texts = batch.ids.shape[1] if batch.ids.ndim == 3 else 1
         batch.ids, batch.mask = (t.reshape(n, texts, -1)[:, :1].expand(-1, texts + negatives, -1).contiguous()
                                  for t in (batch.ids, batch.mask))
@@ -181,6 +185,7 @@ def probe_batch(model, cfg, n: int, views: int, label_request, device: torch.dev
 
 def _probe(cfg, learner) -> dict | None:
     """The fit of the saved bytes at ``PROBE_BATCHES``; None when a probe step fails (skip the check)."""
+    from nclip.data.loader import slot_counts
     from nclip.objectives import plan_for
 
     step = learner.step_module
@@ -191,8 +196,10 @@ def _probe(cfg, learner) -> dict | None:
     learner.snapshot.take()
     try:
         sizes = []
+        slots = slot_counts(cfg)  # a CSV/JSONL file read once for every probe batch
         for n in PROBE_BATCHES:
-            batch = probe_batch(learner.model, cfg, n, objective.views, objective.label_request(), learner.device)
+            batch = probe_batch(learner.model, cfg, n, objective.views, objective.label_request(), learner.device,
+                                slots)
             sizes.append(saved_bytes(step, batch))
         return fit_line(list(PROBE_BATCHES), [float(s) for s in sizes])
     except torch.OutOfMemoryError:
