@@ -31,6 +31,7 @@ def open_clip_towers(cfg) -> dict | str:
     """open_clip's ``CLIP(**config)`` for the towers of the run ``cfg`` with a linear CLIP head, or why
     open_clip cannot express them (one line)."""
     from nclip.data.tokenization import CaptionTokenizer
+    from nclip.models.export_openclip import text_cfg, vit_cfg
 
     m = cfg.model
     if m.vision.kind != "vit":
@@ -43,12 +44,7 @@ def open_clip_towers(cfg) -> dict | str:
     if m.vision.hidden_act == "gelu_pytorch_tanh":
         return "open_clip's CLIP has no tanh-approximated GELU (the run's hidden_act)"
     vocab = CaptionTokenizer(cfg.data.text_length, m.text.tokenizer).vocab_size
-    vision = {"image_size": cfg.data.image_size, "layers": m.vision.layers, "width": m.vision.width,
-              "head_width": m.vision.width // m.vision.heads, "patch_size": m.vision.patch_size,
-              "mlp_ratio": m.vision.mlp_ratio}
-    text = {"context_length": cfg.data.text_length, "vocab_size": vocab, "width": m.text.width,
-            "heads": m.text.heads, "layers": m.text.layers, "mlp_ratio": m.text.mlp_ratio}
-    return {"embed_dim": m.embed_dim, "vision_cfg": vision, "text_cfg": text,
+    return {"embed_dim": m.embed_dim, "vision_cfg": vit_cfg(cfg), "text_cfg": text_cfg(cfg, vocab),
             "quick_gelu": m.vision.hidden_act == "quick_gelu"}
 
 

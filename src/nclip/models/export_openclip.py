@@ -76,19 +76,30 @@ def _resnet_problem(v, image_size: int) -> str | None:
     return None
 
 
+def vit_cfg(cfg) -> dict:
+    """open_clip's ``vision_cfg`` of the run ``cfg``'s ViT image tower."""
+    v = cfg.model.vision
+    return {"image_size": cfg.data.image_size, "layers": v.layers, "width": v.width,
+            "head_width": v.width // v.heads, "patch_size": v.patch_size, "mlp_ratio": v.mlp_ratio}
+
+
+def text_cfg(cfg, vocab_size: int) -> dict:
+    """open_clip's ``text_cfg`` of the run ``cfg``'s text transformer with a vocabulary of ``vocab_size``."""
+    t = cfg.model.text
+    return {"context_length": cfg.data.text_length, "vocab_size": vocab_size, "width": t.width, "heads": t.heads,
+            "layers": t.layers, "mlp_ratio": t.mlp_ratio}
+
+
 def model_cfg(model, cfg) -> dict:
     """open_clip's model config (``CLIP(**model_cfg)``) of ``model``: what the reader turns back into
     ``cfg``'s architecture (:func:`nclip.models.openclip_import.architecture`)."""
-    m, size = cfg.model, cfg.data.image_size
+    m = cfg.model
     if m.vision.kind == "vit":
-        vision = {"image_size": size, "layers": m.vision.layers, "width": m.vision.width,
-                  "head_width": m.vision.width // m.vision.heads, "patch_size": m.vision.patch_size,
-                  "mlp_ratio": m.vision.mlp_ratio}
+        vision = vit_cfg(cfg)
     else:
-        vision = {"image_size": size, "layers": list(m.vision.depths), "width": m.vision.embedding_size,
+        vision = {"image_size": cfg.data.image_size, "layers": list(m.vision.depths), "width": m.vision.embedding_size,
                   "head_width": m.vision.hidden_sizes[-1] // m.vision.heads}
-    text = {"context_length": cfg.data.text_length, "vocab_size": model.text.model.config.vocab_size,
-            "width": m.text.width, "heads": m.text.heads, "layers": m.text.layers, "mlp_ratio": m.text.mlp_ratio}
+    text = text_cfg(cfg, model.text.model.config.vocab_size)
     if m.text.eos_pooling == "token":  # the first end-of-text token (open_clip's default: the largest id)
         text.update(pool_type="eos", eos_id=model.tokenizer.eos_id)
     out = {"embed_dim": model.heads["clip"].image.out_features, "vision_cfg": vision, "text_cfg": text}
